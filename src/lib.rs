@@ -1,0 +1,16 @@
+//! trellis: a Kubernetes operator programmed with YAML rules.
+//!
+//! ```text
+//!  rules/ ──rules::RuleSet::load──▶ compiled rules ──plan::plan──▶ Plan
+//!                                                    (children to apply / delete / hold, status)
+//! ```
+//!
+//! The offline commands (`check`, `render`, `rbac`, `schema`) and the operator
+//! share this library; `plan` is the only place that decides anything.
+
+pub mod kinds;
+pub mod plan;
+pub mod render;
+pub mod rules;
+pub mod status;
+pub mod yaml;

@@ -1,0 +1,823 @@
+//! The pure core: (rule, parent, observed objects) → [`Plan`].
+//!
+//! ```text
+//!  parent ──defaults──▶ effective spec ──schema──▶ (InvalidSpec: stop, touch nothing)
+//!     │
+//!     ▼ for each child in dependency order
+//!  includeWhen? ── no ──▶ excluded (its observed objects are pruned)
+//!  deps ready?  ── no ──▶ pending (held back; existing objects kept)
+//!  forEach items ─▶ render ─▶ YAML ─▶ enforce kind/name/namespace/labels/owner ─▶ apply
+//!     │
+//!     ▼
+//!  prune set (only when the pass had no error) + readiness + status
+//! ```
+//!
+//! Nothing here performs I/O or reads the clock: the caller passes `now`, and
+//! the operator and `trellis render` get the very same answer.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use minijinja::value::ValueKind;
+use minijinja::context;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::kinds::Gvk;
+use crate::render::{self, RenderError};
+use crate::rules::model::{Policy, Scope};
+use crate::rules::{CompiledChild, CompiledRule, FieldSource};
+use crate::status::{self, Condition};
+use crate::yaml;
+
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const LABEL_RULE: &str = "trellis.dev/rule";
+pub const LABEL_CHILD: &str = "trellis.dev/child";
+pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
+pub const MANAGED_BY: &str = "trellis";
+/// Used when an offline parent file has no `metadata.uid`.
+pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+/// Most items one `forEach` may yield.
+pub const MAX_FOR_EACH_ITEMS: usize = 1_000;
+
+/// Identity of an object regardless of the API version it is read at.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ObjectKey {
+    pub group: String,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Key of an object value; `None` without kind or name.
+    pub fn of(obj: &Value) -> Option<ObjectKey> {
+        let gvk = Gvk::new(
+            obj.get("apiVersion")?.as_str()?,
+            obj.get("kind")?.as_str()?,
+        );
+        Some(ObjectKey {
+            group: gvk.group,
+            kind: gvk.kind,
+            namespace: obj
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            name: obj.pointer("/metadata/name")?.as_str()?.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
+        match &self.namespace {
+            Some(ns) => write!(f, " {ns}/{}", self.name),
+            None => write!(f, " {}", self.name),
+        }
+    }
+}
+
+/// What the cluster holds that this parent's plan may read: every object
+/// trellis manages for it (found through the `trellis.dev/*` labels).
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    pub objects: BTreeMap<ObjectKey, Value>,
+}
+
+impl Observed {
+    pub fn from_objects(objects: impl IntoIterator<Item = Value>) -> Observed {
+        Observed {
+            objects: objects
+                .into_iter()
+                .filter_map(|o| ObjectKey::of(&o).map(|k| (k, o)))
+                .collect(),
+        }
+    }
+
+    /// Observed children of `rule` for the parent with `uid`, by child id.
+    fn children_of(&self, rule: &str, uid: &str) -> BTreeMap<String, Vec<(&ObjectKey, &Value)>> {
+        let mut by_id: BTreeMap<String, Vec<(&ObjectKey, &Value)>> = BTreeMap::new();
+        for (key, obj) in &self.objects {
+            let label = |name: &str| {
+                obj.pointer("/metadata/labels")
+                    .and_then(|l| l.get(name))
+                    .and_then(Value::as_str)
+            };
+            if label(LABEL_RULE) == Some(rule)
+                && label(LABEL_PARENT_UID).is_none_or(|u| u == uid)
+                && let Some(id) = label(LABEL_CHILD)
+            {
+                by_id.entry(id.to_owned()).or_default().push((key, obj));
+            }
+        }
+        by_id
+    }
+}
+
+/// How the caller learns whether a kind is namespaced (discovery when running,
+/// the built-in table offline).
+pub type ScopeOf<'a> = &'a dyn Fn(&Gvk) -> Scope;
+
+/// One child object to apply.
+#[derive(Debug, Clone, Serialize)]
+pub struct Apply {
+    pub id: String,
+    pub policy: Policy,
+    pub key: ObjectKey,
+    /// The object exactly as it will be sent (server-side apply body).
+    pub object: Value,
+    /// Whether it carries an ownerReference to the parent.
+    pub owned: bool,
+}
+
+/// An observed child to delete.
+#[derive(Debug, Clone, Serialize)]
+pub struct Delete {
+    pub id: String,
+    pub key: ObjectKey,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    pub api_version: String,
+}
+
+/// A child held back by `dependsOn`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Pending {
+    pub id: String,
+    pub reason: String,
+}
+
+/// Everything one reconcile pass must do for one parent.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub apply: Vec<Apply>,
+    pub delete: Vec<Delete>,
+    pub pending: Vec<Pending>,
+    /// The parent's new `.status` (only the fields trellis owns, plus foreign
+    /// conditions kept); `None` for built-in parent kinds.
+    pub status: Option<Value>,
+    /// What failed in this pass; non-empty means nothing was pruned.
+    pub errors: Vec<String>,
+    /// `Synced` reason when the pass failed (`InvalidSpec`, `RenderError`, …).
+    pub failure_reason: Option<&'static str>,
+    /// Children without ownerReference, or `deletion.order: reverse`: the
+    /// parent needs the cleanup finalizer.
+    pub needs_finalizer: bool,
+}
+
+/// Inputs of [`plan`] besides the rule.
+pub struct Input<'a> {
+    pub parent: &'a Value,
+    pub observed: &'a Observed,
+    /// RFC 3339 timestamp used for new condition transitions.
+    pub now: &'a str,
+    pub scope_of: ScopeOf<'a>,
+}
+
+/// Deep-merges `over` onto `base`: objects merge key by key, anything else replaces.
+pub fn deep_merge(base: &Value, over: &Value) -> Value {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            let mut out = b.clone();
+            for (k, v) in o {
+                let merged = match out.get(k) {
+                    Some(existing) => deep_merge(existing, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        (_, over) => over.clone(),
+    }
+}
+
+struct ParentInfo {
+    name: String,
+    namespace: Option<String>,
+    uid: String,
+    generation: Option<i64>,
+    api_version: String,
+    kind: String,
+}
+
+impl ParentInfo {
+    fn of(parent: &Value) -> ParentInfo {
+        let s = |p: &str| parent.pointer(p).and_then(Value::as_str).map(str::to_owned);
+        ParentInfo {
+            name: s("/metadata/name").unwrap_or_default(),
+            namespace: s("/metadata/namespace"),
+            uid: s("/metadata/uid").unwrap_or_else(|| PLACEHOLDER_UID.to_owned()),
+            generation: parent.pointer("/metadata/generation").and_then(Value::as_i64),
+            api_version: s("/apiVersion").unwrap_or_default(),
+            kind: s("/kind").unwrap_or_default(),
+        }
+    }
+}
+
+/// Decides one reconcile pass. Never fails: problems become `errors`, a
+/// `Synced=False` condition and an empty prune set.
+pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
+    let info = ParentInfo::of(input.parent);
+    let mut plan = Plan::default();
+
+    let spec = match (&rule.rule.spec.defaults, input.parent.get("spec")) {
+        (Some(d), Some(s)) => deep_merge(d, s),
+        (Some(d), None) => d.clone(),
+        (None, Some(s)) => s.clone(),
+        (None, None) => json!({}),
+    };
+    if let Some(schema) = &rule.schema {
+        let problems: Vec<String> = schema
+            .iter_errors(&spec)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() {
+                    format!("spec: {e}")
+                } else {
+                    format!("spec{}: {e}", at.replace('/', "."))
+                }
+            })
+            .collect();
+        if !problems.is_empty() {
+            plan.errors = problems;
+            plan.failure_reason = Some("InvalidSpec");
+            plan.status = status_for_failure(rule, input, &info, &plan);
+            return plan;
+        }
+    }
+    let mut parent = input.parent.clone();
+    parent["spec"] = spec.clone();
+    strip_noise(&mut parent);
+
+    let observed = input.observed.children_of(&rule.name, &info.uid);
+    let children_ctx = children_context(rule, &observed);
+    let base = context! {
+        parent => render::to_value(&parent),
+        spec => render::to_value(&spec),
+        metadata => render::to_value(parent.get("metadata").unwrap_or(&Value::Null)),
+        children => render::to_value(&children_ctx),
+        rule => context! { name => rule.name.clone() },
+    };
+
+    // Per child: what happened in this pass.
+    let mut outcome: BTreeMap<usize, Outcome> = BTreeMap::new();
+    let mut desired_keys: BTreeSet<ObjectKey> = BTreeSet::new();
+    for &i in &rule.order {
+        let child = &rule.children[i];
+        let id = &child.spec.id;
+        let result = plan_child(rule, child, &base, &info, input, &outcome);
+        let result = match result {
+            Ok(r) => r,
+            Err(err) => {
+                plan.errors.push(err.to_string());
+                outcome.insert(i, Outcome::Failed);
+                continue;
+            }
+        };
+        match result {
+            ChildResult::Excluded => {
+                outcome.insert(i, Outcome::Excluded);
+            }
+            ChildResult::Pending(reason) => {
+                plan.pending.push(Pending {
+                    id: id.clone(),
+                    reason,
+                });
+                outcome.insert(i, Outcome::Pending);
+            }
+            ChildResult::Rendered(applies) => {
+                let mut ready = Ok(());
+                for a in &applies {
+                    if !desired_keys.insert(a.key.clone()) {
+                        plan.errors.push(format!(
+                            "child \"{id}\": {} is rendered twice in this rule",
+                            a.key
+                        ));
+                    }
+                    if ready.is_ok() {
+                        ready = child_ready(rule, child, &base, &observed, a);
+                    }
+                }
+                if !all_owned(&applies) {
+                    plan.needs_finalizer = true;
+                }
+                plan.apply.extend(applies);
+                outcome.insert(i, Outcome::Rendered(ready));
+            }
+        }
+    }
+    if rule.rule.spec.deletion.is_some() {
+        plan.needs_finalizer = true;
+    }
+    if !plan.errors.is_empty() && plan.failure_reason.is_none() {
+        plan.failure_reason = Some("RenderError");
+    }
+
+    // Prune: only on a clean pass; pending children keep what they have.
+    if plan.errors.is_empty() {
+        for (id, objects) in &observed {
+            let index = rule.children.iter().position(|c| &c.spec.id == id);
+            let keep_all = matches!(index.and_then(|i| outcome.get(&i)), Some(Outcome::Pending));
+            for (key, obj) in objects {
+                if keep_all || desired_keys.contains(key) {
+                    continue;
+                }
+                plan.delete.push(Delete {
+                    id: id.clone(),
+                    key: (*key).clone(),
+                    uid: obj
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    api_version: obj
+                        .get("apiVersion")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                });
+            }
+        }
+    }
+
+    if rule.writes_status() {
+        plan.status = Some(build_status(rule, input, &info, &plan, &outcome, &base));
+    }
+    plan
+}
+
+enum Outcome {
+    Excluded,
+    Pending,
+    Failed,
+    /// Rendered; `Err` names why the child is not ready yet.
+    Rendered(Result<(), String>),
+}
+
+enum ChildResult {
+    Excluded,
+    Pending(String),
+    Rendered(Vec<Apply>),
+}
+
+fn all_owned(applies: &[Apply]) -> bool {
+    applies.iter().all(|a| a.owned)
+}
+
+/// Managed fields and the last-applied annotation are never read by rules:
+/// keep them out of the evaluation context (and its cost).
+fn strip_noise(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+    }
+}
+
+/// `children` in the context: one object per id, a list for `forEach` children.
+fn children_context(rule: &CompiledRule, observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>) -> Value {
+    let mut map = Map::new();
+    for child in &rule.children {
+        let Some(objects) = observed.get(&child.spec.id) else {
+            continue;
+        };
+        let mut values: Vec<Value> = objects
+            .iter()
+            .map(|(_, o)| {
+                let mut o = (*o).clone();
+                strip_noise(&mut o);
+                o
+            })
+            .collect();
+        let value = if child.spec.for_each.is_some() {
+            Value::Array(values)
+        } else {
+            values.swap_remove(0)
+        };
+        map.insert(child.spec.id.clone(), value);
+    }
+    Value::Object(map)
+}
+
+fn plan_child(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    base: &minijinja::Value,
+    info: &ParentInfo,
+    input: &Input,
+    outcome: &BTreeMap<usize, Outcome>,
+) -> Result<ChildResult, RenderError> {
+    let id = &child.spec.id;
+    let engine = &rule.engine;
+    if let Some(expr) = child.include_when
+        && !engine.eval_bool(expr, base, &format!("includeWhen of child \"{id}\""))?
+    {
+        return Ok(ChildResult::Excluded);
+    }
+    for &d in &child.depends_on {
+        let dep = &rule.children[d].spec.id;
+        let why = match outcome.get(&d) {
+            Some(Outcome::Excluded) => continue,
+            Some(Outcome::Rendered(Ok(()))) => continue,
+            Some(Outcome::Rendered(Err(why))) => why.clone(),
+            Some(Outcome::Pending) => format!("child \"{dep}\" is itself waiting"),
+            Some(Outcome::Failed) => format!("child \"{dep}\" failed to render"),
+            None => format!("child \"{dep}\" was not planned"),
+        };
+        return Ok(ChildResult::Pending(format!(
+            "waiting for child \"{dep}\": {why}"
+        )));
+    }
+    let items: Vec<Option<(minijinja::Value, usize)>> = match child.for_each {
+        None => vec![None],
+        Some(expr) => {
+            let what = format!("forEach of child \"{id}\"");
+            let list = engine.eval(expr, base, &what)?;
+            if !matches!(list.kind(), ValueKind::Seq | ValueKind::Iterable) {
+                return Err(RenderError {
+                    what,
+                    message: format!("must yield a list, got {}", list.kind()),
+                });
+            }
+            let items: Vec<minijinja::Value> = list
+                .try_iter()
+                .map_err(|e| RenderError {
+                    what: what.clone(),
+                    message: e.to_string(),
+                })?
+                .collect();
+            if items.len() > MAX_FOR_EACH_ITEMS {
+                return Err(RenderError {
+                    what,
+                    message: format!(
+                        "yields {} items, more than the limit of {MAX_FOR_EACH_ITEMS}",
+                        items.len()
+                    ),
+                });
+            }
+            items.into_iter().enumerate().map(|(i, v)| Some((v, i))).collect()
+        }
+    };
+    let what = format!("template of child \"{id}\"");
+    let mut applies = Vec::with_capacity(items.len());
+    for item in items {
+        let ctx = match &item {
+            None => base.clone(),
+            Some((item, index)) => context! { item => item.clone(), index => *index, ..base.clone() },
+        };
+        let what = match &item {
+            None => what.clone(),
+            Some((_, index)) => format!("{what} (item {index})"),
+        };
+        let text = engine.render(&child.template, &ctx, &what)?;
+        let limits = yaml::Limits {
+            max_bytes: engine.limits().max_bytes,
+            ..yaml::Limits::FILES
+        };
+        let object = yaml::parse_value(&text, &limits).map_err(|e| RenderError {
+            what: what.clone(),
+            message: format!("rendered text is not valid YAML: {e}"),
+        })?;
+        applies.push(finish_object(rule, child, object, info, input, &what)?);
+    }
+    Ok(ChildResult::Rendered(applies))
+}
+
+/// Enforces kind, name, namespace rules, labels and ownerReference.
+fn finish_object(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    object: Value,
+    info: &ParentInfo,
+    input: &Input,
+    what: &str,
+) -> Result<Apply, RenderError> {
+    let fail = |message: String| RenderError {
+        what: what.to_owned(),
+        message,
+    };
+    let Value::Object(mut obj) = object else {
+        return Err(fail("must render a YAML mapping (an object)".into()));
+    };
+    let api_version = child.gvk.api_version();
+    for (field, want) in [("apiVersion", api_version.as_str()), ("kind", child.gvk.kind.as_str())] {
+        match obj.get(field) {
+            None => {}
+            Some(Value::String(s)) if s == want => {}
+            Some(other) => {
+                return Err(fail(format!(
+                    "sets {field} to {other}, but the rule declares `{want}`"
+                )));
+            }
+        }
+    }
+    let mut ordered = Map::new();
+    ordered.insert("apiVersion".into(), json!(api_version));
+    ordered.insert("kind".into(), json!(child.gvk.kind));
+    obj.remove("apiVersion");
+    obj.remove("kind");
+    ordered.extend(obj);
+    let mut obj = ordered;
+
+    let meta = obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(meta) = meta else {
+        return Err(fail("metadata must be a mapping".into()));
+    };
+    let name = match meta.get("name") {
+        Some(Value::String(n)) if !n.is_empty() => n.clone(),
+        _ => return Err(fail("metadata.name must be set to a non-empty string".into())),
+    };
+    if meta.contains_key("generateName") {
+        return Err(fail("metadata.generateName is not supported: children need stable names".into()));
+    }
+    let set_ns = match meta.get("namespace") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(ns)) => Some(ns.clone()),
+        Some(other) => return Err(fail(format!("metadata.namespace must be a string, got {other}"))),
+    };
+    let scope = child.spec.scope.unwrap_or_else(|| (input.scope_of)(&child.gvk));
+    let cross = child.spec.allow_cross_namespace;
+    let hint = "set allowCrossNamespace: true on the child in the rule to allow it";
+    let namespace = match (&info.namespace, scope) {
+        (Some(parent_ns), Scope::Namespaced) => match set_ns {
+            None => Some(parent_ns.clone()),
+            Some(ns) if &ns == parent_ns => Some(ns),
+            Some(ns) if cross => Some(ns),
+            Some(ns) => {
+                return Err(fail(format!(
+                    "names namespace `{ns}`, not the parent's `{parent_ns}`; {hint}"
+                )));
+            }
+        },
+        (Some(_), Scope::Cluster) if !cross => {
+            return Err(fail(format!(
+                "{} is cluster-scoped and the parent is namespaced; {hint}",
+                child.gvk.kind
+            )));
+        }
+        (_, Scope::Cluster) => {
+            if set_ns.is_some() {
+                return Err(fail(format!(
+                    "{} is cluster-scoped: remove metadata.namespace",
+                    child.gvk.kind
+                )));
+            }
+            None
+        }
+        (None, Scope::Namespaced) => match set_ns {
+            Some(ns) => Some(ns),
+            None => {
+                return Err(fail(
+                    "the parent is cluster-scoped: a namespaced child must set metadata.namespace".into(),
+                ));
+            }
+        },
+    };
+    match &namespace {
+        Some(ns) => {
+            meta.insert("namespace".into(), json!(ns));
+        }
+        None => {
+            meta.remove("namespace");
+        }
+    }
+
+    let labels = meta
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(labels) = labels else {
+        return Err(fail("metadata.labels must be a mapping".into()));
+    };
+    labels.insert(LABEL_MANAGED_BY.into(), json!(MANAGED_BY));
+    labels.insert(LABEL_RULE.into(), json!(rule.name));
+    labels.insert(LABEL_CHILD.into(), json!(child.spec.id));
+    labels.insert(LABEL_PARENT_UID.into(), json!(info.uid));
+
+    // Kubernetes allows an owner in the same namespace, or a cluster-scoped owner.
+    let owned = info.namespace.is_none() || info.namespace == namespace;
+    if owned {
+        let refs = meta
+            .entry("ownerReferences")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let Value::Array(refs) = refs else {
+            return Err(fail("metadata.ownerReferences must be a list".into()));
+        };
+        if refs.iter().any(|r| r.get("controller") == Some(&Value::Bool(true))) {
+            return Err(fail(
+                "sets a controller ownerReference; trellis must be the child's controller".into(),
+            ));
+        }
+        refs.push(json!({
+            "apiVersion": info.api_version,
+            "kind": info.kind,
+            "name": info.name,
+            "uid": info.uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }));
+    }
+    let key = ObjectKey {
+        group: child.gvk.group.clone(),
+        kind: child.gvk.kind.clone(),
+        namespace,
+        name,
+    };
+    Ok(Apply {
+        id: child.spec.id.clone(),
+        policy: child.spec.policy,
+        key,
+        object: Value::Object(obj),
+        owned,
+    })
+}
+
+/// Readiness of one rendered object against what is observed.
+fn child_ready(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    base: &minijinja::Value,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    apply: &Apply,
+) -> Result<(), String> {
+    let found = observed
+        .get(&child.spec.id)
+        .and_then(|objs| objs.iter().find(|(k, _)| **k == apply.key))
+        .map(|(_, o)| *o);
+    let Some(obj) = found else {
+        return Err(format!("{} does not exist yet", apply.key));
+    };
+    match child.ready_when {
+        None => status::default_ready(obj).map_err(|why| format!("{} is not ready: {why}", apply.key)),
+        Some(expr) => {
+            let mut ctx = context! { self => render::to_value(obj), ..base.clone() };
+            if child.spec.for_each.is_some() {
+                let index = observed
+                    .get(&child.spec.id)
+                    .and_then(|objs| objs.iter().position(|(k, _)| **k == apply.key))
+                    .unwrap_or(0);
+                ctx = context! { index => index, ..ctx };
+            }
+            let what = format!("readyWhen of child \"{}\"", child.spec.id);
+            match rule.engine.eval_bool(expr, &ctx, &what) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(format!("{} is not ready: readyWhen is false", apply.key)),
+                Err(err) => Err(err.to_string()),
+            }
+        }
+    }
+}
+
+fn status_for_failure(rule: &CompiledRule, input: &Input, info: &ParentInfo, plan: &Plan) -> Option<Value> {
+    if !rule.writes_status() {
+        return None;
+    }
+    let reason = plan.failure_reason.unwrap_or("RenderError");
+    let message = plan.errors.join("; ");
+    let ours = [
+        Condition::new("Ready", false, reason, message.clone()),
+        Condition::new("Synced", false, reason, message),
+    ];
+    let previous = input.parent.get("status");
+    let mut out = previous.cloned().unwrap_or_else(|| json!({}));
+    if !out.is_object() {
+        out = json!({});
+    }
+    out["observedGeneration"] = json!(info.generation);
+    out["conditions"] = status::merge_conditions(
+        previous.and_then(|s| s.get("conditions")),
+        &ours,
+        info.generation,
+        input.now,
+    );
+    Some(out)
+}
+
+fn build_status(
+    rule: &CompiledRule,
+    input: &Input,
+    info: &ParentInfo,
+    plan: &Plan,
+    outcome: &BTreeMap<usize, Outcome>,
+    base: &minijinja::Value,
+) -> Value {
+    let mut errors: Vec<String> = Vec::new();
+    let mut out = Map::new();
+    if let Some(generation) = info.generation {
+        out.insert("observedGeneration".into(), json!(generation));
+    }
+
+    // Fields.
+    let observed_children = input.observed.children_of(&rule.name, &info.uid);
+    let children_ctx = children_context(rule, &observed_children);
+    for field in &rule.fields {
+        let value = match &field.source {
+            FieldSource::JsonPath { child, .. } => children_ctx
+                .get(child)
+                .and_then(|obj| status::json_path_value(field, obj)),
+            FieldSource::Value(expr) => {
+                let what = format!("status field `{}`", field.path.join("."));
+                match rule.engine.eval(*expr, base, &what).and_then(|v| {
+                    render::to_json(&v).map_err(|message| RenderError { what, message })
+                }) {
+                    Ok(v) => Some(v),
+                    Err(err) => {
+                        errors.push(err.to_string());
+                        None
+                    }
+                }
+            }
+        };
+        if let Some(value) = value.or_else(|| field.default.clone()) {
+            status::set_path(&mut out, &field.path, value);
+        }
+    }
+
+    // Conditions: Ready, Synced, then the rule's own.
+    let mut ours = vec![ready_condition(rule, plan, outcome)];
+    let mut rule_conditions = Vec::new();
+    for c in &rule.conditions {
+        let what = format!("condition {}", c.type_);
+        let result = rule.engine.eval_bool(c.when, base, &format!("{what} when")).and_then(|ok| {
+            let message = match &c.message {
+                Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
+                None => String::new(),
+            };
+            Ok(if ok {
+                Condition::new(&c.type_, true, &c.reason, message)
+            } else {
+                Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
+            })
+        });
+        match result {
+            Ok(cond) => rule_conditions.push(cond),
+            Err(err) => errors.push(err.to_string()),
+        }
+    }
+    let mut all_errors = plan.errors.clone();
+    all_errors.extend(errors);
+    let synced = if !all_errors.is_empty() {
+        Condition::new(
+            "Synced",
+            false,
+            plan.failure_reason.unwrap_or("RenderError"),
+            all_errors.join("; "),
+        )
+    } else if let Some(p) = plan.pending.first() {
+        Condition::new(
+            "Synced",
+            false,
+            "DependencyNotReady",
+            format!("child \"{}\" held back: {}", p.id, p.reason),
+        )
+    } else {
+        Condition::new("Synced", true, "Applied", "all children applied")
+    };
+    ours.push(synced);
+    ours.extend(rule_conditions);
+    let previous = input.parent.get("status");
+    out.insert(
+        "conditions".into(),
+        status::merge_conditions(
+            previous.and_then(|s| s.get("conditions")),
+            &ours,
+            info.generation,
+            input.now,
+        ),
+    );
+    Value::Object(out)
+}
+
+fn ready_condition(rule: &CompiledRule, plan: &Plan, outcome: &BTreeMap<usize, Outcome>) -> Condition {
+    if let Some(reason) = plan.failure_reason {
+        return Condition::new("Ready", false, reason, plan.errors.join("; "));
+    }
+    for &i in &rule.order {
+        let id = &rule.children[i].spec.id;
+        match outcome.get(&i) {
+            Some(Outcome::Rendered(Err(why))) => {
+                return Condition::new("Ready", false, "ChildNotReady", format!("child \"{id}\": {why}"));
+            }
+            Some(Outcome::Pending) => {
+                let reason = plan
+                    .pending
+                    .iter()
+                    .find(|p| &p.id == id)
+                    .map(|p| p.reason.clone())
+                    .unwrap_or_default();
+                return Condition::new("Ready", false, "DependencyNotReady", format!("child \"{id}\": {reason}"));
+            }
+            _ => {}
+        }
+    }
+    Condition::new("Ready", true, "AllChildrenReady", "all children are ready")
+}
+
+#[cfg(test)]
+mod tests;

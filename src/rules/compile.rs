@@ -1,0 +1,694 @@
+//! Validation and compilation of one rule document.
+//!
+//! Every check reports a [`Diagnostic`] with file, line and field and carries
+//! on, so `trellis check` shows the whole picture at once. A rule that
+//! compiles has every template, expression, JSONPath and schema parsed once;
+//! rendering never parses again.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use jsonpath_rust::parser::model::JpQuery;
+use serde_json::Value;
+
+use super::Diagnostic;
+use super::load::{RawDocument, read_template_file};
+use super::model::{self, ChildSpec, Rule, SelectorOperator};
+use crate::kinds::Gvk;
+use crate::render::{Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
+use crate::yaml::LineIndex;
+
+/// A rule ready to plan with.
+#[derive(Debug)]
+pub struct CompiledRule {
+    pub name: String,
+    pub rule: Rule,
+    pub file: PathBuf,
+    pub lines: LineIndex,
+    pub parent: Gvk,
+    pub engine: Engine,
+    pub children: Vec<CompiledChild>,
+    /// Indexes into `children`, dependencies first.
+    pub order: Vec<usize>,
+    pub schema: Option<jsonschema::Validator>,
+    pub fields: Vec<CompiledField>,
+    pub conditions: Vec<CompiledCondition>,
+    pub resync: Option<Duration>,
+    /// Child id → template text, as loaded (inline or from `templateFile`).
+    pub templates: BTreeMap<String, String>,
+}
+
+impl CompiledRule {
+    /// True when the parent is a CRD and so gets status written.
+    pub fn writes_status(&self) -> bool {
+        !self.parent.is_builtin()
+    }
+
+    pub fn child(&self, id: &str) -> Option<&CompiledChild> {
+        self.children.iter().find(|c| c.spec.id == id)
+    }
+}
+
+#[derive(Debug)]
+pub struct CompiledChild {
+    pub spec: ChildSpec,
+    pub gvk: Gvk,
+    pub template: TemplateId,
+    pub include_when: Option<ExprId>,
+    pub for_each: Option<ExprId>,
+    pub ready_when: Option<ExprId>,
+    /// Indexes of the children this one depends on.
+    pub depends_on: Vec<usize>,
+}
+
+#[derive(Debug)]
+pub struct CompiledField {
+    /// Path segments under `.status`.
+    pub path: Vec<String>,
+    pub source: FieldSource,
+    pub default: Option<Value>,
+}
+
+#[derive(Debug)]
+pub enum FieldSource {
+    JsonPath {
+        child: String,
+        query: JpQuery,
+        text: String,
+    },
+    Value(ExprId),
+}
+
+#[derive(Debug)]
+pub struct CompiledCondition {
+    pub type_: String,
+    pub when: ExprId,
+    pub reason: String,
+    pub message: Option<TemplateId>,
+}
+
+/// Names every template and expression may use.
+const BASE_NAMES: &[&str] = &["parent", "spec", "metadata", "children", "rule"];
+
+/// Names visible in a given place: the base context plus `item`/`index`
+/// inside `forEach` children and `self` in `readyWhen`.
+pub fn context_names(for_each: bool, with_self: bool) -> BTreeSet<&'static str> {
+    let mut names: BTreeSet<&str> = BASE_NAMES.iter().copied().collect();
+    if for_each {
+        names.extend(["item", "index"]);
+    }
+    if with_self {
+        names.insert("self");
+    }
+    names
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_child_id(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    s.len() <= 63
+        && bytes.next().is_some_and(|b| b.is_ascii_lowercase())
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn is_kind(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_uppercase()) && chars.all(|c| c.is_ascii_alphanumeric())
+}
+
+fn is_api_version(s: &str) -> bool {
+    let (group, version) = s.split_once('/').unwrap_or(("", s));
+    let version_ok = !version.is_empty()
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let group_ok = group.is_empty() || group.split('.').all(is_dns_label);
+    version_ok && group_ok && !(group.is_empty() && s.contains('/'))
+}
+
+fn is_reason(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ',' || c == ':')
+        && s.len() <= 1024
+}
+
+/// Validator for the rule format itself, derived from the serde types.
+fn format_validator() -> Option<&'static jsonschema::Validator> {
+    static VALIDATOR: OnceLock<Option<jsonschema::Validator>> = OnceLock::new();
+    VALIDATOR
+        .get_or_init(|| jsonschema::validator_for(&model::json_schema()).ok())
+        .as_ref()
+}
+
+/// Converts a JSON Pointer (`/spec/children/1/id`) to our field syntax.
+fn pointer_to_field(pointer: &str) -> String {
+    let mut out = String::new();
+    for seg in pointer.split('/').skip(1) {
+        let seg = seg.replace("~1", "/").replace("~0", "~");
+        if seg.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&seg);
+        }
+    }
+    out
+}
+
+/// Collects diagnostics for one rule document.
+struct Checker<'a> {
+    file: &'a PathBuf,
+    lines: &'a LineIndex,
+    diags: &'a mut Vec<Diagnostic>,
+    errors: usize,
+}
+
+impl Checker<'_> {
+    fn error(&mut self, field: &str, message: impl Into<String>) {
+        self.errors += 1;
+        self.diags.push(Diagnostic::error(
+            self.file,
+            self.lines.line_of(field),
+            field,
+            message,
+        ));
+    }
+
+    fn warning(&mut self, field: &str, message: impl Into<String>) {
+        self.diags.push(Diagnostic::warning(
+            self.file,
+            self.lines.line_of(field),
+            field,
+            message,
+        ));
+    }
+
+    /// Names outside the evaluation context, and `children.<id>` for unknown ids.
+    fn check_names(
+        &mut self,
+        field: &str,
+        used: HashSet<String>,
+        allowed: &BTreeSet<&str>,
+        child_ids: &BTreeSet<&str>,
+    ) {
+        let mut used: Vec<String> = used.into_iter().collect();
+        used.sort();
+        let mut reported = BTreeSet::new();
+        for name in used {
+            let mut parts = name.split('.');
+            let root = parts.next().unwrap_or_default().to_owned();
+            if !allowed.contains(root.as_str()) {
+                if reported.insert(root.clone()) {
+                    let hint = allowed.iter().copied().collect::<Vec<_>>().join(", ");
+                    self.error(
+                        field,
+                        format!("`{root}` is not in the evaluation context (available: {hint})"),
+                    );
+                }
+            } else if root == "children"
+                && let Some(id) = parts.next()
+                && !child_ids.contains(id)
+                && reported.insert(format!("children.{id}"))
+            {
+                self.error(field, format!("`children.{id}`: the rule has no child `{id}`"));
+            }
+        }
+    }
+}
+
+/// Validates and compiles one document; `None` when it has errors.
+pub(super) fn compile(
+    doc: RawDocument,
+    limits: Limits,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<CompiledRule> {
+    let mut ck = Checker {
+        file: &doc.file,
+        lines: &doc.lines,
+        diags,
+        errors: 0,
+    };
+
+    // Shape first: every structural error in the document at once.
+    if let Some(validator) = format_validator() {
+        let mut shape_errors: Vec<(String, String)> = validator
+            .iter_errors(&doc.value)
+            .map(|e| (pointer_to_field(&e.instance_path().to_string()), e.to_string()))
+            .collect();
+        shape_errors.sort();
+        shape_errors.dedup();
+        for (field, message) in shape_errors {
+            ck.error(&field, message);
+        }
+    }
+    if ck.errors > 0 {
+        return None;
+    }
+    let rule: Rule = match serde_path_to_error::deserialize(&doc.value) {
+        Ok(rule) => rule,
+        Err(err) => {
+            let field = err.path().to_string();
+            let field = if field == "." { String::new() } else { field };
+            ck.error(&field, err.inner().to_string());
+            return None;
+        }
+    };
+
+    if rule.api_version != model::API_VERSION {
+        ck.error(
+            "apiVersion",
+            format!("must be `{}`, not `{}`", model::API_VERSION, rule.api_version),
+        );
+    }
+    if rule.kind != model::KIND {
+        ck.error("kind", format!("must be `{}`, not `{}`", model::KIND, rule.kind));
+    }
+    if !is_dns_label(&rule.metadata.name) {
+        ck.error(
+            "metadata.name",
+            format!(
+                "`{}` is not a DNS-1123 label (lowercase letters, digits, '-', at most 63)",
+                rule.metadata.name
+            ),
+        );
+    }
+
+    let spec = &rule.spec;
+    let parent = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
+    if !is_api_version(&spec.parent.api_version) {
+        ck.error(
+            "spec.parent.apiVersion",
+            format!("`{}` is not a valid apiVersion", spec.parent.api_version),
+        );
+    }
+    if !is_kind(&spec.parent.kind) {
+        ck.error(
+            "spec.parent.kind",
+            format!("`{}` is not a valid kind (CamelCase)", spec.parent.kind),
+        );
+    }
+    for (i, ns) in spec.parent.namespaces.iter().enumerate() {
+        if !is_dns_label(ns) {
+            ck.error(
+                &format!("spec.parent.namespaces[{i}]"),
+                format!("`{ns}` is not a valid namespace name"),
+            );
+        }
+    }
+    if let Some(selector) = &spec.parent.selector {
+        for (i, req) in selector.match_expressions.iter().enumerate() {
+            let needs_values = matches!(req.operator, SelectorOperator::In | SelectorOperator::NotIn);
+            if needs_values == req.values.is_empty() {
+                ck.error(
+                    &format!("spec.parent.selector.matchExpressions[{i}].values"),
+                    if needs_values {
+                        "operators In and NotIn need values"
+                    } else {
+                        "operators Exists and DoesNotExist take no values"
+                    },
+                );
+            }
+        }
+    }
+
+    let schema = match &spec.schema {
+        Some(schema) => match jsonschema::draft202012::new(schema) {
+            Ok(v) => Some(v),
+            Err(err) => {
+                ck.error("spec.schema", format!("invalid JSON Schema: {err}"));
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(defaults) = &spec.defaults
+        && !defaults.is_object()
+    {
+        ck.error("spec.defaults", "must be an object (it is merged under .spec)");
+    }
+    let resync = spec.resync.as_deref().and_then(|text| {
+        match humantime::parse_duration(text) {
+            Ok(d) if d >= Duration::from_secs(1) => Some(d),
+            Ok(_) => {
+                ck.error("spec.resync", "must be at least 1s");
+                None
+            }
+            Err(err) => {
+                ck.error("spec.resync", format!("`{text}` is not a duration like 10m: {err}"));
+                None
+            }
+        }
+    });
+
+    // Children: ids, kinds, templates, expressions, dependencies.
+    let child_ids: BTreeSet<&str> = spec.children.iter().map(|c| c.id.as_str()).collect();
+    let mut builder = EngineBuilder::new(limits);
+    let mut templates = BTreeMap::new();
+    let mut children = Vec::new();
+    let mut seen_ids: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, child) in spec.children.iter().enumerate() {
+        let at = format!("spec.children[{i}]");
+        if !is_child_id(&child.id) {
+            ck.error(
+                &format!("{at}.id"),
+                format!("`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)", child.id),
+            );
+        }
+        if let Some(first) = seen_ids.insert(&child.id, i) {
+            ck.error(
+                &format!("{at}.id"),
+                format!("duplicate child id `{}` (also spec.children[{first}])", child.id),
+            );
+        }
+        if !is_api_version(&child.api_version) {
+            ck.error(
+                &format!("{at}.apiVersion"),
+                format!("`{}` is not a valid apiVersion", child.api_version),
+            );
+        }
+        if !is_kind(&child.kind) {
+            ck.error(
+                &format!("{at}.kind"),
+                format!("`{}` is not a valid kind (CamelCase)", child.kind),
+            );
+        }
+        let source = match (&child.template, &child.template_file) {
+            (Some(t), None) => Some(t.clone()),
+            (None, Some(rel)) => match read_template_file(&doc.root, &doc.file, rel) {
+                Ok(text) => Some(text),
+                Err(message) => {
+                    ck.error(&format!("{at}.templateFile"), message);
+                    None
+                }
+            },
+            (Some(_), Some(_)) => {
+                ck.error(&at, "set either `template` or `templateFile`, not both");
+                None
+            }
+            (None, None) => {
+                ck.error(&at, "needs `template` or `templateFile`");
+                None
+            }
+        };
+        let field = if child.template.is_some() {
+            format!("{at}.template")
+        } else {
+            format!("{at}.templateFile")
+        };
+        let for_each = child.for_each.is_some();
+        let template = source.and_then(|text| {
+            if has_safe_filter(&text) {
+                ck.warning(
+                    &field,
+                    "`| safe` turns off JSON escaping: a value from the parent could add YAML structure",
+                );
+            }
+            templates.insert(child.id.clone(), text.clone());
+            match builder.add_template(&child.id, TemplateKind::Object, &text) {
+                Ok(id) => {
+                    let names = builder.template_names(&id, true);
+                    ck.check_names(&field, names, &context_names(for_each, false), &child_ids);
+                    Some(id)
+                }
+                Err(err) => {
+                    ck.error(&field, format!("template syntax: {err}"));
+                    None
+                }
+            }
+        });
+        let mut expr = |ck: &mut Checker, name: &str, src: &Option<String>, allowed: BTreeSet<&str>| {
+            let src = src.as_ref()?;
+            let field = format!("{at}.{name}");
+            match builder.add_expression(src) {
+                Ok(id) => {
+                    let names = builder.expression_names(id, true);
+                    ck.check_names(&field, names, &allowed, &child_ids);
+                    Some(id)
+                }
+                Err(err) => {
+                    ck.error(&field, format!("expression syntax: {err}"));
+                    None
+                }
+            }
+        };
+        let include_when = expr(&mut ck, "includeWhen", &child.include_when, context_names(false, false));
+        let for_each_expr = expr(&mut ck, "forEach", &child.for_each, context_names(false, false));
+        let ready_when = expr(&mut ck, "readyWhen", &child.ready_when, context_names(for_each, true));
+
+        let mut depends_on = Vec::new();
+        for (j, dep) in child.depends_on.iter().enumerate() {
+            match spec.children.iter().position(|c| &c.id == dep) {
+                Some(k) if k == i => ck.error(
+                    &format!("{at}.dependsOn[{j}]"),
+                    format!("child `{dep}` cannot depend on itself"),
+                ),
+                Some(k) => depends_on.push(k),
+                None => ck.error(
+                    &format!("{at}.dependsOn[{j}]"),
+                    format!("unknown child id `{dep}`"),
+                ),
+            }
+        }
+        if let Some(template) = template {
+            children.push(CompiledChild {
+                spec: child.clone(),
+                gvk: Gvk::new(&child.api_version, &child.kind),
+                template,
+                include_when,
+                for_each: for_each_expr,
+                ready_when,
+                depends_on,
+            });
+        }
+    }
+    let order = if ck.errors == 0 {
+        match topological_order(&children) {
+            Ok(order) => order,
+            Err(cycle) => {
+                let i = spec
+                    .children
+                    .iter()
+                    .position(|c| c.id == cycle[0])
+                    .unwrap_or(0);
+                ck.error(
+                    &format!("spec.children[{i}].dependsOn"),
+                    format!("dependency cycle: {}", cycle.join(" -> ")),
+                );
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
+
+    // Status: fields and conditions.
+    let mut fields = Vec::new();
+    let mut conditions = Vec::new();
+    if let Some(status) = &spec.status {
+        if parent.is_builtin() {
+            ck.error(
+                "spec.status",
+                format!(
+                    "{parent} is a built-in kind: trellis does not write status to it (decorator rules get children only)"
+                ),
+            );
+        }
+        let base = context_names(false, false);
+        for (i, f) in status.fields.iter().enumerate() {
+            let at = format!("spec.status.fields[{i}]");
+            let path: Vec<String> = f.path.split('.').map(str::to_owned).collect();
+            if path.iter().any(|p| p.is_empty()) {
+                ck.error(&format!("{at}.path"), format!("`{}` is not a dotted path", f.path));
+            }
+            if path.first().is_some_and(|p| p == "conditions" || p == "observedGeneration") {
+                ck.error(
+                    &format!("{at}.path"),
+                    format!("`{}` is written by trellis itself", f.path),
+                );
+            }
+            let source = match (&f.from, &f.json_path, &f.value) {
+                (Some(from), Some(jp), None) => {
+                    if !child_ids.contains(from.as_str()) {
+                        ck.error(&format!("{at}.from"), format!("unknown child id `{from}`"));
+                    }
+                    match jsonpath_rust::parser::parse_json_path(jp) {
+                        Ok(query) => Some(FieldSource::JsonPath {
+                            child: from.clone(),
+                            query,
+                            text: jp.clone(),
+                        }),
+                        Err(err) => {
+                            ck.error(&format!("{at}.jsonPath"), format!("JSONPath syntax: {err}"));
+                            None
+                        }
+                    }
+                }
+                (None, None, Some(value)) => match builder.add_expression(value) {
+                    Ok(id) => {
+                        let names = builder.expression_names(id, true);
+                        ck.check_names(&format!("{at}.value"), names, &base, &child_ids);
+                        Some(FieldSource::Value(id))
+                    }
+                    Err(err) => {
+                        ck.error(&format!("{at}.value"), format!("expression syntax: {err}"));
+                        None
+                    }
+                },
+                _ => {
+                    ck.error(&at, "set either `from` with `jsonPath`, or `value`");
+                    None
+                }
+            };
+            if let Some(source) = source {
+                fields.push(CompiledField {
+                    path,
+                    source,
+                    default: f.default.clone(),
+                });
+            }
+        }
+        let mut types = BTreeSet::new();
+        for (i, c) in status.conditions.iter().enumerate() {
+            let at = format!("spec.status.conditions[{i}]");
+            if !is_kind(&c.type_) {
+                ck.error(&format!("{at}.type"), format!("`{}` is not a CamelCase type", c.type_));
+            }
+            if c.type_ == "Ready" || c.type_ == "Synced" {
+                ck.error(&format!("{at}.type"), format!("`{}` is written by trellis itself", c.type_));
+            }
+            if !types.insert(c.type_.clone()) {
+                ck.error(&format!("{at}.type"), format!("duplicate condition type `{}`", c.type_));
+            }
+            if !is_reason(&c.reason) {
+                ck.error(&format!("{at}.reason"), format!("`{}` is not a CamelCase reason", c.reason));
+            }
+            let when = match builder.add_expression(&c.when) {
+                Ok(id) => {
+                    let names = builder.expression_names(id, true);
+                    ck.check_names(&format!("{at}.when"), names, &base, &child_ids);
+                    Some(id)
+                }
+                Err(err) => {
+                    ck.error(&format!("{at}.when"), format!("expression syntax: {err}"));
+                    None
+                }
+            };
+            let message = c.message.as_ref().and_then(|text| {
+                match builder.add_template(&format!("condition:{}", c.type_), TemplateKind::Text, text) {
+                    Ok(id) => {
+                        let names = builder.template_names(&id, true);
+                        ck.check_names(&format!("{at}.message"), names, &base, &child_ids);
+                        Some(id)
+                    }
+                    Err(err) => {
+                        ck.error(&format!("{at}.message"), format!("template syntax: {err}"));
+                        None
+                    }
+                }
+            });
+            if let Some(when) = when {
+                conditions.push(CompiledCondition {
+                    type_: c.type_.clone(),
+                    when,
+                    reason: c.reason.clone(),
+                    message,
+                });
+            }
+        }
+    }
+
+    if ck.errors > 0 {
+        return None;
+    }
+    let engine = match builder.build() {
+        Ok(engine) => engine,
+        Err(err) => {
+            ck.error("spec", format!("cannot compile: {err}"));
+            return None;
+        }
+    };
+    Some(CompiledRule {
+        name: rule.metadata.name.clone(),
+        parent,
+        engine,
+        children,
+        order,
+        schema,
+        fields,
+        conditions,
+        resync,
+        templates,
+        file: doc.file,
+        lines: doc.lines,
+        rule,
+    })
+}
+
+/// `| safe` anywhere in a template (whitespace allowed around the bar).
+fn has_safe_filter(text: &str) -> bool {
+    text.match_indices('|').any(|(i, _)| {
+        let rest = text[i + 1..].trim_start();
+        rest.starts_with("safe")
+            && !rest[4..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// Children in dependency order (Kahn's algorithm, stable by declaration);
+/// on a cycle, the ids along it.
+fn topological_order(children: &[CompiledChild]) -> Result<Vec<usize>, Vec<String>> {
+    let n = children.len();
+    let mut done = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    while order.len() < n {
+        let next = (0..n).find(|&i| !done[i] && children[i].depends_on.iter().all(|&d| done[d]));
+        match next {
+            Some(i) => {
+                done[i] = true;
+                order.push(i);
+            }
+            None => return Err(find_cycle(children, &done)),
+        }
+    }
+    Ok(order)
+}
+
+fn find_cycle(children: &[CompiledChild], done: &[bool]) -> Vec<String> {
+    // Walk unfinished dependencies until a node repeats.
+    let start = done.iter().position(|d| !d).unwrap_or(0);
+    let mut path = vec![start];
+    let mut current = start;
+    loop {
+        let next = children[current]
+            .depends_on
+            .iter()
+            .copied()
+            .find(|&d| !done[d])
+            .unwrap_or(start);
+        if let Some(pos) = path.iter().position(|&p| p == next) {
+            let mut cycle: Vec<String> = path[pos..]
+                .iter()
+                .map(|&i| children[i].spec.id.clone())
+                .collect();
+            cycle.push(children[next].spec.id.clone());
+            return cycle;
+        }
+        path.push(next);
+        current = next;
+    }
+}

@@ -1,0 +1,158 @@
+//! Reading rule files from disk: directories (including the ConfigMap volume
+//! layout), multi-document files, and `templateFile:` references.
+//!
+//! The loader only reads and parses; it reports problems as [`Diagnostic`]s
+//! and leaves every semantic check to `validate`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::model::Rule;
+use super::{Diagnostic, Severity};
+use crate::yaml::{self, LineIndex};
+
+/// Largest rule file or template file read.
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+/// Most rule files read from one directory.
+const MAX_FILES_PER_DIR: usize = 1_000;
+
+/// One rule document as found on disk.
+#[derive(Debug, Clone)]
+pub struct LoadedRule {
+    pub rule: Rule,
+    /// The rule file as listed in the rules directory.
+    pub file: PathBuf,
+    pub lines: LineIndex,
+    /// Child id → template text (inline or read from `templateFile`).
+    pub templates: BTreeMap<String, String>,
+}
+
+/// A rules document that is well-formed YAML but not (yet) typed.
+pub(super) struct RawDocument {
+    pub file: PathBuf,
+    pub root: PathBuf,
+    pub value: serde_json::Value,
+    pub lines: LineIndex,
+}
+
+/// Lists rule files in a directory: `*.yaml`/`*.yml`, symlinks followed, dot
+/// entries (`..data`, `..2026_…` and hidden files) skipped, so a ConfigMap
+/// volume yields each rule exactly once. Sorted for stable output.
+pub fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = fs::read_dir(dir).map_err(|e| format!("cannot read directory: {e}"))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read directory: {e}"))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            continue;
+        }
+        let path = entry.path();
+        // `metadata` follows symlinks: a ConfigMap key is a link to a file.
+        if fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false) {
+            files.push(path);
+        }
+    }
+    if files.len() > MAX_FILES_PER_DIR {
+        return Err(format!(
+            "{} rule files, more than the limit of {MAX_FILES_PER_DIR}",
+            files.len()
+        ));
+    }
+    files.sort();
+    Ok(files)
+}
+
+pub(super) fn read_limited(path: &Path) -> Result<String, String> {
+    let meta = fs::metadata(path).map_err(|e| e.to_string())?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "file is {} bytes, more than the limit of {MAX_FILE_BYTES}",
+            meta.len()
+        ));
+    }
+    fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// Reads every rule document under `dirs`, parsing YAML; problems become diagnostics.
+pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> Vec<RawDocument> {
+    let mut docs = Vec::new();
+    for dir in dirs {
+        let files = match rule_files(dir) {
+            Ok(files) => files,
+            Err(message) => {
+                diags.push(Diagnostic::error(dir, None, "", message));
+                continue;
+            }
+        };
+        for file in files {
+            let text = match read_limited(&file) {
+                Ok(text) => text,
+                Err(message) => {
+                    diags.push(Diagnostic::error(&file, None, "", message));
+                    continue;
+                }
+            };
+            match yaml::parse_documents(&text, &yaml::Limits::FILES) {
+                Ok(parsed) => docs.extend(parsed.into_iter().map(|d| RawDocument {
+                    file: file.clone(),
+                    root: dir.clone(),
+                    value: d.value,
+                    lines: d.lines,
+                })),
+                Err(err) => diags.push(Diagnostic::error(
+                    &file,
+                    err.line,
+                    "",
+                    format!("YAML: {}", err.message),
+                )),
+            }
+        }
+    }
+    docs
+}
+
+/// Resolves `templateFile` relative to the rule file's directory and reads it,
+/// refusing paths (symlinks included) that leave the rules directory.
+pub(super) fn read_template_file(root: &Path, rule_file: &Path, rel: &str) -> Result<String, String> {
+    let rel_path = Path::new(rel);
+    if rel_path.is_absolute() {
+        return Err(format!("`{rel}` must be a relative path"));
+    }
+    let base = rule_file.parent().unwrap_or(root);
+    let root_real = root
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve the rules directory: {e}"))?;
+    let target = base
+        .join(rel_path)
+        .canonicalize()
+        .map_err(|e| format!("cannot read `{rel}`: {e}"))?;
+    if !target.starts_with(&root_real) {
+        return Err(format!("`{rel}` leaves the rules directory"));
+    }
+    if !target.is_file() {
+        return Err(format!("`{rel}` is not a file"));
+    }
+    read_limited(&target).map_err(|e| format!("cannot read `{rel}`: {e}"))
+}
+
+impl Diagnostic {
+    pub fn error(file: &Path, line: Option<u64>, field: &str, message: impl Into<String>) -> Self {
+        Diagnostic {
+            severity: Severity::Error,
+            file: file.to_path_buf(),
+            line,
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    pub fn warning(file: &Path, line: Option<u64>, field: &str, message: impl Into<String>) -> Self {
+        Diagnostic {
+            severity: Severity::Warning,
+            ..Diagnostic::error(file, line, field, message)
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The rule format `trellis.dev/v1alpha1`, as serde types.
+//!
+//! These types are the single source of truth: the loader deserializes into
+//! them and `trellis schema` derives the format's JSON Schema from them, so the
+//! two cannot drift. Semantic checks (names, cycles, expressions) live in
+//! `validate`; this module only says what shape a rule has.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const API_VERSION: &str = "trellis.dev/v1alpha1";
+pub const KIND: &str = "Rule";
+
+/// A rule teaches trellis one parent kind: which children to keep for every
+/// parent object, and what to write back into the parent's status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "trellis Rule (trellis.dev/v1alpha1)")]
+pub struct Rule {
+    /// Always `trellis.dev/v1alpha1`.
+    pub api_version: String,
+    /// Always `Rule`.
+    pub kind: String,
+    pub metadata: RuleMetadata,
+    pub spec: RuleSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleMetadata {
+    /// DNS-1123 label, unique across the rule set; names the field manager
+    /// (`trellis/<name>`) and the `trellis.dev/rule` label.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleSpec {
+    pub parent: ParentSpec,
+    /// JSON Schema (2020-12) for the parent's `.spec`, checked after defaults
+    /// are applied. Remote `$ref`s are never fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// Object deep-merged under the parent's `.spec` before use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<Value>,
+    /// Children, rendered in dependency order.
+    #[serde(default)]
+    pub children: Vec<ChildSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<StatusSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<DeletionSpec>,
+    #[serde(default)]
+    pub on_rule_removed: OnRuleRemoved,
+    /// Periodic re-reconcile of every parent, e.g. `10m`, `1h30m`, `45s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync: Option<String>,
+}
+
+/// Namespaced or cluster-scoped. Discovery decides on a live cluster; this
+/// field only informs offline commands about kinds they cannot look up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ParentSpec {
+    /// `group/version` (or `v1`) of the watched kind.
+    pub api_version: String,
+    pub kind: String,
+    /// Only parents in these namespaces; default: every namespace the operator watches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// Resource (plural) name, when kubectl-style pluralisation of `kind` is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plural: Option<String>,
+    /// Scope for offline commands; discovery is authoritative when running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ChildSpec {
+    /// `[a-z][a-z0-9-]*`, unique in the rule; the `trellis.dev/child` label.
+    pub id: String,
+    /// Static `group/version` of the child; a template cannot change it.
+    pub api_version: String,
+    /// Static kind of the child; a template cannot change it.
+    pub kind: String,
+    /// minijinja template rendering the object (YAML). Exactly one of
+    /// `template` and `templateFile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Template path relative to the rule file; may not leave the rules directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_file: Option<String>,
+    /// Child ids that must be ready before this child is applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Expression; the child is ready when true (`self` is the observed child).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_when: Option<String>,
+    #[serde(default)]
+    pub policy: Policy,
+    /// Expression; when false the child is not rendered and is pruned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_when: Option<String>,
+    /// Expression yielding a list: one child per item (`item`, `index`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<String>,
+    /// Allows a namespace other than the parent's, or a cluster-scoped child
+    /// of a namespaced parent. Only rule authors can grant this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_cross_namespace: bool,
+    /// Resource (plural) name, when kubectl-style pluralisation of `kind` is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plural: Option<String>,
+    /// Scope for offline commands; discovery is authoritative when running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Policy {
+    /// Server-side apply on every change (default).
+    #[default]
+    Apply,
+    /// Create once; never update.
+    CreateOnly,
+    /// Delete and recreate when the rendered form changes (immutable fields).
+    Recreate,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StatusSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<StatusField>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<ConditionSpec>,
+}
+
+/// One value under the parent's `.status`: either `from` + `jsonPath`, or `value`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StatusField {
+    /// Dotted path under `.status`, e.g. `replicas.ready`.
+    pub path: String,
+    /// Child id the JSONPath reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// RFC 9535 JSONPath on the observed child (a list of items for `forEach` children).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_path: Option<String>,
+    /// Expression; alternative to `from` + `jsonPath`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Used when the JSONPath matches nothing (e.g. the child has no status yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConditionSpec {
+    /// Condition type, e.g. `Serving`. `Ready` and `Synced` are trellis's own.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Expression; the condition is True when it is true.
+    pub when: String,
+    /// CamelCase reason when True; `Not<reason>` when False.
+    pub reason: String,
+    /// Plain-text template for the condition's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeletionSpec {
+    pub order: DeletionOrder,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DeletionOrder {
+    /// Delete children in reverse dependency order behind a finalizer.
+    Reverse,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnRuleRemoved {
+    /// Leave children in place and release trellis's finalizers (default).
+    #[default]
+    Orphan,
+    /// Delete the children trellis created.
+    Delete,
+}
+
+/// JSON Schema of the rule format, generated from the types above.
+pub fn json_schema() -> Value {
+    let schema = schemars::schema_for!(Rule);
+    serde_json::to_value(schema).unwrap_or(Value::Null)
+}
