@@ -8,8 +8,10 @@
 //! The offline commands (`check`, `render`, `rbac`, `schema`) and the operator
 //! share this library; `plan` is the only place that decides anything.
 
+pub mod cli;
 pub mod kinds;
 pub mod plan;
+pub mod rbac;
 pub mod render;
 pub mod rules;
 pub mod status;

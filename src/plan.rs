@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 
 use crate::kinds::Gvk;
 use crate::render::{self, RenderError};
-use crate::rules::model::{Policy, Scope};
+use crate::rules::model::{Policy, Scope, SelectorOperator};
 use crate::rules::{CompiledChild, CompiledRule, FieldSource};
 use crate::status::{self, Condition};
 use crate::yaml;
@@ -176,6 +176,30 @@ pub struct Input<'a> {
     /// RFC 3339 timestamp used for new condition transitions.
     pub now: &'a str,
     pub scope_of: ScopeOf<'a>,
+}
+
+/// Whether `parent` falls under the rule's `namespaces` and `selector`.
+pub fn parent_matches(rule: &CompiledRule, parent: &Value) -> bool {
+    let spec = &rule.rule.spec.parent;
+    let namespace = parent.pointer("/metadata/namespace").and_then(Value::as_str);
+    if !spec.namespaces.is_empty() && !namespace.is_some_and(|ns| spec.namespaces.iter().any(|n| n == ns)) {
+        return false;
+    }
+    let Some(selector) = &spec.selector else {
+        return true;
+    };
+    let labels = parent.pointer("/metadata/labels").and_then(Value::as_object);
+    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    selector.match_labels.iter().all(|(k, v)| label(k) == Some(v.as_str()))
+        && selector.match_expressions.iter().all(|req| {
+            let value = label(&req.key);
+            match req.operator {
+                SelectorOperator::In => value.is_some_and(|v| req.values.iter().any(|x| x == v)),
+                SelectorOperator::NotIn => value.is_none_or(|v| !req.values.iter().any(|x| x == v)),
+                SelectorOperator::Exists => value.is_some(),
+                SelectorOperator::DoesNotExist => value.is_none(),
+            }
+        })
 }
 
 /// Deep-merges `over` onto `base`: objects merge key by key, anything else replaces.

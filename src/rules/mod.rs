@@ -95,8 +95,9 @@ impl RuleSet {
     }
 
     /// Rules whose parent kind is `gvk`.
-    pub fn for_parent<'a>(&'a self, gvk: &'a Gvk) -> impl Iterator<Item = &'a Arc<CompiledRule>> {
-        self.rules.iter().filter(move |r| &r.parent == gvk)
+    pub fn for_parent<'a>(&'a self, gvk: &Gvk) -> impl Iterator<Item = &'a Arc<CompiledRule>> {
+        let gvk = gvk.clone();
+        self.rules.iter().filter(move |r| r.parent == gvk)
     }
 }
 

@@ -1,0 +1,357 @@
+//! Command-line parsing and the offline commands. `main.rs` only dispatches.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+
+use crate::kinds::{self, Gvk};
+use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, Observed, ObjectKey};
+use crate::render::Limits;
+use crate::rules::{CompiledRule, Diagnostic, RuleSet, Severity};
+use crate::yaml;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "trellis",
+    version,
+    about = "A Kubernetes operator programmed with YAML rules",
+    long_about = "trellis keeps child objects in existence for every object of a parent kind, \
+                  as declared by rule files (trellis.dev/v1alpha1 Rule), and writes the children's \
+                  state back into the parent's status."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RenderLimits {
+    /// minijinja fuel per render (roughly: instructions executed)
+    #[arg(long, default_value_t = Limits::default().fuel, env = "TRELLIS_RENDER_FUEL")]
+    pub render_fuel: u64,
+    /// Deepest nesting a render may reach
+    #[arg(long, default_value_t = Limits::default().recursion, env = "TRELLIS_RENDER_RECURSION")]
+    pub render_recursion: usize,
+    /// Most bytes one template may produce
+    #[arg(long, default_value_t = Limits::default().max_bytes, env = "TRELLIS_RENDER_MAX_BYTES")]
+    pub render_max_bytes: usize,
+}
+
+impl RenderLimits {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            fuel: self.render_fuel,
+            recursion: self.render_recursion,
+            max_bytes: self.render_max_bytes,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Output {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Lint a rule set; exit 1 with file:line messages on any error
+    Check {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
+    /// Offline: what one reconcile pass would do for PARENT (no cluster needed)
+    Render {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// The parent object (YAML)
+        parent: PathBuf,
+        /// Live children (YAML stream), matched by kind and name
+        #[arg(long)]
+        observed: Option<PathBuf>,
+        /// Output format
+        #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+        output: Output,
+        /// Timestamp for new condition transitions (default: now)
+        #[arg(long, value_name = "RFC3339")]
+        now: Option<String>,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
+    /// Print the least-privilege ClusterRole the rule set needs
+    Rbac {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// Name of the ClusterRole
+        #[arg(long, default_value = "trellis")]
+        name: String,
+    },
+    /// Print the JSON Schema of the rule format
+    Schema,
+}
+
+/// Prints diagnostics; returns whether the set has errors.
+fn report(diags: &[Diagnostic]) -> bool {
+    let mut stderr = std::io::stderr().lock();
+    for d in diags {
+        let _ = writeln!(stderr, "{d}");
+    }
+    diags.iter().any(|d| d.severity == Severity::Error)
+}
+
+fn load(dirs: &[PathBuf], limits: Limits) -> Result<RuleSet, ExitCode> {
+    match RuleSet::load(dirs, limits) {
+        Ok(set) => {
+            report(&set.warnings);
+            Ok(set)
+        }
+        Err(diags) => {
+            report(&diags);
+            let errors = diags.iter().filter(|d| d.severity == Severity::Error).count();
+            eprintln!("{errors} error(s); the rule set is rejected");
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+pub fn check(dirs: &[PathBuf], limits: Limits) -> ExitCode {
+    match load(dirs, limits) {
+        Ok(set) => {
+            let warnings = set.warnings.len();
+            eprintln!(
+                "{} rule(s) OK{}",
+                set.rules.len(),
+                if warnings > 0 {
+                    format!(", {warnings} warning(s)")
+                } else {
+                    String::new()
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn read_yaml_stream(path: &Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    yaml::parse_documents(&text, &yaml::Limits::FILES)
+        .map(|docs| docs.into_iter().map(|d| d.value).collect())
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The rule for a parent object: same apiVersion/kind, and its namespaces and
+/// selector (if any) match.
+pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, String> {
+    let api_version = parent.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = parent.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let gvk = Gvk::new(api_version, kind);
+    let candidates: Vec<&CompiledRule> = set
+        .for_parent(&gvk)
+        .map(|r| r.as_ref())
+        .filter(|r| crate::plan::parent_matches(r, parent))
+        .collect();
+    match candidates.as_slice() {
+        [] => Err(format!("no rule matches a parent of kind {gvk}")),
+        [one] => Ok(one),
+        many => Err(format!(
+            "several rules match a parent of kind {gvk}: {}",
+            many.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+/// Scope of a kind offline: the built-in table (rules may override per child).
+pub fn offline_scope(gvk: &Gvk) -> crate::rules::model::Scope {
+    kinds::scope(gvk)
+}
+
+/// Gives unlabelled observed objects the labels trellis would have put on
+/// them, by matching kind and name against a first render. Hand-written
+/// `--observed` files can then omit the labels.
+fn label_observed(rule: &CompiledRule, parent: &Value, observed: Vec<Value>, now: &str) -> Observed {
+    let labelled = Observed::from_objects(observed.iter().cloned());
+    let first = plan::plan(
+        rule,
+        &Input {
+            parent,
+            observed: &labelled,
+            now,
+            scope_of: &offline_scope,
+        },
+    );
+    let uid = parent
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or(plan::PLACEHOLDER_UID)
+        .to_owned();
+    let objects = observed.into_iter().map(|mut obj| {
+        let has_label = obj
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get(LABEL_CHILD))
+            .is_some();
+        if !has_label
+            && let Some(key) = ObjectKey::of(&obj)
+            && let Some(apply) = first.apply.iter().find(|a| {
+                a.key.group == key.group && a.key.kind == key.kind && a.key.name == key.name
+            })
+        {
+            let meta = &mut obj["metadata"];
+            if meta.get("namespace").is_none()
+                && let Some(ns) = &apply.key.namespace
+            {
+                meta["namespace"] = json!(ns);
+            }
+            let labels = &mut meta["labels"];
+            if !labels.is_object() {
+                *labels = json!({});
+            }
+            labels[LABEL_RULE] = json!(rule.name);
+            labels[LABEL_CHILD] = json!(apply.id);
+            labels[plan::LABEL_PARENT_UID] = json!(uid);
+        }
+        obj
+    });
+    Observed::from_objects(objects)
+}
+
+/// The document `trellis render` prints.
+pub fn render_document(rule: &CompiledRule, parent: &Value, observed: Vec<Value>, now: &str) -> Value {
+    let observed = label_observed(rule, parent, observed, now);
+    let plan = plan::plan(
+        rule,
+        &Input {
+            parent,
+            observed: &observed,
+            now,
+            scope_of: &offline_scope,
+        },
+    );
+    let mut doc = json!({
+        "children": plan.apply.iter().map(|a| a.object.clone()).collect::<Vec<_>>(),
+        "status": plan.status,
+        "pending": plan.pending,
+        "rule": rule.name,
+    });
+    if !plan.delete.is_empty() {
+        doc["delete"] = json!(plan.delete.iter().map(|d| d.key.to_string()).collect::<Vec<_>>());
+    }
+    if !plan.errors.is_empty() {
+        doc["errors"] = json!(plan.errors);
+    }
+    doc
+}
+
+pub fn render(
+    dirs: &[PathBuf],
+    parent_path: &Path,
+    observed_path: Option<&Path>,
+    output: Output,
+    now: Option<String>,
+    limits: Limits,
+) -> ExitCode {
+    let set = match load(dirs, limits) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    let parents = match read_yaml_stream(parent_path) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let [parent] = parents.as_slice() else {
+        eprintln!(
+            "error: {}: expected exactly one parent object, found {}",
+            parent_path.display(),
+            parents.len()
+        );
+        return ExitCode::from(1);
+    };
+    let observed = match observed_path.map(read_yaml_stream).transpose() {
+        Ok(o) => o.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let rule = match rule_for(&set, parent) {
+        Ok(rule) => rule,
+        Err(e) => {
+            eprintln!("error: {}: {e}", parent_path.display());
+            return ExitCode::from(1);
+        }
+    };
+    if parent.pointer("/metadata/uid").is_none() {
+        eprintln!(
+            "note: {} has no metadata.uid; using {} in labels and ownerReferences",
+            parent_path.display(),
+            plan::PLACEHOLDER_UID
+        );
+    }
+    let now = now.unwrap_or_else(now_rfc3339);
+    let doc = render_document(rule, parent, observed, &now);
+    let text = match output {
+        Output::Json => serde_json::to_string_pretty(&doc).map_err(|e| e.to_string()),
+        Output::Yaml => yaml::to_string(&doc),
+    };
+    match text {
+        Ok(text) => {
+            println!("{}", text.trim_end());
+            if doc.get("errors").is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("error: cannot print the result: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Current time as RFC 3339 with second precision (`2026-11-29T08:00:00Z`).
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+pub fn schema() -> ExitCode {
+    match serde_json::to_string_pretty(&crate::rules::model::json_schema()) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub fn rbac(dirs: &[PathBuf], name: &str) -> ExitCode {
+    let set = match load(dirs, Limits::default()) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    let role = crate::rbac::cluster_role(&set, name);
+    match yaml::to_string(&role) {
+        Ok(text) => {
+            println!("{}", text.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
