@@ -26,7 +26,7 @@ impl Limits {
     /// Budget for rule files and parent/observed files given on the command line.
     pub const FILES: Limits = Limits {
         max_bytes: 4 * 1024 * 1024,
-        max_depth: 64,
+        max_depth: 48,
         max_nodes: 200_000,
         max_documents: 1_000,
     };
@@ -175,12 +175,10 @@ struct KeyString(String);
 
 impl<'de> Deserialize<'de> for KeyString {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match NodeKind::deserialize(d)? {
-            NodeKind::Scalar(Value::String(s)) => Ok(KeyString(s)),
-            NodeKind::Scalar(Value::Null) => Ok(KeyString("null".into())),
-            NodeKind::Scalar(v) => Ok(KeyString(v.to_string())),
-            _ => Err(de::Error::custom("mapping keys must be scalars")),
-        }
+        // Asked for a string, a plain `n` or `80` stays the text it is.
+        String::deserialize(d)
+            .map(KeyString)
+            .map_err(|e| de::Error::custom(format!("mapping keys must be scalars: {e}")))
     }
 }
 
@@ -192,10 +190,13 @@ fn options(limits: &Limits) -> Options {
     budget.max_total_scalar_bytes = limits.max_bytes;
     budget.max_aliases = 1_000;
     budget.max_anchors = 1_000;
+    budget.flow_nesting_limit = limits.max_depth;
     let mut options = Options::default();
     options.budget = Some(budget);
     options.duplicate_keys = DuplicateKeyPolicy::Error;
     options.with_snippet = false;
+    // YAML 1.2: `yes`, `no`, `on`, `y` are strings, not booleans.
+    options.strict_booleans = true;
     options
 }
 
@@ -322,6 +323,11 @@ mod tests {
     fn enforces_depth_budget() {
         let deep = "[".repeat(100) + &"]".repeat(100);
         assert!(parse_documents(&deep, &Limits::FILES).is_err());
+        // Just inside the budget parses without exhausting a test thread's stack.
+        let ok = "[".repeat(40) + &"]".repeat(40);
+        assert!(parse_documents(&ok, &Limits::FILES).is_ok());
+        let block: String = (0..40).map(|i| format!("{}k{i}:\n", "  ".repeat(i))).collect();
+        assert!(parse_documents(&block, &Limits::FILES).is_ok());
     }
 
     #[test]
