@@ -1,0 +1,363 @@
+//! Shared harness for integration tests that need a Kubernetes API server.
+//!
+//! Put `mod support;` at the top of a test file, then:
+//!
+//! ```ignore
+//! #[tokio::test]
+//! async fn something_happens() {
+//!     let ns = support::namespace().await; // fresh namespace, deleted on drop
+//!     let cms: Api<ConfigMap> = ns.api();
+//!     // ...
+//! }
+//! ```
+//!
+//! # Which cluster
+//!
+//! * `TRELLIS_TEST_KUBECONFIG=/path/to/kubeconfig`: use that cluster.
+//! * `TRELLIS_TEST_USE_KUBECONFIG=1`: use the cluster that `KUBECONFIG` (or
+//!   `~/.kube/config`) points at.
+//! * Otherwise (the normal case) a local control plane built by
+//!   `tests/cluster/cluster` (etcd, kube-apiserver, kube-controller-manager;
+//!   no nodes) is used. Its state lives in `target/test-cluster`
+//!   (`TRELLIS_TEST_CLUSTER_DIR` overrides) and is **shared by every test
+//!   binary and every `cargo test` run**: the first test that needs it takes
+//!   the lock file `target/test-cluster.lock`, starts the control plane if it
+//!   is not already healthy, and leaves it running for the next binary or
+//!   run. Stop it with `tests/cluster/cluster down target/test-cluster` (CI
+//!   does this after `cargo test`).
+//!
+//! If the control plane cannot be built or started, every test that asks for
+//! it panics with the reason and the component logs' tails; nothing is skipped.
+//!
+//! # Isolation
+//!
+//! Each test gets its own namespace ([`namespace`]), named after the test and
+//! labelled `trellis.dev/test=true`. Dropping the guard deletes it, also when
+//! the test panics; set `TRELLIS_TEST_KEEP_NAMESPACES=1` to keep them for
+//! debugging. Cluster-scoped objects (CRDs, ...) are shared by all tests, so
+//! give them names that no other test uses, or make their creation idempotent
+//! (server-side apply of an identical manifest).
+#![allow(dead_code)]
+
+use std::fmt::Debug;
+use std::fs::File;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Config};
+
+/// The label put on every namespace made by [`namespace`].
+pub const TEST_LABEL: &str = "trellis.dev/test";
+
+/// Path of the control-plane script.
+pub fn cluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/cluster")
+}
+
+/// Where the shared local control plane keeps its state.
+pub fn cluster_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TRELLIS_TEST_CLUSTER_DIR") {
+        return PathBuf::from(dir);
+    }
+    // CARGO_TARGET_TMPDIR is <target>/tmp; the cluster lives next to it.
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().unwrap_or(tmp).join("test-cluster")
+}
+
+/// The cluster the tests talk to.
+#[derive(Clone)]
+pub struct Cluster {
+    /// Kubeconfig with cluster-admin rights.
+    pub kubeconfig: Kubeconfig,
+    /// The kubeconfig file, when there is exactly one.
+    pub kubeconfig_path: Option<PathBuf>,
+    /// Human-readable description of where it came from.
+    pub source: String,
+    /// True for the local control plane built from `tests/cluster`.
+    pub local: bool,
+}
+
+/// The cluster for this test binary; starts (or reuses) it on first call.
+///
+/// Panics with the reason if there is no cluster to be had.
+pub fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    match CLUSTER.get_or_init(find_or_start_cluster) {
+        Ok(cluster) => cluster,
+        Err(e) => panic!("no Kubernetes cluster for the tests:\n{e}"),
+    }
+}
+
+fn find_or_start_cluster() -> Result<Cluster, String> {
+    if let Some(path) = std::env::var_os("TRELLIS_TEST_KUBECONFIG") {
+        let path = PathBuf::from(path);
+        let kubeconfig = Kubeconfig::read_from(&path)
+            .map_err(|e| format!("TRELLIS_TEST_KUBECONFIG={}: {e}", path.display()))?;
+        return Ok(Cluster {
+            kubeconfig,
+            source: format!("TRELLIS_TEST_KUBECONFIG={}", path.display()),
+            kubeconfig_path: Some(path),
+            local: false,
+        });
+    }
+    if std::env::var("TRELLIS_TEST_USE_KUBECONFIG").as_deref() == Ok("1") {
+        let kubeconfig =
+            Kubeconfig::read().map_err(|e| format!("TRELLIS_TEST_USE_KUBECONFIG=1: {e}"))?;
+        return Ok(Cluster {
+            kubeconfig,
+            kubeconfig_path: None,
+            source: "KUBECONFIG (TRELLIS_TEST_USE_KUBECONFIG=1)".into(),
+            local: false,
+        });
+    }
+    start_local_cluster()
+}
+
+/// Start the shared local control plane under a file lock, or reuse it.
+fn start_local_cluster() -> Result<Cluster, String> {
+    let dir = cluster_dir();
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    let lock_path = dir.with_extension("lock");
+    let lock = File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    lock.lock()
+        .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+
+    let script = cluster_script();
+    let healthy = dir.join("kubeconfig").is_file()
+        && Command::new(&script)
+            .arg("status")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .is_ok_and(|out| out.status.success());
+    if !healthy {
+        // A cold build takes many minutes: let its progress reach the terminal.
+        let status = Command::new(&script)
+            .arg("build")
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .status()
+            .map_err(|e| format!("running {} build: {e}", script.display()))?;
+        if !status.success() {
+            return Err(format!(
+                "`{} build` failed ({status}); see its output above",
+                script.display()
+            ));
+        }
+        let out = Command::new(&script)
+            .arg("up")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("running {} up: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "`{} up {}` failed ({}):\n{}{}",
+                script.display(),
+                dir.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        eprintln!(
+            "[support] started local control plane in {} (stop it with `{} down {}`)",
+            dir.display(),
+            script.display(),
+            dir.display()
+        );
+    }
+    drop(lock);
+
+    let path = dir.join("kubeconfig");
+    let kubeconfig =
+        Kubeconfig::read_from(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Cluster {
+        kubeconfig,
+        source: format!("local control plane in {}", dir.display()),
+        kubeconfig_path: Some(path),
+        local: true,
+    })
+}
+
+/// A client for the test cluster with cluster-admin rights.
+///
+/// Call it inside the test's runtime: a client belongs to the runtime it was
+/// made in.
+pub async fn client() -> Client {
+    let cluster = cluster();
+    make_client(cluster.kubeconfig.clone())
+        .await
+        .unwrap_or_else(|e| panic!("client for {}: {e}", cluster.source))
+}
+
+async fn make_client(kubeconfig: Kubeconfig) -> Result<Client, String> {
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// A namespace of one test's own, deleted when dropped.
+pub struct TestNamespace {
+    /// Client for the test cluster (cluster-admin).
+    pub client: Client,
+    /// The namespace's name.
+    pub name: String,
+}
+
+impl TestNamespace {
+    /// An `Api` for a namespaced kind in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::env::var("TRELLIS_TEST_KEEP_NAMESPACES").as_deref() == Ok("1") {
+            eprintln!("[support] keeping namespace {}", self.name);
+            return;
+        }
+        // The test's runtime may be unwinding or blocked on us, so delete from
+        // a thread with a runtime and a client of its own.
+        let name = self.name.clone();
+        let kubeconfig = cluster().kubeconfig.clone();
+        let result = std::thread::spawn(move || -> Result<(), String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let client = make_client(kubeconfig).await?;
+                match Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        })
+        .join();
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("[support] could not delete namespace {}: {e}", self.name),
+            Err(_) => eprintln!("[support] namespace {} cleanup panicked", self.name),
+        }
+    }
+}
+
+/// A fresh namespace for the calling test, named after it.
+pub async fn namespace() -> TestNamespace {
+    let client = client().await;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("test")
+        .rsplit("::")
+        .next()
+        .unwrap_or("test")
+        .to_string();
+    let name = unique_name(&test);
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([(TEST_LABEL.to_string(), "true".to_string())].into()),
+            annotations: Some([("trellis.dev/test-name".to_string(), test.clone())].into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name} for test {test}: {e}"));
+    TestNamespace { client, name }
+}
+
+/// `prefix` made into a DNS label and extended with a suffix unique to this
+/// process and call, e.g. `gc-removes-dependents-1a2b3c`.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let mut base: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    base.truncate(48);
+    let base = base.trim_matches('-');
+    let base = if base.is_empty() { "test" } else { base };
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let salt = nanos ^ std::process::id().rotate_left(16) ^ n.wrapping_mul(0x9E37_79B9);
+    format!("{base}-{:06x}", salt & 0xff_ffff)
+}
+
+/// Poll `check` every 100 ms until it returns `Ok`, and return that value.
+/// Panics after `timeout` with `what` and the last error.
+pub async fn eventually<T, E, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let start = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(e) if start.elapsed() >= timeout => {
+                panic!("timed out after {timeout:?} waiting for {what}; last result: {e:?}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Server-side apply a CRD and wait until the API server reports it
+/// Established (its REST endpoints are then served).
+pub async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
+    let name = crd
+        .metadata
+        .name
+        .clone()
+        .expect("CRD manifest needs metadata.name");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(
+        &name,
+        &PatchParams::apply("trellis-tests").force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
+    let established = await_condition(crds, &name, conditions::is_crd_established());
+    match tokio::time::timeout(Duration::from_secs(30), established).await {
+        Ok(Ok(Some(_))) => {}
+        Ok(Ok(None)) => panic!("CRD {name} disappeared while waiting for it"),
+        Ok(Err(e)) => panic!("watching CRD {name}: {e}"),
+        Err(_) => panic!("CRD {name} not Established within 30s"),
+    }
+}
