@@ -130,3 +130,6 @@ fn check_unique_names(rules: &[CompiledRule], diags: &mut Vec<Diagnostic>) {
 pub fn load_dir(dir: &Path) -> Result<RuleSet, Vec<Diagnostic>> {
     RuleSet::load(&[dir.to_path_buf()], Limits::default())
 }
+
+#[cfg(test)]
+mod tests;
