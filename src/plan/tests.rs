@@ -1,0 +1,410 @@
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::kinds;
+use crate::rules::{CompiledRule, load_dir};
+
+const NOW: &str = "2026-11-29T00:00:00Z";
+const UID: &str = "uid-1";
+
+fn rule(spec: &str) -> Arc<CompiledRule> {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n{spec}"
+    );
+    std::fs::write(dir.path().join("rule.yaml"), text).unwrap();
+    let set = load_dir(dir.path()).unwrap_or_else(|d| panic!("{d:#?}"));
+    set.rules[0].clone()
+}
+
+const PARENT_KIND: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n";
+
+fn parent(spec: Value) -> Value {
+    json!({
+        "apiVersion": "demo.trellis.dev/v1",
+        "kind": "App",
+        "metadata": {"name": "a", "namespace": "ns", "uid": UID, "generation": 3},
+        "spec": spec,
+    })
+}
+
+fn run(rule: &CompiledRule, parent: &Value, observed: Vec<Value>) -> Plan {
+    plan(
+        rule,
+        &Input {
+            parent,
+            observed: &Observed::from_objects(observed),
+            now: NOW,
+            scope_of: &kinds::scope,
+        },
+    )
+}
+
+/// A live child as the cluster would hold it.
+fn live(kind: &str, name: &str, id: &str, extra: Value) -> Value {
+    let api_version = if kind == "Deployment" { "apps/v1" } else { "v1" };
+    let mut obj = json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": format!("uid-{name}"),
+            "labels": {LABEL_RULE: "app", LABEL_CHILD: id, LABEL_PARENT_UID: UID},
+        },
+    });
+    if let (Value::Object(o), Value::Object(e)) = (&mut obj, extra) {
+        o.extend(e);
+    }
+    obj
+}
+
+fn condition<'a>(plan: &'a Plan, type_: &str) -> &'a Value {
+    plan.status.as_ref().unwrap()["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no condition {type_}"))
+}
+
+const CM: &str = "    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ parent.metadata.name ~ '-cm' }}\n        data:\n          v: {{ spec.v | default('x') }}\n";
+
+#[test]
+fn renders_child_with_labels_owner_and_parent_namespace() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let p = run(&r, &parent(json!({"v": "1"})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let obj = &p.apply[0].object;
+    assert_eq!(obj["apiVersion"], "v1");
+    assert_eq!(obj["kind"], "ConfigMap");
+    assert_eq!(obj["metadata"]["namespace"], "ns");
+    assert_eq!(obj["metadata"]["labels"][LABEL_MANAGED_BY], "trellis");
+    assert_eq!(obj["metadata"]["labels"][LABEL_RULE], "app");
+    assert_eq!(obj["metadata"]["labels"][LABEL_CHILD], "cm");
+    assert_eq!(obj["metadata"]["labels"][LABEL_PARENT_UID], UID);
+    assert_eq!(
+        obj["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "demo.trellis.dev/v1", "kind": "App", "name": "a", "uid": UID, "controller": true, "blockOwnerDeletion": true}])
+    );
+    assert!(!p.needs_finalizer);
+}
+
+#[test]
+fn template_cannot_change_kind() {
+    let r = rule(&format!(
+        "{PARENT_KIND}  children:\n{}",
+        CM.replace("        metadata:\n", "        kind: Secret\n        metadata:\n")
+    ));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert!(p.apply.is_empty());
+    assert!(p.errors[0].contains("sets kind to \"Secret\""), "{:?}", p.errors);
+    assert_eq!(p.failure_reason, Some("RenderError"));
+}
+
+#[test]
+fn rejects_other_namespace_unless_rule_allows() {
+    let other = CM.replace("        data:\n", "          namespace: elsewhere\n        data:\n");
+    let r = rule(&format!("{PARENT_KIND}  children:\n{other}"));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert!(p.errors[0].contains("allowCrossNamespace"), "{:?}", p.errors);
+
+    let allowed = other.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      allowCrossNamespace: true\n");
+    let r = rule(&format!("{PARENT_KIND}  children:\n{allowed}"));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].key.namespace.as_deref(), Some("elsewhere"));
+    assert!(p.apply[0].object["metadata"].get("ownerReferences").is_none(), "no cross-namespace owner");
+    assert!(p.needs_finalizer);
+}
+
+#[test]
+fn cluster_scoped_child_of_namespaced_parent_needs_permission() {
+    let ns = "    - id: space\n      apiVersion: v1\n      kind: Namespace\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{ns}"));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert!(p.errors[0].contains("cluster-scoped"), "{:?}", p.errors);
+
+    let r = rule(&format!(
+        "{PARENT_KIND}  children:\n{}",
+        ns.replace("      kind: Namespace\n", "      kind: Namespace\n      allowCrossNamespace: true\n")
+    ));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].key.namespace, None);
+    assert!(!p.apply[0].owned);
+    assert!(p.needs_finalizer, "cleanup needs the finalizer");
+}
+
+#[test]
+fn namespaced_child_of_cluster_scoped_parent_must_name_namespace() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let mut cluster_parent = parent(json!({}));
+    cluster_parent["metadata"].as_object_mut().unwrap().remove("namespace");
+    let p = run(&r, &cluster_parent, vec![]);
+    assert!(p.errors[0].contains("must set metadata.namespace"), "{:?}", p.errors);
+
+    let named = CM.replace("        data:\n", "          namespace: team\n        data:\n");
+    let r = rule(&format!("{PARENT_KIND}  children:\n{named}"));
+    let p = run(&r, &cluster_parent, vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert!(p.apply[0].owned, "a cluster-scoped owner is allowed");
+}
+
+const WEB: &str = "    - id: web\n      apiVersion: apps/v1\n      kind: Deployment\n      dependsOn: [cm]\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n        spec:\n          replicas: {{ spec.replicas | default(1) }}\n";
+
+#[test]
+fn depends_on_holds_child_until_dependency_exists_and_is_ready() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{WEB}"));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert_eq!(p.apply.len(), 1);
+    assert_eq!(p.pending[0].id, "web");
+    assert!(p.pending[0].reason.contains("does not exist yet"), "{}", p.pending[0].reason);
+    assert_eq!(condition(&p, "Synced")["reason"], "DependencyNotReady");
+    assert_eq!(condition(&p, "Ready")["status"], "False");
+    assert!(condition(&p, "Ready")["message"].as_str().unwrap().contains("child \"cm\""));
+
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({})), vec![cm]);
+    assert!(p.pending.is_empty());
+    assert_eq!(p.apply.len(), 2);
+}
+
+#[test]
+fn depends_on_uses_ready_when_of_the_dependency() {
+    let gated = CM.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      readyWhen: \"self.data.ok | default('no') == 'yes'\"\n");
+    let r = rule(&format!("{PARENT_KIND}  children:\n{gated}{WEB}"));
+    let not_yet = live("ConfigMap", "a-cm", "cm", json!({"data": {"ok": "no"}}));
+    let p = run(&r, &parent(json!({})), vec![not_yet]);
+    assert_eq!(p.pending.len(), 1);
+    assert!(p.pending[0].reason.contains("readyWhen is false"));
+    let ready = live("ConfigMap", "a-cm", "cm", json!({"data": {"ok": "yes"}}));
+    let p = run(&r, &parent(json!({})), vec![ready]);
+    assert!(p.pending.is_empty());
+}
+
+#[test]
+fn pending_child_keeps_its_existing_object() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{WEB}"));
+    let web = live("Deployment", "a", "web", json!({}));
+    let p = run(&r, &parent(json!({})), vec![web]);
+    assert_eq!(p.pending.len(), 1);
+    assert!(p.delete.is_empty(), "held back is not pruned: {:?}", p.delete);
+}
+
+#[test]
+fn default_readiness_reads_generation_and_conditions() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{WEB}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let web = live(
+        "Deployment",
+        "a",
+        "web",
+        json!({"status": {"conditions": [{"type": "Available", "status": "False", "message": "0/1"}]}}),
+    );
+    let p = run(&r, &parent(json!({})), vec![cm.clone(), web]);
+    let ready = condition(&p, "Ready");
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "ChildNotReady");
+    assert!(ready["message"].as_str().unwrap().contains("child \"web\""), "{ready}");
+    assert!(ready["message"].as_str().unwrap().contains("Available is False"), "{ready}");
+
+    let web = live("Deployment", "a", "web", json!({"status": {"conditions": [{"type": "Available", "status": "True"}]}}));
+    let p = run(&r, &parent(json!({})), vec![cm, web]);
+    assert_eq!(condition(&p, "Ready")["status"], "True");
+    assert_eq!(condition(&p, "Synced")["status"], "True");
+}
+
+#[test]
+fn prunes_child_when_include_when_turns_false() {
+    let optional = CM.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      includeWhen: spec.enabled\n");
+    let r = rule(&format!("{PARENT_KIND}  children:\n{optional}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({"enabled": true})), vec![cm.clone()]);
+    assert!(p.delete.is_empty());
+    let p = run(&r, &parent(json!({"enabled": false})), vec![cm]);
+    assert!(p.apply.is_empty());
+    assert_eq!(p.delete.len(), 1);
+    assert_eq!(p.delete[0].uid.as_deref(), Some("uid-a-cm"));
+}
+
+#[test]
+fn include_when_on_missing_field_is_an_error_not_false() {
+    let optional = CM.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      includeWhen: spec.enabled\n");
+    let r = rule(&format!("{PARENT_KIND}  children:\n{optional}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({})), vec![cm]);
+    assert!(p.errors[0].contains("includeWhen"), "{:?}", p.errors);
+    assert!(p.delete.is_empty(), "never prune on error");
+}
+
+const EACH: &str = "    - id: each\n      apiVersion: v1\n      kind: ConfigMap\n      forEach: spec.items\n      template: |\n        metadata:\n          name: {{ parent.metadata.name ~ '-' ~ item }}\n        data:\n          index: {{ index | string }}\n";
+
+#[test]
+fn for_each_renders_one_child_per_item_and_prunes_removed_items() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{EACH}"));
+    let p = run(&r, &parent(json!({"items": ["x", "y"]})), vec![]);
+    let names: Vec<&str> = p.apply.iter().map(|a| a.key.name.as_str()).collect();
+    assert_eq!(names, ["a-x", "a-y"]);
+    assert_eq!(p.apply[1].object["data"]["index"], "1");
+
+    let observed = vec![
+        live("ConfigMap", "a-x", "each", json!({})),
+        live("ConfigMap", "a-y", "each", json!({})),
+    ];
+    let p = run(&r, &parent(json!({"items": ["x"]})), observed);
+    assert_eq!(p.delete.len(), 1);
+    assert_eq!(p.delete[0].key.name, "a-y");
+}
+
+#[test]
+fn for_each_must_yield_a_list() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{EACH}"));
+    let p = run(&r, &parent(json!({"items": "x"})), vec![]);
+    assert!(p.errors[0].contains("must yield a list"), "{:?}", p.errors);
+}
+
+#[test]
+fn duplicate_rendered_names_are_an_error() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{}", EACH.replace("'-' ~ item", "'-same'")));
+    let p = run(&r, &parent(json!({"items": ["x", "y"]})), vec![]);
+    assert!(p.errors.iter().any(|e| e.contains("rendered twice")), "{:?}", p.errors);
+}
+
+#[test]
+fn prunes_children_whose_id_left_the_rule() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let gone = live("Secret", "old", "removed", json!({}));
+    let p = run(&r, &parent(json!({})), vec![gone]);
+    assert_eq!(p.delete.len(), 1);
+    assert_eq!(p.delete[0].id, "removed");
+}
+
+#[test]
+fn never_prunes_when_any_render_fails() {
+    let broken = "    - id: bad\n      apiVersion: v1\n      kind: Secret\n      template: |\n        metadata:\n          name: {{ spec.missing }}\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{broken}"));
+    let stale = live("ConfigMap", "stale", "cm", json!({}));
+    let p = run(&r, &parent(json!({})), vec![stale]);
+    assert_eq!(p.errors.len(), 1);
+    assert!(p.errors[0].contains("child \"bad\""), "{:?}", p.errors);
+    assert!(p.delete.is_empty());
+    assert_eq!(p.apply.len(), 1, "children that rendered are still applied");
+    let synced = condition(&p, "Synced");
+    assert_eq!(synced["reason"], "RenderError");
+    assert!(synced["message"].as_str().unwrap().contains("missing value"));
+}
+
+#[test]
+fn ignores_observed_objects_of_other_parents() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let mut other = live("ConfigMap", "other", "cm", json!({}));
+    other["metadata"]["labels"][LABEL_PARENT_UID] = json!("someone-else");
+    let p = run(&r, &parent(json!({})), vec![other]);
+    assert!(p.delete.is_empty());
+}
+
+const SCHEMA: &str = "  schema:\n    type: object\n    required: [replicas]\n    properties:\n      replicas: {type: integer, maximum: 5}\n  defaults:\n    replicas: 2\n    nested: {a: 1, b: 2}\n";
+
+#[test]
+fn defaults_merge_deeply_under_spec() {
+    let r = rule(&format!(
+        "{PARENT_KIND}{SCHEMA}  children:\n{}",
+        CM.replace("spec.v | default('x')", "spec.nested")
+    ));
+    let p = run(&r, &parent(json!({"nested": {"b": 3}})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].object["data"]["v"], json!({"a": 1, "b": 3}));
+}
+
+#[test]
+fn invalid_spec_touches_nothing() {
+    let r = rule(&format!("{PARENT_KIND}{SCHEMA}  children:\n{CM}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({"replicas": 9})), vec![cm]);
+    assert!(p.apply.is_empty());
+    assert!(p.delete.is_empty());
+    assert_eq!(p.failure_reason, Some("InvalidSpec"));
+    let synced = condition(&p, "Synced");
+    assert_eq!(synced["status"], "False");
+    assert_eq!(synced["reason"], "InvalidSpec");
+    assert!(synced["message"].as_str().unwrap().contains("spec.replicas"), "{synced}");
+    assert_eq!(p.status.as_ref().unwrap()["observedGeneration"], 3);
+}
+
+const STATUS: &str = "  status:\n    fields:\n      - path: replicas.ready\n        from: web\n        jsonPath: $.status.readyReplicas\n        default: 0\n      - path: name\n        value: \"parent.metadata.name | upper\"\n    conditions:\n      - type: Serving\n        when: \"children.web.status.readyReplicas | default(0) > 0\"\n        reason: HasReplicas\n        message: \"{{ children.web.status.readyReplicas | default(0) }} ready\"\n";
+
+#[test]
+fn maps_status_fields_and_conditions() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{WEB}{STATUS}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({})), vec![cm.clone()]);
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(status["replicas"]["ready"], 0, "default before the child has status");
+    assert_eq!(status["name"], "A");
+    assert_eq!(status["observedGeneration"], 3);
+    let serving = condition(&p, "Serving");
+    assert_eq!(serving["status"], "False");
+    assert_eq!(serving["reason"], "NotHasReplicas");
+
+    let web = live("Deployment", "a", "web", json!({"status": {"readyReplicas": 2}}));
+    let p = run(&r, &parent(json!({})), vec![cm, web]);
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(status["replicas"]["ready"], 2);
+    let serving = condition(&p, "Serving");
+    assert_eq!(serving["status"], "True");
+    assert_eq!(serving["message"], "2 ready");
+}
+
+#[test]
+fn keeps_last_transition_time_when_status_unchanged() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let mut p0 = parent(json!({}));
+    p0["status"] = json!({"conditions": [
+        {"type": "Ready", "status": "True", "reason": "AllChildrenReady", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+        {"type": "Synced", "status": "False", "reason": "RenderError", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+    ]});
+    let p = run(&r, &p0, vec![cm]);
+    assert_eq!(condition(&p, "Ready")["lastTransitionTime"], "2020-01-01T00:00:00Z");
+    assert_eq!(condition(&p, "Synced")["lastTransitionTime"], NOW);
+}
+
+#[test]
+fn builtin_parents_get_children_but_no_status() {
+    let r = rule(&format!(
+        "  parent: {{apiVersion: apps/v1, kind: Deployment}}\n  children:\n{CM}"
+    ));
+    let mut d = parent(json!({}));
+    d["apiVersion"] = json!("apps/v1");
+    d["kind"] = json!("Deployment");
+    let p = run(&r, &d, vec![]);
+    assert_eq!(p.apply.len(), 1);
+    assert!(p.status.is_none());
+}
+
+#[test]
+fn parent_values_never_add_structure_to_children() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let evil = "x\n  evil: true\nkind: Secret\n---\napiVersion: v1\nkind: Secret";
+    let p = run(&r, &parent(json!({"v": evil})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply.len(), 1);
+    assert_eq!(p.apply[0].object["kind"], "ConfigMap");
+    assert_eq!(p.apply[0].object["data"], json!({"v": evil}));
+}
+
+#[test]
+fn selector_and_namespaces_decide_which_parents_match() {
+    let r = rule(
+        "  parent:\n    apiVersion: demo.trellis.dev/v1\n    kind: App\n    namespaces: [ns]\n    selector:\n      matchLabels: {tier: web}\n      matchExpressions:\n        - {key: env, operator: In, values: [prod]}\n  children: []\n",
+    );
+    let mut p = parent(json!({}));
+    assert!(!parent_matches(&r, &p));
+    p["metadata"]["labels"] = json!({"tier": "web", "env": "prod"});
+    assert!(parent_matches(&r, &p));
+    p["metadata"]["namespace"] = json!("other");
+    assert!(!parent_matches(&r, &p));
+}
