@@ -42,6 +42,7 @@
 use std::fmt::Debug;
 use std::fs::File;
 use std::future::Future;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -171,11 +172,14 @@ fn start_local_cluster() -> Result<Cluster, String> {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        eprintln!(
-            "[support] started local control plane in {} (stop it with `{} down {}`)",
+        // Straight to stderr, past libtest's output capture: a control plane
+        // left running for later test binaries should not go unnoticed.
+        let _ = writeln!(
+            std::io::stderr(),
+            "[support] started a local control plane in {0}; it stays up for later test \
+             runs (stop it with `{1} down {0}`)",
             dir.display(),
             script.display(),
-            dir.display()
         );
     }
     drop(lock);
