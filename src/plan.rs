@@ -369,7 +369,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     }
 
     if rule.writes_status() {
-        plan.status = Some(build_status(rule, input, &info, &plan, &outcome, &base));
+        plan.status = Some(build_status(rule, input, &info, &plan, &outcome, &base, &children_ctx));
     }
     plan
 }
@@ -730,6 +730,7 @@ fn build_status(
     plan: &Plan,
     outcome: &BTreeMap<usize, Outcome>,
     base: &minijinja::Value,
+    children_ctx: &Value,
 ) -> Value {
     let mut errors: Vec<String> = Vec::new();
     let mut out = Map::new();
@@ -738,8 +739,6 @@ fn build_status(
     }
 
     // Fields.
-    let observed_children = input.observed.children_of(&rule.name, &info.uid);
-    let children_ctx = children_context(rule, &observed_children);
     for field in &rule.fields {
         let value = match &field.source {
             FieldSource::JsonPath { child, .. } => children_ctx

@@ -244,12 +244,25 @@ pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, Yam
         .collect())
 }
 
-/// Parses one YAML value (e.g. a rendered child) without keeping lines.
+/// Parses one YAML value (e.g. a rendered child) straight into JSON, without
+/// the line index: this is the hot path of every render.
 pub fn parse_value(text: &str, limits: &Limits) -> Result<Value, YamlError> {
-    let mut docs = parse_documents(text, limits)?;
+    if text.len() > limits.max_bytes {
+        return Err(YamlError {
+            line: None,
+            message: format!(
+                "input is {} bytes, more than the limit of {} bytes",
+                text.len(),
+                limits.max_bytes
+            ),
+        });
+    }
+    let mut docs: Vec<Option<Value>> =
+        serde_saphyr::from_multiple_with_options(text, options(limits)).map_err(to_yaml_error)?;
+    docs.retain(|d| d.as_ref().is_some_and(|v| !v.is_null()));
     match docs.len() {
         0 => Ok(Value::Null),
-        1 => Ok(docs.remove(0).value),
+        1 => Ok(docs.pop().flatten().unwrap_or(Value::Null)),
         n => Err(YamlError {
             line: None,
             message: format!("expected one YAML document, found {n}"),
@@ -312,6 +325,15 @@ mod tests {
         let err = parse_documents("a: 1\nb: 2\na: 3\n", &Limits::FILES).unwrap_err();
         assert_eq!(err.message, "duplicate mapping key: a", "{err}");
         assert_eq!(err.line, Some(3), "{err}");
+    }
+
+    #[test]
+    fn parse_value_rejects_duplicates_and_extra_documents() {
+        let err = parse_value("a: 1\na: 2\n", &Limits::FILES).unwrap_err();
+        assert!(err.message.contains("duplicate"), "{err}");
+        let err = parse_value("a: 1\n---\nb: 2\n", &Limits::FILES).unwrap_err();
+        assert!(err.message.contains("found 2"), "{err}");
+        assert_eq!(parse_value("n: yes\n80: x\n", &Limits::FILES).unwrap(), serde_json::json!({"n": "yes", "80": "x"}));
     }
 
     #[test]
