@@ -195,6 +195,8 @@ fn options(limits: &Limits) -> Options {
     options.budget = Some(budget);
     options.duplicate_keys = DuplicateKeyPolicy::Error;
     options.with_snippet = false;
+    // Comments are never read; capturing them costs a quarter of parse time.
+    options.emit_comments = false;
     // YAML 1.2: `yes`, `no`, `on`, `y` are strings, not booleans.
     options.strict_booleans = true;
     options
