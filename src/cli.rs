@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
 use crate::kinds::{self, Gvk};
-use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, Observed, ObjectKey};
+use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
 use crate::render::Limits;
 use crate::rules::{CompiledRule, Diagnostic, RuleSet, Severity};
 use crate::yaml;
@@ -115,7 +115,10 @@ fn load(dirs: &[PathBuf], limits: Limits) -> Result<RuleSet, ExitCode> {
         }
         Err(diags) => {
             report(&diags);
-            let errors = diags.iter().filter(|d| d.severity == Severity::Error).count();
+            let errors = diags
+                .iter()
+                .filter(|d| d.severity == Severity::Error)
+                .count();
             eprintln!("{errors} error(s); the rule set is rejected");
             Err(ExitCode::from(1))
         }
@@ -151,8 +154,14 @@ fn read_yaml_stream(path: &Path) -> Result<Vec<Value>, String> {
 /// The rule for a parent object: same apiVersion/kind, and its namespaces and
 /// selector (if any) match.
 pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, String> {
-    let api_version = parent.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-    let kind = parent.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let api_version = parent
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = parent
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let gvk = Gvk::new(api_version, kind);
     let candidates: Vec<&CompiledRule> = set
         .for_parent(&gvk)
@@ -164,7 +173,10 @@ pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule
         [one] => Ok(one),
         many => Err(format!(
             "several rules match a parent of kind {gvk}: {}",
-            many.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+            many.iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }
@@ -177,7 +189,12 @@ pub fn offline_scope(gvk: &Gvk) -> crate::rules::model::Scope {
 /// Gives unlabelled observed objects the labels trellis would have put on
 /// them, by matching kind and name against a first render. Hand-written
 /// `--observed` files can then omit the labels.
-fn label_observed(rule: &CompiledRule, parent: &Value, observed: Vec<Value>, now: &str) -> Observed {
+fn label_observed(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+) -> Observed {
     let labelled = Observed::from_objects(observed.iter().cloned());
     let first = plan::plan(
         rule,
@@ -224,7 +241,12 @@ fn label_observed(rule: &CompiledRule, parent: &Value, observed: Vec<Value>, now
 }
 
 /// The document `trellis render` prints.
-pub fn render_document(rule: &CompiledRule, parent: &Value, observed: Vec<Value>, now: &str) -> Value {
+pub fn render_document(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+) -> Value {
     let observed = label_observed(rule, parent, observed, now);
     let plan = plan::plan(
         rule,
@@ -242,7 +264,12 @@ pub fn render_document(rule: &CompiledRule, parent: &Value, observed: Vec<Value>
         "rule": rule.name,
     });
     if !plan.delete.is_empty() {
-        doc["delete"] = json!(plan.delete.iter().map(|d| d.key.to_string()).collect::<Vec<_>>());
+        doc["delete"] = json!(
+            plan.delete
+                .iter()
+                .map(|d| d.key.to_string())
+                .collect::<Vec<_>>()
+        );
     }
     if !plan.errors.is_empty() {
         doc["errors"] = json!(plan.errors);

@@ -94,7 +94,12 @@ const KNOWN: &[(&str, &str, &str, Scope)] = &[
         "priorityclasses",
         Scope::Cluster,
     ),
-    ("node.k8s.io", "RuntimeClass", "runtimeclasses", Scope::Cluster),
+    (
+        "node.k8s.io",
+        "RuntimeClass",
+        "runtimeclasses",
+        Scope::Cluster,
+    ),
     (
         "apiextensions.k8s.io",
         "CustomResourceDefinition",
@@ -182,12 +187,18 @@ mod tests {
     #[test]
     fn pluralizes_like_kubectl() {
         assert_eq!(plural(&Gvk::new("v1", "ConfigMap")), "configmaps");
-        assert_eq!(plural(&Gvk::new("networking.k8s.io/v1", "Ingress")), "ingresses");
+        assert_eq!(
+            plural(&Gvk::new("networking.k8s.io/v1", "Ingress")),
+            "ingresses"
+        );
         assert_eq!(plural(&Gvk::new("v1", "ResourceQuota")), "resourcequotas");
         assert_eq!(plural(&Gvk::new("a.io/v1", "Policy")), "policies");
         assert_eq!(plural(&Gvk::new("a.io/v1", "Gateway")), "gateways");
         assert_eq!(plural(&Gvk::new("v1", "Endpoints")), "endpoints");
-        assert_eq!(plural(&Gvk::new("storage.k8s.io/v1", "StorageClass")), "storageclasses");
+        assert_eq!(
+            plural(&Gvk::new("storage.k8s.io/v1", "StorageClass")),
+            "storageclasses"
+        );
     }
 
     #[test]
@@ -195,7 +206,10 @@ mod tests {
         assert_eq!(scope(&Gvk::new("v1", "Namespace")), Scope::Cluster);
         assert_eq!(scope(&Gvk::new("v1", "ConfigMap")), Scope::Namespaced);
         assert_eq!(
-            scope(&Gvk::new("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")),
+            scope(&Gvk::new(
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRoleBinding"
+            )),
             Scope::Cluster
         );
     }

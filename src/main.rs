@@ -14,7 +14,14 @@ fn main() -> ExitCode {
             output,
             now,
             limits,
-        } => cli::render(&rules, &parent, observed.as_deref(), output, now, limits.limits()),
+        } => cli::render(
+            &rules,
+            &parent,
+            observed.as_deref(),
+            output,
+            now,
+            limits.limits(),
+        ),
         Command::Rbac { rules, name } => cli::rbac(&rules, &name),
         Command::Schema => cli::schema(),
     }

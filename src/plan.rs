@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use minijinja::value::ValueKind;
 use minijinja::context;
+use minijinja::value::ValueKind;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -52,10 +52,7 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// Key of an object value; `None` without kind or name.
     pub fn of(obj: &Value) -> Option<ObjectKey> {
-        let gvk = Gvk::new(
-            obj.get("apiVersion")?.as_str()?,
-            obj.get("kind")?.as_str()?,
-        );
+        let gvk = Gvk::new(obj.get("apiVersion")?.as_str()?, obj.get("kind")?.as_str()?);
         Some(ObjectKey {
             group: gvk.group,
             kind: gvk.kind,
@@ -181,16 +178,25 @@ pub struct Input<'a> {
 /// Whether `parent` falls under the rule's `namespaces` and `selector`.
 pub fn parent_matches(rule: &CompiledRule, parent: &Value) -> bool {
     let spec = &rule.rule.spec.parent;
-    let namespace = parent.pointer("/metadata/namespace").and_then(Value::as_str);
-    if !spec.namespaces.is_empty() && !namespace.is_some_and(|ns| spec.namespaces.iter().any(|n| n == ns)) {
+    let namespace = parent
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    if !spec.namespaces.is_empty()
+        && !namespace.is_some_and(|ns| spec.namespaces.iter().any(|n| n == ns))
+    {
         return false;
     }
     let Some(selector) = &spec.selector else {
         return true;
     };
-    let labels = parent.pointer("/metadata/labels").and_then(Value::as_object);
+    let labels = parent
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object);
     let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-    selector.match_labels.iter().all(|(k, v)| label(k) == Some(v.as_str()))
+    selector
+        .match_labels
+        .iter()
+        .all(|(k, v)| label(k) == Some(v.as_str()))
         && selector.match_expressions.iter().all(|req| {
             let value = label(&req.key);
             match req.operator {
@@ -236,7 +242,9 @@ impl ParentInfo {
             name: s("/metadata/name").unwrap_or_default(),
             namespace: s("/metadata/namespace"),
             uid: s("/metadata/uid").unwrap_or_else(|| PLACEHOLDER_UID.to_owned()),
-            generation: parent.pointer("/metadata/generation").and_then(Value::as_i64),
+            generation: parent
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64),
             api_version: s("/apiVersion").unwrap_or_default(),
             kind: s("/kind").unwrap_or_default(),
         }
@@ -369,7 +377,15 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     }
 
     if rule.writes_status() {
-        plan.status = Some(build_status(rule, input, &info, &plan, &outcome, &base, &children_ctx));
+        plan.status = Some(build_status(
+            rule,
+            input,
+            &info,
+            &plan,
+            &outcome,
+            &base,
+            &children_ctx,
+        ));
     }
     plan
 }
@@ -404,7 +420,10 @@ fn strip_noise(obj: &mut Value) {
 }
 
 /// `children` in the context: one object per id, a list for `forEach` children.
-fn children_context(rule: &CompiledRule, observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>) -> Value {
+fn children_context(
+    rule: &CompiledRule,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+) -> Value {
     let mut map = Map::new();
     for child in &rule.children {
         let Some(objects) = observed.get(&child.spec.id) else {
@@ -484,7 +503,11 @@ fn plan_child(
                     ),
                 });
             }
-            items.into_iter().enumerate().map(|(i, v)| Some((v, i))).collect()
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| Some((v, i)))
+                .collect()
         }
     };
     let what = format!("template of child \"{id}\"");
@@ -492,7 +515,9 @@ fn plan_child(
     for item in items {
         let ctx = match &item {
             None => base.clone(),
-            Some((item, index)) => context! { item => item.clone(), index => *index, ..base.clone() },
+            Some((item, index)) => {
+                context! { item => item.clone(), index => *index, ..base.clone() }
+            }
         };
         let what = match &item {
             None => what.clone(),
@@ -529,7 +554,10 @@ fn finish_object(
         return Err(fail("must render a YAML mapping (an object)".into()));
     };
     let api_version = child.gvk.api_version();
-    for (field, want) in [("apiVersion", api_version.as_str()), ("kind", child.gvk.kind.as_str())] {
+    for (field, want) in [
+        ("apiVersion", api_version.as_str()),
+        ("kind", child.gvk.kind.as_str()),
+    ] {
         match obj.get(field) {
             None => {}
             Some(Value::String(s)) if s == want => {}
@@ -556,17 +584,30 @@ fn finish_object(
     };
     let name = match meta.get("name") {
         Some(Value::String(n)) if !n.is_empty() => n.clone(),
-        _ => return Err(fail("metadata.name must be set to a non-empty string".into())),
+        _ => {
+            return Err(fail(
+                "metadata.name must be set to a non-empty string".into(),
+            ));
+        }
     };
     if meta.contains_key("generateName") {
-        return Err(fail("metadata.generateName is not supported: children need stable names".into()));
+        return Err(fail(
+            "metadata.generateName is not supported: children need stable names".into(),
+        ));
     }
     let set_ns = match meta.get("namespace") {
         None | Some(Value::Null) => None,
         Some(Value::String(ns)) => Some(ns.clone()),
-        Some(other) => return Err(fail(format!("metadata.namespace must be a string, got {other}"))),
+        Some(other) => {
+            return Err(fail(format!(
+                "metadata.namespace must be a string, got {other}"
+            )));
+        }
     };
-    let scope = child.spec.scope.unwrap_or_else(|| (input.scope_of)(&child.gvk));
+    let scope = child
+        .spec
+        .scope
+        .unwrap_or_else(|| (input.scope_of)(&child.gvk));
     let cross = child.spec.allow_cross_namespace;
     let hint = "set allowCrossNamespace: true on the child in the rule to allow it";
     let namespace = match (&info.namespace, scope) {
@@ -599,7 +640,8 @@ fn finish_object(
             Some(ns) => Some(ns),
             None => {
                 return Err(fail(
-                    "the parent is cluster-scoped: a namespaced child must set metadata.namespace".into(),
+                    "the parent is cluster-scoped: a namespaced child must set metadata.namespace"
+                        .into(),
                 ));
             }
         },
@@ -633,7 +675,10 @@ fn finish_object(
         let Value::Array(refs) = refs else {
             return Err(fail("metadata.ownerReferences must be a list".into()));
         };
-        if refs.iter().any(|r| r.get("controller") == Some(&Value::Bool(true))) {
+        if refs
+            .iter()
+            .any(|r| r.get("controller") == Some(&Value::Bool(true)))
+        {
             return Err(fail(
                 "sets a controller ownerReference; trellis must be the child's controller".into(),
             ));
@@ -678,7 +723,9 @@ fn child_ready(
         return Err(format!("{} does not exist yet", apply.key));
     };
     match child.ready_when {
-        None => status::default_ready(obj).map_err(|why| format!("{} is not ready: {why}", apply.key)),
+        None => {
+            status::default_ready(obj).map_err(|why| format!("{} is not ready: {why}", apply.key))
+        }
         Some(expr) => {
             let mut ctx = context! { self => render::to_value(obj), ..base.clone() };
             if child.spec.for_each.is_some() {
@@ -698,7 +745,12 @@ fn child_ready(
     }
 }
 
-fn status_for_failure(rule: &CompiledRule, input: &Input, info: &ParentInfo, plan: &Plan) -> Option<Value> {
+fn status_for_failure(
+    rule: &CompiledRule,
+    input: &Input,
+    info: &ParentInfo,
+    plan: &Plan,
+) -> Option<Value> {
     if !rule.writes_status() {
         return None;
     }
@@ -767,17 +819,20 @@ fn build_status(
     let mut rule_conditions = Vec::new();
     for c in &rule.conditions {
         let what = format!("condition {}", c.type_);
-        let result = rule.engine.eval_bool(c.when, base, &format!("{what} when")).and_then(|ok| {
-            let message = match &c.message {
-                Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
-                None => String::new(),
-            };
-            Ok(if ok {
-                Condition::new(&c.type_, true, &c.reason, message)
-            } else {
-                Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
-            })
-        });
+        let result = rule
+            .engine
+            .eval_bool(c.when, base, &format!("{what} when"))
+            .and_then(|ok| {
+                let message = match &c.message {
+                    Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
+                    None => String::new(),
+                };
+                Ok(if ok {
+                    Condition::new(&c.type_, true, &c.reason, message)
+                } else {
+                    Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
+                })
+            });
         match result {
             Ok(cond) => rule_conditions.push(cond),
             Err(err) => errors.push(err.to_string()),
@@ -817,7 +872,11 @@ fn build_status(
     Value::Object(out)
 }
 
-fn ready_condition(rule: &CompiledRule, plan: &Plan, outcome: &BTreeMap<usize, Outcome>) -> Condition {
+fn ready_condition(
+    rule: &CompiledRule,
+    plan: &Plan,
+    outcome: &BTreeMap<usize, Outcome>,
+) -> Condition {
     if let Some(reason) = plan.failure_reason {
         return Condition::new("Ready", false, reason, plan.errors.join("; "));
     }
@@ -825,7 +884,12 @@ fn ready_condition(rule: &CompiledRule, plan: &Plan, outcome: &BTreeMap<usize, O
         let id = &rule.children[i].spec.id;
         match outcome.get(&i) {
             Some(Outcome::Rendered(Err(why))) => {
-                return Condition::new("Ready", false, "ChildNotReady", format!("child \"{id}\": {why}"));
+                return Condition::new(
+                    "Ready",
+                    false,
+                    "ChildNotReady",
+                    format!("child \"{id}\": {why}"),
+                );
             }
             Some(Outcome::Pending) => {
                 let reason = plan
@@ -834,7 +898,12 @@ fn ready_condition(rule: &CompiledRule, plan: &Plan, outcome: &BTreeMap<usize, O
                     .find(|p| &p.id == id)
                     .map(|p| p.reason.clone())
                     .unwrap_or_default();
-                return Condition::new("Ready", false, "DependencyNotReady", format!("child \"{id}\": {reason}"));
+                return Condition::new(
+                    "Ready",
+                    false,
+                    "DependencyNotReady",
+                    format!("child \"{id}\": {reason}"),
+                );
             }
             _ => {}
         }

@@ -16,7 +16,9 @@ const READINESS_CONDITIONS: &[&str] = &["Available", "Ready", "Complete"];
 /// are True. `Err` says why not.
 pub fn default_ready(obj: &Value) -> Result<(), String> {
     let generation = obj.pointer("/metadata/generation").and_then(Value::as_i64);
-    let observed = obj.pointer("/status/observedGeneration").and_then(Value::as_i64);
+    let observed = obj
+        .pointer("/status/observedGeneration")
+        .and_then(Value::as_i64);
     if let (Some(generation), Some(observed)) = (generation, observed)
         && observed < generation
     {
@@ -170,7 +172,10 @@ mod tests {
             {"type": "Progressing", "status": "False"},
             {"type": "Available", "status": "False", "message": "0/2 up"}
         ]}});
-        assert_eq!(default_ready(&obj).unwrap_err(), "condition Available is False: 0/2 up");
+        assert_eq!(
+            default_ready(&obj).unwrap_err(),
+            "condition Available is False: 0/2 up"
+        );
         let ok = json!({"status": {"conditions": [{"type": "Available", "status": "True"}]}});
         assert!(default_ready(&ok).is_ok());
     }

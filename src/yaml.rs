@@ -335,7 +335,10 @@ mod tests {
         assert!(err.message.contains("duplicate"), "{err}");
         let err = parse_value("a: 1\n---\nb: 2\n", &Limits::FILES).unwrap_err();
         assert!(err.message.contains("found 2"), "{err}");
-        assert_eq!(parse_value("n: yes\n80: x\n", &Limits::FILES).unwrap(), serde_json::json!({"n": "yes", "80": "x"}));
+        assert_eq!(
+            parse_value("n: yes\n80: x\n", &Limits::FILES).unwrap(),
+            serde_json::json!({"n": "yes", "80": "x"})
+        );
     }
 
     #[test]
@@ -352,7 +355,9 @@ mod tests {
         // Just inside the budget parses without exhausting a test thread's stack.
         let ok = "[".repeat(40) + &"]".repeat(40);
         assert!(parse_documents(&ok, &Limits::FILES).is_ok());
-        let block: String = (0..40).map(|i| format!("{}k{i}:\n", "  ".repeat(i))).collect();
+        let block: String = (0..40)
+            .map(|i| format!("{}k{i}:\n", "  ".repeat(i)))
+            .collect();
         assert!(parse_documents(&block, &Limits::FILES).is_ok());
     }
 

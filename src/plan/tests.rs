@@ -44,7 +44,11 @@ fn run(rule: &CompiledRule, parent: &Value, observed: Vec<Value>) -> Plan {
 
 /// A live child as the cluster would hold it.
 fn live(kind: &str, name: &str, id: &str, extra: Value) -> Value {
-    let api_version = if kind == "Deployment" { "apps/v1" } else { "v1" };
+    let api_version = if kind == "Deployment" {
+        "apps/v1"
+    } else {
+        "v1"
+    };
     let mut obj = json!({
         "apiVersion": api_version,
         "kind": kind,
@@ -96,27 +100,49 @@ fn renders_child_with_labels_owner_and_parent_namespace() {
 fn template_cannot_change_kind() {
     let r = rule(&format!(
         "{PARENT_KIND}  children:\n{}",
-        CM.replace("        metadata:\n", "        kind: Secret\n        metadata:\n")
+        CM.replace(
+            "        metadata:\n",
+            "        kind: Secret\n        metadata:\n"
+        )
     ));
     let p = run(&r, &parent(json!({})), vec![]);
     assert!(p.apply.is_empty());
-    assert!(p.errors[0].contains("sets kind to \"Secret\""), "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("sets kind to \"Secret\""),
+        "{:?}",
+        p.errors
+    );
     assert_eq!(p.failure_reason, Some("RenderError"));
 }
 
 #[test]
 fn rejects_other_namespace_unless_rule_allows() {
-    let other = CM.replace("        data:\n", "          namespace: elsewhere\n        data:\n");
+    let other = CM.replace(
+        "        data:\n",
+        "          namespace: elsewhere\n        data:\n",
+    );
     let r = rule(&format!("{PARENT_KIND}  children:\n{other}"));
     let p = run(&r, &parent(json!({})), vec![]);
-    assert!(p.errors[0].contains("allowCrossNamespace"), "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("allowCrossNamespace"),
+        "{:?}",
+        p.errors
+    );
 
-    let allowed = other.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      allowCrossNamespace: true\n");
+    let allowed = other.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      allowCrossNamespace: true\n",
+    );
     let r = rule(&format!("{PARENT_KIND}  children:\n{allowed}"));
     let p = run(&r, &parent(json!({})), vec![]);
     assert!(p.errors.is_empty(), "{:?}", p.errors);
     assert_eq!(p.apply[0].key.namespace.as_deref(), Some("elsewhere"));
-    assert!(p.apply[0].object["metadata"].get("ownerReferences").is_none(), "no cross-namespace owner");
+    assert!(
+        p.apply[0].object["metadata"]
+            .get("ownerReferences")
+            .is_none(),
+        "no cross-namespace owner"
+    );
     assert!(p.needs_finalizer);
 }
 
@@ -129,7 +155,10 @@ fn cluster_scoped_child_of_namespaced_parent_needs_permission() {
 
     let r = rule(&format!(
         "{PARENT_KIND}  children:\n{}",
-        ns.replace("      kind: Namespace\n", "      kind: Namespace\n      allowCrossNamespace: true\n")
+        ns.replace(
+            "      kind: Namespace\n",
+            "      kind: Namespace\n      allowCrossNamespace: true\n"
+        )
     ));
     let p = run(&r, &parent(json!({})), vec![]);
     assert!(p.errors.is_empty(), "{:?}", p.errors);
@@ -142,11 +171,21 @@ fn cluster_scoped_child_of_namespaced_parent_needs_permission() {
 fn namespaced_child_of_cluster_scoped_parent_must_name_namespace() {
     let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
     let mut cluster_parent = parent(json!({}));
-    cluster_parent["metadata"].as_object_mut().unwrap().remove("namespace");
+    cluster_parent["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("namespace");
     let p = run(&r, &cluster_parent, vec![]);
-    assert!(p.errors[0].contains("must set metadata.namespace"), "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("must set metadata.namespace"),
+        "{:?}",
+        p.errors
+    );
 
-    let named = CM.replace("        data:\n", "          namespace: team\n        data:\n");
+    let named = CM.replace(
+        "        data:\n",
+        "          namespace: team\n        data:\n",
+    );
     let r = rule(&format!("{PARENT_KIND}  children:\n{named}"));
     let p = run(&r, &cluster_parent, vec![]);
     assert!(p.errors.is_empty(), "{:?}", p.errors);
@@ -161,10 +200,19 @@ fn depends_on_holds_child_until_dependency_exists_and_is_ready() {
     let p = run(&r, &parent(json!({})), vec![]);
     assert_eq!(p.apply.len(), 1);
     assert_eq!(p.pending[0].id, "web");
-    assert!(p.pending[0].reason.contains("does not exist yet"), "{}", p.pending[0].reason);
+    assert!(
+        p.pending[0].reason.contains("does not exist yet"),
+        "{}",
+        p.pending[0].reason
+    );
     assert_eq!(condition(&p, "Synced")["reason"], "DependencyNotReady");
     assert_eq!(condition(&p, "Ready")["status"], "False");
-    assert!(condition(&p, "Ready")["message"].as_str().unwrap().contains("child \"cm\""));
+    assert!(
+        condition(&p, "Ready")["message"]
+            .as_str()
+            .unwrap()
+            .contains("child \"cm\"")
+    );
 
     let cm = live("ConfigMap", "a-cm", "cm", json!({}));
     let p = run(&r, &parent(json!({})), vec![cm]);
@@ -174,7 +222,10 @@ fn depends_on_holds_child_until_dependency_exists_and_is_ready() {
 
 #[test]
 fn depends_on_uses_ready_when_of_the_dependency() {
-    let gated = CM.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      readyWhen: \"self.data.ok | default('no') == 'yes'\"\n");
+    let gated = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      readyWhen: \"self.data.ok | default('no') == 'yes'\"\n",
+    );
     let r = rule(&format!("{PARENT_KIND}  children:\n{gated}{WEB}"));
     let not_yet = live("ConfigMap", "a-cm", "cm", json!({"data": {"ok": "no"}}));
     let p = run(&r, &parent(json!({})), vec![not_yet]);
@@ -191,7 +242,11 @@ fn pending_child_keeps_its_existing_object() {
     let web = live("Deployment", "a", "web", json!({}));
     let p = run(&r, &parent(json!({})), vec![web]);
     assert_eq!(p.pending.len(), 1);
-    assert!(p.delete.is_empty(), "held back is not pruned: {:?}", p.delete);
+    assert!(
+        p.delete.is_empty(),
+        "held back is not pruned: {:?}",
+        p.delete
+    );
 }
 
 #[test]
@@ -208,10 +263,24 @@ fn default_readiness_reads_generation_and_conditions() {
     let ready = condition(&p, "Ready");
     assert_eq!(ready["status"], "False");
     assert_eq!(ready["reason"], "ChildNotReady");
-    assert!(ready["message"].as_str().unwrap().contains("child \"web\""), "{ready}");
-    assert!(ready["message"].as_str().unwrap().contains("Available is False"), "{ready}");
+    assert!(
+        ready["message"].as_str().unwrap().contains("child \"web\""),
+        "{ready}"
+    );
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("Available is False"),
+        "{ready}"
+    );
 
-    let web = live("Deployment", "a", "web", json!({"status": {"conditions": [{"type": "Available", "status": "True"}]}}));
+    let web = live(
+        "Deployment",
+        "a",
+        "web",
+        json!({"status": {"conditions": [{"type": "Available", "status": "True"}]}}),
+    );
     let p = run(&r, &parent(json!({})), vec![cm, web]);
     assert_eq!(condition(&p, "Ready")["status"], "True");
     assert_eq!(condition(&p, "Synced")["status"], "True");
@@ -219,7 +288,10 @@ fn default_readiness_reads_generation_and_conditions() {
 
 #[test]
 fn prunes_child_when_include_when_turns_false() {
-    let optional = CM.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      includeWhen: spec.enabled\n");
+    let optional = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      includeWhen: spec.enabled\n",
+    );
     let r = rule(&format!("{PARENT_KIND}  children:\n{optional}"));
     let cm = live("ConfigMap", "a-cm", "cm", json!({}));
     let p = run(&r, &parent(json!({"enabled": true})), vec![cm.clone()]);
@@ -232,7 +304,10 @@ fn prunes_child_when_include_when_turns_false() {
 
 #[test]
 fn include_when_on_missing_field_is_an_error_not_false() {
-    let optional = CM.replace("      kind: ConfigMap\n", "      kind: ConfigMap\n      includeWhen: spec.enabled\n");
+    let optional = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      includeWhen: spec.enabled\n",
+    );
     let r = rule(&format!("{PARENT_KIND}  children:\n{optional}"));
     let cm = live("ConfigMap", "a-cm", "cm", json!({}));
     let p = run(&r, &parent(json!({})), vec![cm]);
@@ -268,9 +343,16 @@ fn for_each_must_yield_a_list() {
 
 #[test]
 fn duplicate_rendered_names_are_an_error() {
-    let r = rule(&format!("{PARENT_KIND}  children:\n{}", EACH.replace("'-' ~ item", "'-same'")));
+    let r = rule(&format!(
+        "{PARENT_KIND}  children:\n{}",
+        EACH.replace("'-' ~ item", "'-same'")
+    ));
     let p = run(&r, &parent(json!({"items": ["x", "y"]})), vec![]);
-    assert!(p.errors.iter().any(|e| e.contains("rendered twice")), "{:?}", p.errors);
+    assert!(
+        p.errors.iter().any(|e| e.contains("rendered twice")),
+        "{:?}",
+        p.errors
+    );
 }
 
 #[test]
@@ -294,7 +376,12 @@ fn never_prunes_when_any_render_fails() {
     assert_eq!(p.apply.len(), 1, "children that rendered are still applied");
     let synced = condition(&p, "Synced");
     assert_eq!(synced["reason"], "RenderError");
-    assert!(synced["message"].as_str().unwrap().contains("missing value"));
+    assert!(
+        synced["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing value")
+    );
 }
 
 #[test]
@@ -330,7 +417,13 @@ fn invalid_spec_touches_nothing() {
     let synced = condition(&p, "Synced");
     assert_eq!(synced["status"], "False");
     assert_eq!(synced["reason"], "InvalidSpec");
-    assert!(synced["message"].as_str().unwrap().contains("spec.replicas"), "{synced}");
+    assert!(
+        synced["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.replicas"),
+        "{synced}"
+    );
     assert_eq!(p.status.as_ref().unwrap()["observedGeneration"], 3);
 }
 
@@ -342,14 +435,22 @@ fn maps_status_fields_and_conditions() {
     let cm = live("ConfigMap", "a-cm", "cm", json!({}));
     let p = run(&r, &parent(json!({})), vec![cm.clone()]);
     let status = p.status.as_ref().unwrap();
-    assert_eq!(status["replicas"]["ready"], 0, "default before the child has status");
+    assert_eq!(
+        status["replicas"]["ready"], 0,
+        "default before the child has status"
+    );
     assert_eq!(status["name"], "A");
     assert_eq!(status["observedGeneration"], 3);
     let serving = condition(&p, "Serving");
     assert_eq!(serving["status"], "False");
     assert_eq!(serving["reason"], "NotHasReplicas");
 
-    let web = live("Deployment", "a", "web", json!({"status": {"readyReplicas": 2}}));
+    let web = live(
+        "Deployment",
+        "a",
+        "web",
+        json!({"status": {"readyReplicas": 2}}),
+    );
     let p = run(&r, &parent(json!({})), vec![cm, web]);
     let status = p.status.as_ref().unwrap();
     assert_eq!(status["replicas"]["ready"], 2);
@@ -368,7 +469,10 @@ fn keeps_last_transition_time_when_status_unchanged() {
         {"type": "Synced", "status": "False", "reason": "RenderError", "lastTransitionTime": "2020-01-01T00:00:00Z"},
     ]});
     let p = run(&r, &p0, vec![cm]);
-    assert_eq!(condition(&p, "Ready")["lastTransitionTime"], "2020-01-01T00:00:00Z");
+    assert_eq!(
+        condition(&p, "Ready")["lastTransitionTime"],
+        "2020-01-01T00:00:00Z"
+    );
     assert_eq!(condition(&p, "Synced")["lastTransitionTime"], NOW);
 }
 

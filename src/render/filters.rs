@@ -67,7 +67,9 @@ fn b64decode(value: &Value) -> Result<String, Error> {
 }
 
 fn sha256(value: &Value) -> Result<String, Error> {
-    Ok(hex(&Sha256::digest(string_arg("sha256", value)?.as_bytes())))
+    Ok(hex(&Sha256::digest(
+        string_arg("sha256", value)?.as_bytes(),
+    )))
 }
 
 fn rand_alnum(len: usize) -> Result<String, Error> {

@@ -12,7 +12,9 @@ fn engine_with(template: &str) -> (Engine, TemplateId) {
 fn render_yaml(template: &str, spec: serde_json::Value) -> Result<serde_json::Value, String> {
     let (engine, id) = engine_with(template);
     let ctx = minijinja::context! { spec => to_value(&spec) };
-    let text = engine.render(&id, &ctx, "test").map_err(|e| e.to_string())?;
+    let text = engine
+        .render(&id, &ctx, "test")
+        .map_err(|e| e.to_string())?;
     yaml::parse_value(&text, &yaml::Limits::FILES).map_err(|e| format!("{e}\n---\n{text}"))
 }
 
@@ -52,7 +54,11 @@ fn hostile_strings_stay_single_string_values() {
         .unwrap_or_else(|e| panic!("{hostile:?}: {e}"));
         assert_eq!(out["data"]["value"], json!(hostile), "{hostile:?}");
         assert_eq!(out["data"]["other"], "fixed");
-        assert_eq!(out.as_object().unwrap().len(), 2, "no keys added by {hostile:?}");
+        assert_eq!(
+            out.as_object().unwrap().len(),
+            2,
+            "no keys added by {hostile:?}"
+        );
     }
 }
 
@@ -74,7 +80,11 @@ fn very_long_strings_are_escaped_whole() {
 #[test]
 fn maps_and_lists_render_as_flow_collections() {
     let spec = json!({"m": {"a": 1, "b": ["x", "y: z"]}, "n": 5, "t": true});
-    let out = render_yaml("m: {{ spec.m }}\nn: {{ spec.n }}\nt: {{ spec.t }}\nyes: no\n", spec.clone()).unwrap();
+    let out = render_yaml(
+        "m: {{ spec.m }}\nn: {{ spec.n }}\nt: {{ spec.t }}\nyes: no\n",
+        spec.clone(),
+    )
+    .unwrap();
     assert_eq!(out["m"], spec["m"]);
     assert_eq!(out["n"], 5, "`n` is a key, not YAML 1.1 false");
     assert_eq!(out["t"], true);
@@ -122,7 +132,11 @@ fn expression_yielding_missing_value_is_an_error() {
 #[test]
 fn expressions_have_typed_results() {
     assert_eq!(eval("1 + 2", json!({})).unwrap(), Value::from(3));
-    assert!(eval("spec.n > 2", json!({"spec": {"n": 3}})).unwrap().is_true());
+    assert!(
+        eval("spec.n > 2", json!({"spec": {"n": 3}}))
+            .unwrap()
+            .is_true()
+    );
     let list = eval("spec.hosts", json!({"spec": {"hosts": ["a", "b"]}})).unwrap();
     assert_eq!(list.len(), Some(2));
 }
@@ -134,7 +148,11 @@ fn fuel_limit_stops_runaway_loops() {
         ..Limits::default()
     });
     let id = b
-        .add_template("t", TemplateKind::Object, "{% for i in range(100000) %}{{ i }}{% endfor %}")
+        .add_template(
+            "t",
+            TemplateKind::Object,
+            "{% for i in range(100000) %}{{ i }}{% endfor %}",
+        )
         .unwrap();
     let engine = b.build().unwrap();
     let err = engine.render(&id, &Value::UNDEFINED, "loop").unwrap_err();
@@ -148,12 +166,19 @@ fn byte_limit_stops_huge_output() {
         ..Limits::default()
     });
     let id = b
-        .add_template("t", TemplateKind::Object, "{% for i in range(50) %}{{ spec.v }}{% endfor %}")
+        .add_template(
+            "t",
+            TemplateKind::Object,
+            "{% for i in range(50) %}{{ spec.v }}{% endfor %}",
+        )
         .unwrap();
     let engine = b.build().unwrap();
     let ctx = minijinja::context! { spec => to_value(&json!({"v": "x".repeat(100)})) };
     let err = engine.render(&id, &ctx, "big").unwrap_err();
-    assert!(err.message.contains("exceeds the limit of 1000 bytes"), "{err}");
+    assert!(
+        err.message.contains("exceeds the limit of 1000 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -177,7 +202,9 @@ fn recursion_limit_stops_deep_nesting() {
 #[test]
 fn text_templates_are_not_escaped() {
     let mut b = EngineBuilder::new(Limits::default());
-    let id = b.add_template("m", TemplateKind::Text, "{{ n }} replicas \"ok\"").unwrap();
+    let id = b
+        .add_template("m", TemplateKind::Text, "{{ n }} replicas \"ok\"")
+        .unwrap();
     let engine = b.build().unwrap();
     let out = engine
         .render(&id, &minijinja::context! { n => 3 }, "message")
@@ -189,12 +216,24 @@ fn text_templates_are_not_escaped() {
 fn reports_undeclared_names_statically() {
     let mut b = EngineBuilder::new(Limits::default());
     let t = b
-        .add_template("t", TemplateKind::Object, "{% set x = 1 %}{{ parnet.metadata.name ~ x ~ range(2) }}")
+        .add_template(
+            "t",
+            TemplateKind::Object,
+            "{% set x = 1 %}{{ parnet.metadata.name ~ x ~ range(2) }}",
+        )
         .unwrap();
     let names = b.template_names(&t, false);
-    assert_eq!(names.into_iter().collect::<Vec<_>>(), vec!["parnet".to_owned()]);
-    let e = b.add_expression("children.web.status.x | default(0)").unwrap();
-    assert!(b.expression_names(e, true).contains("children.web.status.x"));
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        vec!["parnet".to_owned()]
+    );
+    let e = b
+        .add_expression("children.web.status.x | default(0)")
+        .unwrap();
+    assert!(
+        b.expression_names(e, true)
+            .contains("children.web.status.x")
+    );
 }
 
 #[test]
@@ -217,7 +256,10 @@ mod filters {
     #[test]
     fn base64_round_trips_utf8() {
         assert_eq!(run("'hello' | b64encode").unwrap(), "aGVsbG8=");
-        assert_eq!(run("spec.s | b64encode | b64decode").unwrap(), "héllo wörld");
+        assert_eq!(
+            run("spec.s | b64encode | b64decode").unwrap(),
+            "héllo wörld"
+        );
         assert!(run("'not base64!' | b64decode").is_err());
     }
 
@@ -231,9 +273,15 @@ mod filters {
 
     #[test]
     fn tojson_and_toyaml_serialize_values() {
-        assert_eq!(run("{'a': [1, 'b']} | tojson").unwrap(), r#"{"a": [1, "b"]}"#);
+        assert_eq!(
+            run("{'a': [1, 'b']} | tojson").unwrap(),
+            r#"{"a": [1, "b"]}"#
+        );
         let yaml = run("{'a': [1, 'b']} | toyaml").unwrap();
-        assert_eq!(yaml::parse_value(&yaml, &yaml::Limits::FILES).unwrap(), json!({"a": [1, "b"]}));
+        assert_eq!(
+            yaml::parse_value(&yaml, &yaml::Limits::FILES).unwrap(),
+            json!({"a": [1, "b"]})
+        );
     }
 
     #[test]
@@ -242,7 +290,11 @@ mod filters {
         assert_eq!(dns_label("--x--"), "x");
         let long = dns_label(&"a".repeat(100));
         assert_eq!(long.len(), 63);
-        assert_ne!(long, dns_label(&format!("{}b", "a".repeat(100))), "hash keeps them apart");
+        assert_ne!(
+            long,
+            dns_label(&format!("{}b", "a".repeat(100))),
+            "hash keeps them apart"
+        );
         let odd = dns_label("___");
         assert!(odd.chars().all(|c| c.is_ascii_hexdigit()) && odd.len() == 8);
         assert_eq!(run("'Hello World' | dns_label").unwrap(), "hello-world");

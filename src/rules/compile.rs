@@ -223,7 +223,10 @@ impl Checker<'_> {
                 && !child_ids.contains(id)
                 && reported.insert(format!("children.{id}"))
             {
-                self.error(field, format!("`children.{id}`: the rule has no child `{id}`"));
+                self.error(
+                    field,
+                    format!("`children.{id}`: the rule has no child `{id}`"),
+                );
             }
         }
     }
@@ -246,7 +249,12 @@ pub(super) fn compile(
     if let Some(validator) = format_validator() {
         let mut shape_errors: Vec<(String, String)> = validator
             .iter_errors(&doc.value)
-            .map(|e| (pointer_to_field(&e.instance_path().to_string()), e.to_string()))
+            .map(|e| {
+                (
+                    pointer_to_field(&e.instance_path().to_string()),
+                    e.to_string(),
+                )
+            })
             .collect();
         shape_errors.sort();
         shape_errors.dedup();
@@ -270,11 +278,18 @@ pub(super) fn compile(
     if rule.api_version != model::API_VERSION {
         ck.error(
             "apiVersion",
-            format!("must be `{}`, not `{}`", model::API_VERSION, rule.api_version),
+            format!(
+                "must be `{}`, not `{}`",
+                model::API_VERSION,
+                rule.api_version
+            ),
         );
     }
     if rule.kind != model::KIND {
-        ck.error("kind", format!("must be `{}`, not `{}`", model::KIND, rule.kind));
+        ck.error(
+            "kind",
+            format!("must be `{}`, not `{}`", model::KIND, rule.kind),
+        );
     }
     if !is_dns_label(&rule.metadata.name) {
         ck.error(
@@ -310,7 +325,8 @@ pub(super) fn compile(
     }
     if let Some(selector) = &spec.parent.selector {
         for (i, req) in selector.match_expressions.iter().enumerate() {
-            let needs_values = matches!(req.operator, SelectorOperator::In | SelectorOperator::NotIn);
+            let needs_values =
+                matches!(req.operator, SelectorOperator::In | SelectorOperator::NotIn);
             if needs_values == req.values.is_empty() {
                 ck.error(
                     &format!("spec.parent.selector.matchExpressions[{i}].values"),
@@ -337,21 +353,28 @@ pub(super) fn compile(
     if let Some(defaults) = &spec.defaults
         && !defaults.is_object()
     {
-        ck.error("spec.defaults", "must be an object (it is merged under .spec)");
+        ck.error(
+            "spec.defaults",
+            "must be an object (it is merged under .spec)",
+        );
     }
-    let resync = spec.resync.as_deref().and_then(|text| {
-        match humantime::parse_duration(text) {
+    let resync = spec
+        .resync
+        .as_deref()
+        .and_then(|text| match humantime::parse_duration(text) {
             Ok(d) if d >= Duration::from_secs(1) => Some(d),
             Ok(_) => {
                 ck.error("spec.resync", "must be at least 1s");
                 None
             }
             Err(err) => {
-                ck.error("spec.resync", format!("`{text}` is not a duration like 10m: {err}"));
+                ck.error(
+                    "spec.resync",
+                    format!("`{text}` is not a duration like 10m: {err}"),
+                );
                 None
             }
-        }
-    });
+        });
 
     // Children: ids, kinds, templates, expressions, dependencies.
     let child_ids: BTreeSet<&str> = spec.children.iter().map(|c| c.id.as_str()).collect();
@@ -364,13 +387,19 @@ pub(super) fn compile(
         if !is_child_id(&child.id) {
             ck.error(
                 &format!("{at}.id"),
-                format!("`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)", child.id),
+                format!(
+                    "`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)",
+                    child.id
+                ),
             );
         }
         if let Some(first) = seen_ids.insert(&child.id, i) {
             ck.error(
                 &format!("{at}.id"),
-                format!("duplicate child id `{}` (also spec.children[{first}])", child.id),
+                format!(
+                    "duplicate child id `{}` (also spec.children[{first}])",
+                    child.id
+                ),
             );
         }
         if !is_api_version(&child.api_version) {
@@ -429,24 +458,40 @@ pub(super) fn compile(
                 }
             }
         });
-        let mut expr = |ck: &mut Checker, name: &str, src: &Option<String>, allowed: BTreeSet<&str>| {
-            let src = src.as_ref()?;
-            let field = format!("{at}.{name}");
-            match builder.add_expression(src) {
-                Ok(id) => {
-                    let names = builder.expression_names(id, true);
-                    ck.check_names(&field, names, &allowed, &child_ids);
-                    Some(id)
+        let mut expr =
+            |ck: &mut Checker, name: &str, src: &Option<String>, allowed: BTreeSet<&str>| {
+                let src = src.as_ref()?;
+                let field = format!("{at}.{name}");
+                match builder.add_expression(src) {
+                    Ok(id) => {
+                        let names = builder.expression_names(id, true);
+                        ck.check_names(&field, names, &allowed, &child_ids);
+                        Some(id)
+                    }
+                    Err(err) => {
+                        ck.error(&field, format!("expression syntax: {err}"));
+                        None
+                    }
                 }
-                Err(err) => {
-                    ck.error(&field, format!("expression syntax: {err}"));
-                    None
-                }
-            }
-        };
-        let include_when = expr(&mut ck, "includeWhen", &child.include_when, context_names(false, false));
-        let for_each_expr = expr(&mut ck, "forEach", &child.for_each, context_names(false, false));
-        let ready_when = expr(&mut ck, "readyWhen", &child.ready_when, context_names(for_each, true));
+            };
+        let include_when = expr(
+            &mut ck,
+            "includeWhen",
+            &child.include_when,
+            context_names(false, false),
+        );
+        let for_each_expr = expr(
+            &mut ck,
+            "forEach",
+            &child.for_each,
+            context_names(false, false),
+        );
+        let ready_when = expr(
+            &mut ck,
+            "readyWhen",
+            &child.ready_when,
+            context_names(for_each, true),
+        );
 
         let mut depends_on = Vec::new();
         for (j, dep) in child.depends_on.iter().enumerate() {
@@ -511,9 +556,15 @@ pub(super) fn compile(
             let at = format!("spec.status.fields[{i}]");
             let path: Vec<String> = f.path.split('.').map(str::to_owned).collect();
             if path.iter().any(|p| p.is_empty()) {
-                ck.error(&format!("{at}.path"), format!("`{}` is not a dotted path", f.path));
+                ck.error(
+                    &format!("{at}.path"),
+                    format!("`{}` is not a dotted path", f.path),
+                );
             }
-            if path.first().is_some_and(|p| p == "conditions" || p == "observedGeneration") {
+            if path
+                .first()
+                .is_some_and(|p| p == "conditions" || p == "observedGeneration")
+            {
                 ck.error(
                     &format!("{at}.path"),
                     format!("`{}` is written by trellis itself", f.path),
@@ -564,16 +615,28 @@ pub(super) fn compile(
         for (i, c) in status.conditions.iter().enumerate() {
             let at = format!("spec.status.conditions[{i}]");
             if !is_kind(&c.type_) {
-                ck.error(&format!("{at}.type"), format!("`{}` is not a CamelCase type", c.type_));
+                ck.error(
+                    &format!("{at}.type"),
+                    format!("`{}` is not a CamelCase type", c.type_),
+                );
             }
             if c.type_ == "Ready" || c.type_ == "Synced" {
-                ck.error(&format!("{at}.type"), format!("`{}` is written by trellis itself", c.type_));
+                ck.error(
+                    &format!("{at}.type"),
+                    format!("`{}` is written by trellis itself", c.type_),
+                );
             }
             if !types.insert(c.type_.clone()) {
-                ck.error(&format!("{at}.type"), format!("duplicate condition type `{}`", c.type_));
+                ck.error(
+                    &format!("{at}.type"),
+                    format!("duplicate condition type `{}`", c.type_),
+                );
             }
             if !is_reason(&c.reason) {
-                ck.error(&format!("{at}.reason"), format!("`{}` is not a CamelCase reason", c.reason));
+                ck.error(
+                    &format!("{at}.reason"),
+                    format!("`{}` is not a CamelCase reason", c.reason),
+                );
             }
             let when = match builder.add_expression(&c.when) {
                 Ok(id) => {
@@ -587,7 +650,11 @@ pub(super) fn compile(
                 }
             };
             let message = c.message.as_ref().and_then(|text| {
-                match builder.add_template(&format!("condition:{}", c.type_), TemplateKind::Text, text) {
+                match builder.add_template(
+                    &format!("condition:{}", c.type_),
+                    TemplateKind::Text,
+                    text,
+                ) {
                     Ok(id) => {
                         let names = builder.template_names(&id, true);
                         ck.check_names(&format!("{at}.message"), names, &base, &child_ids);

@@ -116,7 +116,11 @@ pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> V
 
 /// Resolves `templateFile` relative to the rule file's directory and reads it,
 /// refusing paths (symlinks included) that leave the rules directory.
-pub(super) fn read_template_file(root: &Path, rule_file: &Path, rel: &str) -> Result<String, String> {
+pub(super) fn read_template_file(
+    root: &Path,
+    rule_file: &Path,
+    rel: &str,
+) -> Result<String, String> {
     let rel_path = Path::new(rel);
     if rel_path.is_absolute() {
         return Err(format!("`{rel}` must be a relative path"));
@@ -149,7 +153,12 @@ impl Diagnostic {
         }
     }
 
-    pub fn warning(file: &Path, line: Option<u64>, field: &str, message: impl Into<String>) -> Self {
+    pub fn warning(
+        file: &Path,
+        line: Option<u64>,
+        field: &str,
+        message: impl Into<String>,
+    ) -> Self {
         Diagnostic {
             severity: Severity::Warning,
             ..Diagnostic::error(file, line, field, message)

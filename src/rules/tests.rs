@@ -44,11 +44,20 @@ fn diagnostics(text: &str) -> Vec<Diagnostic> {
 #[track_caller]
 fn assert_error(text: &str, field: &str, line: u64, needle: &str) {
     let diags = diagnostics(text);
-    let errors: Vec<&Diagnostic> = diags.iter().filter(|d| d.severity == Severity::Error).collect();
+    let errors: Vec<&Diagnostic> = diags
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
     assert!(
-        errors.iter().any(|d| d.field == field && d.line == Some(line) && d.message.contains(needle)),
+        errors
+            .iter()
+            .any(|d| d.field == field && d.line == Some(line) && d.message.contains(needle)),
         "expected error on {field} at line {line} containing {needle:?}, got:\n{}",
-        diags.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n")
+        diags
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -63,24 +72,57 @@ fn accepts_a_good_rule() {
 
 #[test]
 fn rejects_unknown_fields() {
-    assert_error(&GOOD.replace("  children:", "  childs: []\n  children:"), "spec", 5, "childs");
-    assert_error(&GOOD.replace("      kind: ConfigMap", "      kind: ConfigMap\n      tempalte: x"), "spec.children[0]", 10, "tempalte");
+    assert_error(
+        &GOOD.replace("  children:", "  childs: []\n  children:"),
+        "spec",
+        5,
+        "childs",
+    );
+    assert_error(
+        &GOOD.replace(
+            "      kind: ConfigMap",
+            "      kind: ConfigMap\n      tempalte: x",
+        ),
+        "spec.children[0]",
+        10,
+        "tempalte",
+    );
 }
 
 #[test]
 fn rejects_wrong_api_version_and_kind() {
-    assert_error(&GOOD.replace("trellis.dev/v1alpha1", "trellis.dev/v2"), "apiVersion", 1, "trellis.dev/v1alpha1");
-    assert_error(&GOOD.replace("kind: Rule", "kind: Rules"), "kind", 2, "Rule");
+    assert_error(
+        &GOOD.replace("trellis.dev/v1alpha1", "trellis.dev/v2"),
+        "apiVersion",
+        1,
+        "trellis.dev/v1alpha1",
+    );
+    assert_error(
+        &GOOD.replace("kind: Rule", "kind: Rules"),
+        "kind",
+        2,
+        "Rule",
+    );
 }
 
 #[test]
 fn rejects_bad_rule_name() {
-    assert_error(&GOOD.replace("name: app", "name: My_App"), "metadata.name", 4, "DNS-1123");
+    assert_error(
+        &GOOD.replace("name: app", "name: My_App"),
+        "metadata.name",
+        4,
+        "DNS-1123",
+    );
 }
 
 #[test]
 fn rejects_bad_child_id() {
-    assert_error(&GOOD.replace("id: config", "id: Config"), "spec.children[0].id", 10, "not a valid id");
+    assert_error(
+        &GOOD.replace("id: config", "id: Config"),
+        "spec.children[0].id",
+        10,
+        "not a valid id",
+    );
 }
 
 #[test]
@@ -88,17 +130,37 @@ fn rejects_duplicate_child_ids() {
     let text = with_child(
         "    - id: config\n      apiVersion: v1\n      kind: Secret\n      template: 'metadata: {name: x}'\n",
     );
-    assert_error(&text, "spec.children[1].id", 16, "duplicate child id `config`");
+    assert_error(
+        &text,
+        "spec.children[1].id",
+        16,
+        "duplicate child id `config`",
+    );
 }
 
 #[test]
 fn rejects_unknown_and_cyclic_depends_on() {
-    let text = GOOD.replace("      kind: ConfigMap", "      kind: ConfigMap\n      dependsOn: [nothere]");
-    assert_error(&text, "spec.children[0].dependsOn[0]", 13, "unknown child id `nothere`");
+    let text = GOOD.replace(
+        "      kind: ConfigMap",
+        "      kind: ConfigMap\n      dependsOn: [nothere]",
+    );
+    assert_error(
+        &text,
+        "spec.children[0].dependsOn[0]",
+        13,
+        "unknown child id `nothere`",
+    );
 
-    let text = GOOD.replace("      kind: ConfigMap", "      kind: ConfigMap\n      dependsOn: [b]")
-        + "    - id: b\n      apiVersion: v1\n      kind: Secret\n      dependsOn: [config]\n      template: 'metadata: {name: x}'\n";
-    assert_error(&text, "spec.children[0].dependsOn", 13, "dependency cycle: config -> b -> config");
+    let text = GOOD.replace(
+        "      kind: ConfigMap",
+        "      kind: ConfigMap\n      dependsOn: [b]",
+    ) + "    - id: b\n      apiVersion: v1\n      kind: Secret\n      dependsOn: [config]\n      template: 'metadata: {name: x}'\n";
+    assert_error(
+        &text,
+        "spec.children[0].dependsOn",
+        13,
+        "dependency cycle: config -> b -> config",
+    );
 }
 
 #[test]
@@ -109,17 +171,36 @@ fn rejects_template_syntax_errors() {
 
 #[test]
 fn rejects_expression_syntax_errors() {
-    let text = GOOD.replace("      kind: ConfigMap", "      kind: ConfigMap\n      includeWhen: \"spec.a ==\"");
-    assert_error(&text, "spec.children[0].includeWhen", 13, "expression syntax");
+    let text = GOOD.replace(
+        "      kind: ConfigMap",
+        "      kind: ConfigMap\n      includeWhen: \"spec.a ==\"",
+    );
+    assert_error(
+        &text,
+        "spec.children[0].includeWhen",
+        13,
+        "expression syntax",
+    );
 }
 
 #[test]
 fn rejects_names_outside_the_context() {
     let text = GOOD.replace("parent.metadata.name", "parnet.metadata.name");
-    assert_error(&text, "spec.children[0].template", 13, "`parnet` is not in the evaluation context");
-    let text = GOOD.replace("      kind: ConfigMap", "      kind: ConfigMap\n      includeWhen: \"item.enabled\"");
+    assert_error(
+        &text,
+        "spec.children[0].template",
+        13,
+        "`parnet` is not in the evaluation context",
+    );
+    let text = GOOD.replace(
+        "      kind: ConfigMap",
+        "      kind: ConfigMap\n      includeWhen: \"item.enabled\"",
+    );
     assert_error(&text, "spec.children[0].includeWhen", 13, "`item`");
-    let text = GOOD.replace("      kind: ConfigMap", "      kind: ConfigMap\n      readyWhen: \"slef.status\"");
+    let text = GOOD.replace(
+        "      kind: ConfigMap",
+        "      kind: ConfigMap\n      readyWhen: \"slef.status\"",
+    );
     assert_error(&text, "spec.children[0].readyWhen", 13, "`slef`");
 }
 
@@ -138,7 +219,12 @@ fn rejects_references_to_unknown_children() {
     let text = with_child(
         "  status:\n    conditions:\n      - type: Up\n        when: \"children.confg.data is defined\"\n        reason: Up\n",
     );
-    assert_error(&text, "spec.status.conditions[0].when", 19, "no child `confg`");
+    assert_error(
+        &text,
+        "spec.status.conditions[0].when",
+        19,
+        "no child `confg`",
+    );
 }
 
 #[test]
@@ -146,28 +232,52 @@ fn rejects_bad_json_path() {
     let text = with_child(
         "  status:\n    fields:\n      - path: x\n        from: config\n        jsonPath: \"$.data[\"\n",
     );
-    assert_error(&text, "spec.status.fields[0].jsonPath", 20, "JSONPath syntax");
+    assert_error(
+        &text,
+        "spec.status.fields[0].jsonPath",
+        20,
+        "JSONPath syntax",
+    );
 }
 
 #[test]
 fn rejects_status_fields_with_unknown_child_or_both_sources() {
-    let text = with_child("  status:\n    fields:\n      - path: x\n        from: nope\n        jsonPath: $.a\n");
-    assert_error(&text, "spec.status.fields[0].from", 19, "unknown child id `nope`");
-    let text = with_child("  status:\n    fields:\n      - path: x\n        value: \"1\"\n        from: config\n");
+    let text = with_child(
+        "  status:\n    fields:\n      - path: x\n        from: nope\n        jsonPath: $.a\n",
+    );
+    assert_error(
+        &text,
+        "spec.status.fields[0].from",
+        19,
+        "unknown child id `nope`",
+    );
+    let text = with_child(
+        "  status:\n    fields:\n      - path: x\n        value: \"1\"\n        from: config\n",
+    );
     assert_error(&text, "spec.status.fields[0]", 18, "either");
 }
 
 #[test]
 fn rejects_status_on_builtin_parent() {
     let text = with_child("  status:\n    fields:\n      - path: x\n        value: \"1\"\n")
-        .replace("apiVersion: demo.trellis.dev/v1\n    kind: App", "apiVersion: apps/v1\n    kind: Deployment");
+        .replace(
+            "apiVersion: demo.trellis.dev/v1\n    kind: App",
+            "apiVersion: apps/v1\n    kind: Deployment",
+        );
     assert_error(&text, "spec.status", 16, "built-in kind");
 }
 
 #[test]
 fn rejects_trellis_owned_condition_types() {
-    let text = with_child("  status:\n    conditions:\n      - type: Ready\n        when: \"true\"\n        reason: X\n");
-    assert_error(&text, "spec.status.conditions[0].type", 18, "written by trellis");
+    let text = with_child(
+        "  status:\n    conditions:\n      - type: Ready\n        when: \"true\"\n        reason: X\n",
+    );
+    assert_error(
+        &text,
+        "spec.status.conditions[0].type",
+        18,
+        "written by trellis",
+    );
 }
 
 #[test]
@@ -189,7 +299,9 @@ fn rejects_yaml_syntax_errors_with_line() {
     let text = GOOD.replace("kind: App", "kind: [App");
     let diags = diagnostics(&text);
     assert!(
-        diags.iter().any(|d| d.message.starts_with("YAML") && d.line.is_some()),
+        diags
+            .iter()
+            .any(|d| d.message.starts_with("YAML") && d.line.is_some()),
         "{diags:?}"
     );
 }
@@ -198,7 +310,12 @@ fn rejects_yaml_syntax_errors_with_line() {
 fn rejects_duplicate_yaml_keys() {
     let text = GOOD.replace("  name: app", "  name: app\n  name: app2");
     let diags = diagnostics(&text);
-    assert!(diags.iter().any(|d| d.message.contains("duplicate mapping key: name") && d.line == Some(5)), "{diags:?}");
+    assert!(
+        diags
+            .iter()
+            .any(|d| d.message.contains("duplicate mapping key: name") && d.line == Some(5)),
+        "{diags:?}"
+    );
 }
 
 #[test]
@@ -207,13 +324,19 @@ fn reports_every_error_at_once() {
         .replace("name: app", "name: App")
         .replace("id: config", "id: Config")
         .replace("parent.metadata.name", "parnet.metadata.name");
-    let errors = diagnostics(&text).into_iter().filter(|d| d.severity == Severity::Error).count();
+    let errors = diagnostics(&text)
+        .into_iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
     assert_eq!(errors, 3);
 }
 
 #[test]
 fn warns_about_safe_but_accepts() {
-    let text = GOOD.replace("{{ parent.metadata.name }}", "{{ parent.metadata.name | safe }}");
+    let text = GOOD.replace(
+        "{{ parent.metadata.name }}",
+        "{{ parent.metadata.name | safe }}",
+    );
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "rule.yaml", &text);
     let set = load_dir(dir.path()).expect("warnings do not fail the set");
@@ -236,11 +359,18 @@ fn rejects_duplicate_rule_names_across_files() {
 #[test]
 fn loads_multi_document_files() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "both.yaml", &format!("{GOOD}---\n{}", GOOD.replace("name: app", "name: app2")));
+    write(
+        dir.path(),
+        "both.yaml",
+        &format!("{GOOD}---\n{}", GOOD.replace("name: app", "name: app2")),
+    );
     let set = load_dir(dir.path()).unwrap();
     assert_eq!(set.rules.len(), 2);
     // Lines of the second document count from the top of the file.
-    let diags = diagnostics(&format!("{GOOD}---\n{}", GOOD.replace("name: app", "name: Bad")));
+    let diags = diagnostics(&format!(
+        "{GOOD}---\n{}",
+        GOOD.replace("name: app", "name: Bad")
+    ));
     assert_eq!(diags[0].line, Some(20));
 }
 
@@ -255,7 +385,11 @@ fn reads_template_files_relative_to_the_rule() {
             "      templateFile: tpl/cm.yaml.j2\n",
         ),
     );
-    write(dir.path(), "tpl/cm.yaml.j2", "metadata:\n  name: {{ parent.metadata.name }}\n");
+    write(
+        dir.path(),
+        "tpl/cm.yaml.j2",
+        "metadata:\n  name: {{ parent.metadata.name }}\n",
+    );
     let set = load_dir(dir.path()).unwrap();
     assert!(set.rules[0].templates["config"].contains("parent.metadata.name"));
 }
@@ -272,14 +406,20 @@ fn refuses_template_files_outside_the_rules_directory() {
     );
     write(&dir, "rule.yaml", &rule);
     let diags = load_dir(&dir).unwrap_err();
-    assert!(diags[0].message.contains("leaves the rules directory"), "{diags:?}");
+    assert!(
+        diags[0].message.contains("leaves the rules directory"),
+        "{diags:?}"
+    );
     assert_eq!(diags[0].field, "spec.children[0].templateFile");
 
     // A symlink inside pointing outside is refused too.
     std::os::unix::fs::symlink(outer.path().join("secret.j2"), dir.join("link.j2")).unwrap();
     write(&dir, "rule.yaml", &rule.replace("../secret.j2", "link.j2"));
     let diags = load_dir(&dir).unwrap_err();
-    assert!(diags[0].message.contains("leaves the rules directory"), "{diags:?}");
+    assert!(
+        diags[0].message.contains("leaves the rules directory"),
+        "{diags:?}"
+    );
 }
 
 #[test]
@@ -290,9 +430,14 @@ fn loads_a_configmap_volume_layout_once() {
     fs::create_dir(&stamp).unwrap();
     write(&stamp, "app.yaml", GOOD);
     write(&stamp, "deployment.yaml.j2", "metadata: {name: x}\n");
-    std::os::unix::fs::symlink("..2026_11_29_08_00_00.000000001", dir.path().join("..data")).unwrap();
+    std::os::unix::fs::symlink("..2026_11_29_08_00_00.000000001", dir.path().join("..data"))
+        .unwrap();
     std::os::unix::fs::symlink("..data/app.yaml", dir.path().join("app.yaml")).unwrap();
-    std::os::unix::fs::symlink("..data/deployment.yaml.j2", dir.path().join("deployment.yaml.j2")).unwrap();
+    std::os::unix::fs::symlink(
+        "..data/deployment.yaml.j2",
+        dir.path().join("deployment.yaml.j2"),
+    )
+    .unwrap();
     let set = load_dir(dir.path()).unwrap();
     assert_eq!(set.rules.len(), 1);
     assert_eq!(set.rules[0].name, "app");
@@ -300,8 +445,16 @@ fn loads_a_configmap_volume_layout_once() {
 
 #[test]
 fn formats_diagnostics_as_file_line_field_message() {
-    let d = Diagnostic::error(Path::new("rules/a.yaml"), Some(7), "spec.children[0].id", "bad");
-    assert_eq!(d.to_string(), "rules/a.yaml:7: error: spec.children[0].id: bad");
+    let d = Diagnostic::error(
+        Path::new("rules/a.yaml"),
+        Some(7),
+        "spec.children[0].id",
+        "bad",
+    );
+    assert_eq!(
+        d.to_string(),
+        "rules/a.yaml:7: error: spec.children[0].id: bad"
+    );
 }
 
 #[test]
