@@ -1,0 +1,324 @@
+//! The shipped examples hold together, without a cluster: `rules/` passes
+//! `check`, every CRD in `examples/crds/` is a well-formed
+//! apiextensions.k8s.io/v1 CRD that keeps every status field its rule writes,
+//! and every sample parent and observed stream is usable with `render`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use trellis::cli::rule_for;
+use trellis::render::Limits;
+use trellis::rules::RuleSet;
+use trellis::yaml;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rule_set() -> RuleSet {
+    match RuleSet::load(&[root().join("rules")], Limits::default()) {
+        Ok(set) => set,
+        Err(diags) => panic!(
+            "rules/ fails check:\n{}",
+            diags
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    }
+}
+
+/// `*.yaml` files of an examples directory, sorted.
+fn yaml_files(dir: &str) -> Vec<PathBuf> {
+    let dir = root().join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "{} holds no YAML files", dir.display());
+    files
+}
+
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    yaml::parse_documents(&text, &yaml::Limits::FILES)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .map(|d| d.value)
+        .collect()
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+struct Crd {
+    file: PathBuf,
+    doc: Value,
+}
+
+impl Crd {
+    fn group(&self) -> &str {
+        str_at(&self.doc, "/spec/group")
+    }
+    fn kind(&self) -> &str {
+        str_at(&self.doc, "/spec/names/kind")
+    }
+    fn versions(&self) -> &[Value] {
+        self.doc
+            .pointer("/spec/versions")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+    fn version(&self, name: &str) -> Option<&Value> {
+        self.versions().iter().find(|v| str_at(v, "/name") == name)
+    }
+}
+
+fn crds() -> Vec<Crd> {
+    yaml_files("examples/crds")
+        .into_iter()
+        .flat_map(|file| {
+            documents(&file).into_iter().map(move |doc| Crd {
+                file: file.clone(),
+                doc,
+            })
+        })
+        .collect()
+}
+
+/// The CRD that serves a rule's parent kind, if any.
+fn crd_for<'a>(crds: &'a [Crd], api_version: &str, kind: &str) -> Option<(&'a Crd, &'a Value)> {
+    let (group, version) = api_version.split_once('/')?;
+    crds.iter()
+        .filter(|c| c.group() == group && c.kind() == kind)
+        .find_map(|c| c.version(version).map(|v| (c, v)))
+}
+
+#[test]
+fn rules_pass_check_without_errors_or_warnings() {
+    let set = rule_set();
+    assert!(
+        set.warnings.is_empty(),
+        "rules/ has warnings:\n{}",
+        set.warnings
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let mut names: Vec<&str> = set.rules.iter().map(|r| r.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["database", "deployment-expose", "tenant", "webapp"]);
+}
+
+#[test]
+fn every_crd_is_a_v1_crd_with_status_subresource_and_ready_column() {
+    for crd in crds() {
+        let file = crd.file.display();
+        assert_eq!(
+            str_at(&crd.doc, "/apiVersion"),
+            "apiextensions.k8s.io/v1",
+            "{file}"
+        );
+        assert_eq!(
+            str_at(&crd.doc, "/kind"),
+            "CustomResourceDefinition",
+            "{file}"
+        );
+        let plural = str_at(&crd.doc, "/spec/names/plural");
+        assert_eq!(
+            str_at(&crd.doc, "/metadata/name"),
+            format!("{plural}.{}", crd.group()),
+            "{file}: metadata.name must be <plural>.<group>"
+        );
+        assert!(
+            matches!(str_at(&crd.doc, "/spec/scope"), "Namespaced" | "Cluster"),
+            "{file}: spec.scope"
+        );
+        assert!(!crd.versions().is_empty(), "{file}: no versions");
+        for v in crd.versions() {
+            let name = str_at(v, "/name");
+            assert!(
+                v.pointer("/subresources/status")
+                    .is_some_and(Value::is_object),
+                "{file}: version {name} lacks the status subresource"
+            );
+            let columns = v
+                .get("additionalPrinterColumns")
+                .and_then(Value::as_array)
+                .unwrap_or_else(|| panic!("{file}: version {name} has no printer columns"));
+            assert!(
+                columns.iter().any(|c| str_at(c, "/name") == "Ready"
+                    && str_at(c, "/jsonPath")
+                        == r#".status.conditions[?(@.type=="Ready")].status"#),
+                "{file}: version {name} has no Ready printer column"
+            );
+            let schema = v
+                .pointer("/schema/openAPIV3Schema")
+                .unwrap_or_else(|| panic!("{file}: version {name} has no openAPIV3Schema"));
+            assert_eq!(str_at(schema, "/type"), "object", "{file}: root type");
+            for part in ["spec", "status"] {
+                assert_eq!(
+                    str_at(schema, &format!("/properties/{part}/type")),
+                    "object",
+                    "{file}: version {name} needs a structural `{part}` schema"
+                );
+            }
+            jsonschema::draft202012::new(schema)
+                .unwrap_or_else(|e| panic!("{file}: version {name}: schema does not compile: {e}"));
+        }
+    }
+}
+
+/// Follows a dotted status path through `properties`; an object that
+/// preserves unknown fields or has `additionalProperties` keeps anything below.
+fn schema_keeps(mut schema: &Value, path: &[&str]) -> bool {
+    for seg in path {
+        if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+            || schema
+                .get("additionalProperties")
+                .is_some_and(Value::is_object)
+        {
+            return true;
+        }
+        match schema.pointer(&format!("/properties/{seg}")) {
+            Some(next) => schema = next,
+            None => return false,
+        }
+    }
+    true
+}
+
+#[test]
+fn every_custom_parent_kind_has_a_crd_that_keeps_its_status() {
+    let set = rule_set();
+    let crds = crds();
+    for rule in &set.rules {
+        let parent = &rule.rule.spec.parent;
+        if rule.parent.is_builtin() {
+            continue;
+        }
+        let (crd, version) =
+            crd_for(&crds, &parent.api_version, &parent.kind).unwrap_or_else(|| {
+                panic!(
+                    "rule {}: no CRD in examples/crds serves {}/{}",
+                    rule.name, parent.api_version, parent.kind
+                )
+            });
+        let file = crd.file.display();
+        if let Some(scope) = parent.scope {
+            assert_eq!(
+                str_at(&crd.doc, "/spec/scope"),
+                format!("{scope:?}"),
+                "{file}: scope differs from rule {}'s spec.parent.scope",
+                rule.name
+            );
+        }
+        let status = version
+            .pointer("/schema/openAPIV3Schema/properties/status")
+            .expect("checked by every_crd_is_a_v1_crd…");
+        let mut paths = vec!["observedGeneration".to_owned(), "conditions".to_owned()];
+        if let Some(s) = &rule.rule.spec.status {
+            paths.extend(s.fields.iter().map(|f| f.path.clone()));
+        }
+        for path in paths {
+            let segs: Vec<&str> = path.split('.').collect();
+            assert!(
+                schema_keeps(status, &segs),
+                "{file}: the status schema would prune `.status.{path}`, which rule {} writes",
+                rule.name
+            );
+        }
+        let conditions = status
+            .pointer("/properties/conditions/items/properties")
+            .expect("conditions items");
+        for field in [
+            "type",
+            "status",
+            "reason",
+            "message",
+            "lastTransitionTime",
+            "observedGeneration",
+        ] {
+            assert!(
+                conditions.get(field).is_some(),
+                "{file}: conditions[].{field} would be pruned"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_sample_parent_has_exactly_one_matching_rule() {
+    let set = rule_set();
+    for file in yaml_files("examples/parents") {
+        let docs = documents(&file);
+        let [parent] = docs.as_slice() else {
+            panic!("{}: a parent file holds exactly one object", file.display());
+        };
+        if let Err(e) = rule_for(&set, parent) {
+            panic!("{}: {e}", file.display());
+        }
+    }
+}
+
+/// The CRD's own schema accepts every sample parent's spec, except the one
+/// meant to be refused.
+#[test]
+fn sample_parents_of_custom_kinds_pass_their_crd_schema() {
+    let crds = crds();
+    for file in yaml_files("examples/parents") {
+        let docs = documents(&file);
+        let parent = &docs[0];
+        let Some((_, version)) = crd_for(
+            &crds,
+            str_at(parent, "/apiVersion"),
+            str_at(parent, "/kind"),
+        ) else {
+            continue;
+        };
+        let schema = version
+            .pointer("/schema/openAPIV3Schema/properties/spec")
+            .expect("spec schema");
+        let validator = jsonschema::draft202012::new(schema).expect("compiles");
+        let spec = parent
+            .get("spec")
+            .cloned()
+            .unwrap_or(Value::Object(Default::default()));
+        let errors: Vec<String> = validator
+            .iter_errors(&spec)
+            .map(|e| e.to_string())
+            .collect();
+        let meant_invalid = file.to_string_lossy().ends_with("-invalid.yaml");
+        assert_eq!(
+            errors.is_empty(),
+            !meant_invalid,
+            "{}: CRD schema says {errors:?}",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn every_observed_stream_holds_named_objects() {
+    for file in yaml_files("examples/observed") {
+        let docs = documents(&file);
+        assert!(!docs.is_empty(), "{}: empty", file.display());
+        for doc in &docs {
+            for pointer in ["/apiVersion", "/kind", "/metadata/name"] {
+                assert!(
+                    !str_at(doc, pointer).is_empty(),
+                    "{}: an object lacks {pointer}",
+                    file.display()
+                );
+            }
+        }
+    }
+}
