@@ -34,6 +34,8 @@ pub const LABEL_RULE: &str = "trellis.dev/rule";
 pub const LABEL_CHILD: &str = "trellis.dev/child";
 pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
 pub const MANAGED_BY: &str = "trellis";
+/// On `recreate` children: the hash of the rendering the object came from.
+pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
 /// Used when an offline parent file has no `metadata.uid`.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 /// Most items one `forEach` may yield.
@@ -129,6 +131,9 @@ pub struct Apply {
     pub object: Value,
     /// Whether it carries an ownerReference to the parent.
     pub owned: bool,
+    /// SHA-256 of the rendered object (before the hash annotation is added):
+    /// the operator skips unchanged applies and `recreate` compares it.
+    pub hash: String,
 }
 
 /// An observed child to delete.
@@ -698,13 +703,34 @@ fn finish_object(
         namespace,
         name,
     };
+    let hash = object_hash(&obj);
+    if child.spec.policy == Policy::Recreate {
+        // The live object must tell which rendering it came from.
+        let meta = obj.get_mut("metadata").and_then(Value::as_object_mut);
+        if let Some(meta) = meta {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(a) = annotations {
+                a.insert(ANNOTATION_RENDER_HASH.into(), json!(hash));
+            }
+        }
+    }
     Ok(Apply {
         id: child.spec.id.clone(),
         policy: child.spec.policy,
         key,
         object: Value::Object(obj),
         owned,
+        hash,
     })
+}
+
+/// Lowercase hex SHA-256 of an object's JSON form (key order as rendered).
+pub fn object_hash(obj: &Map<String, Value>) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = serde_json::to_vec(obj).unwrap_or_default();
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Readiness of one rendered object against what is observed.

@@ -148,6 +148,69 @@ pub fn cluster_role(set: &RuleSet, name: &str) -> Value {
     })
 }
 
+/// One permission a rule needs, as the operator's preflight asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permission {
+    pub group: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub verb: &'static str,
+    /// Limited to one object (`resourceNames`).
+    pub name: Option<String>,
+}
+
+impl std::fmt::Display for Permission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if let Some(sub) = &self.subresource {
+            write!(f, "/{sub}")?;
+        }
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
+        if let Some(name) = &self.name {
+            write!(f, " named {name}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every permission one rule needs (the rule's share of [`cluster_role`]).
+pub fn rule_permissions(rule: &CompiledRule) -> Vec<Permission> {
+    let mut grants = Grants::default();
+    rule_grants(rule, &mut grants);
+    let split = |resource: &str| match resource.split_once('/') {
+        Some((r, sub)) => (r.to_owned(), Some(sub.to_owned())),
+        None => (resource.to_owned(), None),
+    };
+    let mut out = Vec::new();
+    for ((group, resource), verbs) in &grants.any {
+        let (resource, subresource) = split(resource);
+        for verb in verbs {
+            out.push(Permission {
+                group: group.clone(),
+                resource: resource.clone(),
+                subresource: subresource.clone(),
+                verb: verb.as_str(),
+                name: None,
+            });
+        }
+    }
+    for (((group, resource), verb), names) in &grants.named {
+        let (resource, subresource) = split(resource);
+        for name in names {
+            out.push(Permission {
+                group: group.clone(),
+                resource: resource.clone(),
+                subresource: subresource.clone(),
+                verb: verb.as_str(),
+                name: Some(name.clone()),
+            });
+        }
+    }
+    out
+}
+
 /// What the operator needs whatever the rules say.
 fn operator_grants(grants: &mut Grants) {
     // Events about parents; the recorder patches an Event to bump its count.
