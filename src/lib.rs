@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod kinds;
+pub mod operator;
 pub mod plan;
 pub mod rbac;
 pub mod render;

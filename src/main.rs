@@ -6,6 +6,24 @@ use trellis::cli::{self, Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run {
+            rules,
+            namespaces,
+            concurrency,
+            log_format,
+            limits,
+        } => cli::run(
+            trellis::operator::Options {
+                rules,
+                namespaces,
+                concurrency,
+                limits: limits.limits(),
+                instance: std::env::var("POD_NAME")
+                    .or_else(|_| std::env::var("HOSTNAME"))
+                    .unwrap_or_else(|_| "trellis".into()),
+            },
+            log_format,
+        ),
         Command::Check { rules, limits } => cli::check(&rules, limits.limits()),
         Command::Render {
             rules,

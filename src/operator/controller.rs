@@ -1,0 +1,406 @@
+//! One rule's life: resolve its kinds, check permissions, run its watches
+//! and queue until shutdown or until its kinds disappear.
+//!
+//! ```text
+//!  waiting ──kinds served──▶ preflight ──ok──▶ running ──CRD gone──▶ waiting
+//!     ▲  CRD change / retry      │ missing verb                │ shutdown
+//!     └──────────────────────────┘ (inactive, retried)         ▼ done
+//! ```
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{DynamicObject, PostParams};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::discovery::{self, Resolved, RuleKinds};
+use super::reconcile::{self, RuleCtx};
+use super::{Shared, backoff};
+use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
+use crate::rules::CompiledRule;
+use crate::rules::model::{LabelSelector, SelectorOperator};
+
+/// Where a rule stands, for logs and (later) the status endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleState {
+    /// A kind it names is not served yet.
+    Waiting(String),
+    /// It may not do something it needs.
+    Inactive(String),
+    Running,
+}
+
+pub fn spawn(
+    rule: Arc<CompiledRule>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(rule_loop(rule, shared, shutdown))
+}
+
+/// Waits for a CRD change, a timeout, or shutdown.
+async fn pause(shared: &Shared, shutdown: &CancellationToken, timeout: Duration) {
+    let mut epoch = shared.crd_epoch.clone();
+    epoch.borrow_and_update();
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = epoch.changed() => {}
+        _ = tokio::time::sleep(timeout) => {}
+    }
+}
+
+async fn rule_loop(rule: Arc<CompiledRule>, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let name = rule.name.clone();
+    let mut retry = Duration::from_secs(1);
+    let mut last_state: Option<RuleState> = None;
+    // Logs a state once, not on every retry.
+    let report = |last: &mut Option<RuleState>, state: RuleState| {
+        if last.as_ref() != Some(&state) {
+            match &state {
+                RuleState::Waiting(why) => info!(rule = %name, "waiting: {why}"),
+                RuleState::Inactive(why) => error!(rule = %name, "inactive: {why}"),
+                RuleState::Running => {}
+            }
+            *last = Some(state);
+        }
+    };
+    while !shutdown.is_cancelled() {
+        let namespaces = match effective_namespaces(&rule, &shared.namespaces) {
+            Ok(ns) => ns,
+            Err(why) => {
+                report(&mut last_state, RuleState::Inactive(why));
+                shutdown.cancelled().await;
+                return;
+            }
+        };
+        let kinds = match discovery::resolve_rule(&shared.client, &rule).await {
+            Ok(kinds) => kinds,
+            Err(why) => {
+                report(&mut last_state, RuleState::Waiting(why));
+                pause(&shared, &shutdown, retry).await;
+                retry = (retry * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        retry = Duration::from_secs(1);
+        let missing = preflight(&shared.client, &rule, &namespaces).await;
+        if !missing.is_empty() {
+            report(&mut last_state, RuleState::Inactive(format!(
+                "trellis may not {}; grant what `trellis rbac` prints",
+                missing.join(", ")
+            )));
+            pause(&shared, &shutdown, Duration::from_secs(60)).await;
+            continue;
+        }
+        report(&mut last_state, RuleState::Running);
+        let stop = shutdown.child_token();
+        let monitor = tokio::spawn(stop_when_kinds_vanish(
+            rule.clone(),
+            shared.clone(),
+            stop.clone(),
+        ));
+        run_controller(rule.clone(), kinds, namespaces, shared.clone(), stop).await;
+        monitor.abort();
+        if !shutdown.is_cancelled() {
+            last_state = None;
+            info!(rule = %rule.name, "watches stopped: a kind the rule names is no longer served");
+        }
+    }
+}
+
+/// Namespaces a rule watches: its own list intersected with the operator's.
+/// Empty means all.
+fn effective_namespaces(rule: &CompiledRule, operator: &[String]) -> Result<Vec<String>, String> {
+    let own = &rule.rule.spec.parent.namespaces;
+    match (own.is_empty(), operator.is_empty()) {
+        (true, _) => Ok(operator.to_vec()),
+        (false, true) => Ok(own.clone()),
+        (false, false) => {
+            let both: Vec<String> = own.iter().filter(|n| operator.contains(n)).cloned().collect();
+            if both.is_empty() {
+                Err(format!(
+                    "its namespaces ({}) are outside the operator's --namespace ({})",
+                    own.join(", "),
+                    operator.join(", ")
+                ))
+            } else {
+                Ok(both)
+            }
+        }
+    }
+}
+
+/// Asks the API server, verb by verb, whether trellis may do what the rule
+/// needs; returns what is missing.
+async fn preflight(client: &Client, rule: &CompiledRule, namespaces: &[String]) -> Vec<String> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    };
+    let mut missing = Vec::new();
+    for perm in crate::rbac::rule_permissions(rule) {
+        for ns in &scopes {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(perm.group.clone()),
+                        resource: Some(perm.resource.clone()),
+                        subresource: perm.subresource.clone(),
+                        verb: Some(perm.verb.to_owned()),
+                        name: perm.name.clone(),
+                        namespace: ns.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let allowed = match api.create(&PostParams::default(), &review).await {
+                Ok(r) => r.status.map(|s| s.allowed).unwrap_or(false),
+                Err(err) => {
+                    warn!(rule = %rule.name, "preflight could not ask about {perm}: {err}");
+                    false
+                }
+            };
+            if !allowed {
+                missing.push(match ns {
+                    Some(ns) => format!("{perm} in namespace {ns}"),
+                    None => perm.to_string(),
+                });
+            }
+        }
+    }
+    missing
+}
+
+/// Cancels `stop` once a CRD change leaves one of the rule's kinds unserved.
+async fn stop_when_kinds_vanish(rule: Arc<CompiledRule>, shared: Arc<Shared>, stop: CancellationToken) {
+    let mut epoch = shared.crd_epoch.clone();
+    epoch.borrow_and_update();
+    while epoch.changed().await.is_ok() {
+        if let Err(why) = discovery::resolve_rule(&shared.client, &rule).await {
+            warn!(rule = %rule.name, "stopping watches: {why}");
+            stop.cancel();
+            return;
+        }
+    }
+}
+
+/// `matchLabels`/`matchExpressions` as a label selector string.
+pub fn selector_string(selector: &LabelSelector) -> String {
+    let mut parts: Vec<String> = selector
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for req in &selector.match_expressions {
+        let values = req.values.join(",");
+        parts.push(match req.operator {
+            SelectorOperator::In => format!("{} in ({values})", req.key),
+            SelectorOperator::NotIn => format!("{} notin ({values})", req.key),
+            SelectorOperator::Exists => req.key.clone(),
+            SelectorOperator::DoesNotExist => format!("!{}", req.key),
+        });
+    }
+    parts.join(",")
+}
+
+/// Drops what the planner never reads before it reaches a cache, and fills
+/// in apiVersion/kind, which list responses leave out of their items.
+fn trim(resource: &kube::discovery::ApiResource) -> impl FnMut(&mut DynamicObject) + Send + 'static {
+    let types = kube::core::TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    };
+    move |obj: &mut DynamicObject| {
+        obj.metadata.managed_fields = None;
+        if let Some(a) = obj.metadata.annotations.as_mut() {
+            a.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+        obj.types = Some(types.clone());
+    }
+}
+
+/// A cache of one kind: a watch (one namespace, or all and filtered) feeding a store.
+fn cached_watch(
+    client: &Client,
+    kind: &Resolved,
+    namespaces: &[String],
+    config: watcher::Config,
+) -> (
+    Store<DynamicObject>,
+    impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
+) {
+    let writer = Writer::new(kind.resource.clone());
+    let store = writer.as_reader();
+    let api: Api<DynamicObject> = match (kind.namespaced, namespaces) {
+        (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
+        _ => Api::all_with(client.clone(), &kind.resource),
+    };
+    let keep: Option<BTreeSet<String>> = (kind.namespaced && namespaces.len() > 1)
+        .then(|| namespaces.iter().cloned().collect());
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(trim(&kind.resource))
+        .filter(move |event| {
+            let pass = match (&keep, event) {
+                (Some(keep), Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o))) => {
+                    o.namespace().is_some_and(|ns| keep.contains(&ns))
+                }
+                _ => true,
+            };
+            future::ready(pass)
+        })
+        .reflect(writer);
+    (store, stream)
+}
+
+async fn run_controller(
+    rule: Arc<CompiledRule>,
+    kinds: RuleKinds,
+    namespaces: Vec<String>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let parent_kind = kinds.parent.clone();
+    let mut parent_config = watcher::Config::default();
+    if let Some(selector) = &rule.rule.spec.parent.selector {
+        parent_config = parent_config.labels(&selector_string(selector));
+    }
+    let (parents, parent_stream) =
+        cached_watch(&shared.client, &parent_kind, &namespaces, parent_config);
+
+    let child_config = watcher::Config::default().labels(&format!("{LABEL_RULE}={}", rule.name));
+    let mut child_stores = Vec::new();
+    let mut controller = Controller::for_stream_with(
+        parent_stream.applied_objects(),
+        parents.clone(),
+        parent_kind.resource.clone(),
+    );
+    for kind in &kinds.children {
+        // Children the rule may place anywhere are watched everywhere.
+        let anywhere = rule
+            .children
+            .iter()
+            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let scope: &[String] = if anywhere { &[] } else { &namespaces };
+        let (store, stream) = cached_watch(&shared.client, kind, scope, child_config.clone());
+        child_stores.push((kind.clone(), store));
+        let mapper = parent_of(parents.clone(), parent_kind.clone());
+        controller = controller.watches_stream_with(
+            stream.touched_objects(),
+            mapper,
+            kind.resource.clone(),
+        );
+    }
+    info!(
+        rule = %rule.name,
+        parent = %parent_kind.gvk,
+        children = %kinds.children.iter().map(|c| c.gvk.to_string()).collect::<Vec<_>>().join(", "),
+        namespaces = %if namespaces.is_empty() { "all".to_owned() } else { namespaces.join(",") },
+        "watching"
+    );
+    let ctx = Arc::new(RuleCtx {
+        rule: rule.clone(),
+        kinds,
+        shared: shared.clone(),
+        children: child_stores,
+        applied: Mutex::new(HashMap::new()),
+        failures: Mutex::new(HashMap::new()),
+        warned: Mutex::new(BTreeSet::new()),
+    });
+    let concurrency = u16::try_from(shared.permits.available_permits()).unwrap_or(u16::MAX);
+    controller
+        .with_config(Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                match err {
+                    kube::runtime::controller::Error::ObjectNotFound(_) => {}
+                    other => warn!("controller: {other}"),
+                }
+            }
+        })
+        .await;
+}
+
+/// Maps a child event to its parent: the controller ownerReference when it
+/// points at the parent kind, else the `trellis.dev/parent-uid` label.
+fn parent_of(
+    parents: Store<DynamicObject>,
+    parent: Resolved,
+) -> impl Fn(DynamicObject) -> Option<ObjectRef<DynamicObject>> + Send + Sync + 'static {
+    move |child: DynamicObject| {
+        let owner = child.owner_references().iter().find(|r| {
+            r.controller == Some(true)
+                && r.kind == parent.gvk.kind
+                && r.api_version == parent.gvk.api_version()
+        });
+        if let Some(owner) = owner {
+            let r = ObjectRef::new_with(&owner.name, parent.resource.clone());
+            return Some(match (parent.namespaced, child.namespace()) {
+                (true, Some(ns)) => r.within(&ns),
+                _ => r,
+            });
+        }
+        let uid = child.labels().get(LABEL_PARENT_UID)?;
+        parents
+            .state()
+            .iter()
+            .find(|p| p.meta().uid.as_deref() == Some(uid.as_str()))
+            .map(|p| ObjectRef::from_obj_with(p.as_ref(), parent.resource.clone()))
+    }
+}
+
+fn error_policy(parent: Arc<DynamicObject>, err: &reconcile::Error, ctx: Arc<RuleCtx>) -> Action {
+    let key = reconcile::parent_key(&parent);
+    let failures = {
+        let mut map = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(key.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(failures - 1);
+    warn!(rule = %ctx.rule.name, parent = %key, retry_in = ?delay, "reconcile failed: {err}");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::model::LabelSelectorRequirement;
+
+    #[test]
+    fn builds_label_selector_strings() {
+        let selector = LabelSelector {
+            match_labels: [("tier".to_owned(), "web".to_owned())].into(),
+            match_expressions: vec![
+                LabelSelectorRequirement {
+                    key: "env".into(),
+                    operator: SelectorOperator::In,
+                    values: vec!["a".into(), "b".into()],
+                },
+                LabelSelectorRequirement {
+                    key: "legacy".into(),
+                    operator: SelectorOperator::DoesNotExist,
+                    values: vec![],
+                },
+            ],
+        };
+        assert_eq!(selector_string(&selector), "tier=web,env in (a,b),!legacy");
+    }
+}

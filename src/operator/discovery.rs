@@ -1,0 +1,76 @@
+//! Resolving the kinds a rule names through API discovery.
+//!
+//! A kind that is not served yet (its CRD is missing or not established) is
+//! not an error: the rule waits and is resolved again when CRDs change.
+
+use kube::Client;
+use kube::core::GroupVersionKind;
+use kube::discovery::{self, ApiResource, Scope};
+
+use crate::kinds::Gvk;
+use crate::rules::CompiledRule;
+
+/// A kind as the API server serves it.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub gvk: Gvk,
+    pub resource: ApiResource,
+    pub namespaced: bool,
+    /// The `/status` subresource exists (CRDs with `subresources.status`).
+    pub status_subresource: bool,
+}
+
+/// Every kind one rule needs, resolved.
+#[derive(Debug, Clone)]
+pub struct RuleKinds {
+    pub parent: Resolved,
+    /// One entry per distinct child kind, in first-use order.
+    pub children: Vec<Resolved>,
+}
+
+impl RuleKinds {
+    pub fn child(&self, gvk: &Gvk) -> Option<&Resolved> {
+        self.children.iter().find(|c| &c.gvk == gvk)
+    }
+
+    /// Scope as discovery reports it, for the planner.
+    pub fn scope_of(&self, gvk: &Gvk) -> crate::rules::model::Scope {
+        let namespaced = if &self.parent.gvk == gvk {
+            self.parent.namespaced
+        } else {
+            self.child(gvk).map(|c| c.namespaced).unwrap_or(true)
+        };
+        if namespaced {
+            crate::rules::model::Scope::Namespaced
+        } else {
+            crate::rules::model::Scope::Cluster
+        }
+    }
+}
+
+/// Resolves one kind; `Err` says why it is not served.
+pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, String> {
+    let key = GroupVersionKind::gvk(&gvk.group, &gvk.version, &gvk.kind);
+    match discovery::oneshot::pinned_kind(client, &key).await {
+        Ok((resource, caps)) => Ok(Resolved {
+            gvk: gvk.clone(),
+            namespaced: caps.scope == Scope::Namespaced,
+            status_subresource: caps.subresources.iter().any(|(r, _)| r.plural == "status"),
+            resource,
+        }),
+        Err(err) => Err(format!("{gvk} is not served by the API server: {err}")),
+    }
+}
+
+/// Resolves the parent and every child kind of a rule.
+pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKinds, String> {
+    let parent = resolve(client, &rule.parent).await?;
+    let mut children: Vec<Resolved> = Vec::new();
+    for child in &rule.children {
+        if children.iter().any(|c| c.gvk == child.gvk) {
+            continue;
+        }
+        children.push(resolve(client, &child.gvk).await?);
+    }
+    Ok(RuleKinds { parent, children })
+}

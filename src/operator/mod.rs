@@ -1,0 +1,194 @@
+//! `trellis run`: the operator, the imperative shell around `plan`.
+//!
+//! ```text
+//!  RuleSet ──▶ one task per rule ──resolve kinds (discovery)──▶ waiting ◀── CRD watch wakes it
+//!                    │                      └─preflight (SelfSubjectAccessReview)─▶ inactive
+//!                    ▼
+//!          kube Controller: parent watch + child watches (label trellis.dev/rule)
+//!                    │ queue: dedup per parent, per-key backoff, shared concurrency limit
+//!                    ▼
+//!          reconcile: caches → plan() → apply / delete / status / Events
+//! ```
+//!
+//! Each rule runs on its own, so a rule whose CRD is missing, or which lacks
+//! a permission, never holds up the others.
+
+mod controller;
+pub mod discovery;
+mod reconcile;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::render::Limits;
+use crate::rules::RuleSet;
+
+pub use controller::RuleState;
+
+/// Finalizer that holds a parent until trellis has removed its children.
+pub const FINALIZER: &str = "trellis.dev/cleanup";
+/// Annotation that pauses reconciliation of one parent.
+pub const PAUSED_ANNOTATION: &str = "trellis.dev/paused";
+
+/// How `trellis run` was asked to behave.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub rules: Vec<PathBuf>,
+    /// Watch only these namespaces; empty: all.
+    pub namespaces: Vec<String>,
+    /// Most reconciles in flight at once, across all rules.
+    pub concurrency: usize,
+    pub limits: Limits,
+    /// Reported as the Event source instance.
+    pub instance: String,
+}
+
+/// What every rule's controller shares.
+pub struct Shared {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub namespaces: Vec<String>,
+    /// Bounds reconciles in flight across all rules (FIFO, so fair).
+    pub permits: Semaphore,
+    /// Bumped whenever a CRD changes: waiting rules retry discovery.
+    pub crd_epoch: watch::Receiver<u64>,
+}
+
+/// Runs the operator until `shutdown` is cancelled; in-flight reconciles finish first.
+pub async fn run(options: Options, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let set = RuleSet::load(&options.rules, options.limits).map_err(|diags| {
+        for d in &diags {
+            tracing::error!("{d}");
+        }
+        anyhow::anyhow!("the rule set has errors; nothing started")
+    })?;
+    for w in &set.warnings {
+        warn!("{w}");
+    }
+    let client = Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    run_with(options, set, client, shutdown).await
+}
+
+/// Like [`run`], with a loaded rule set and a client (used by tests).
+pub async fn run_with(
+    options: Options,
+    set: RuleSet,
+    client: Client,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let (epoch_tx, epoch_rx) = watch::channel(0u64);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "trellis".into(),
+            instance: Some(options.instance.clone()),
+        },
+    );
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        recorder,
+        namespaces: options.namespaces.clone(),
+        permits: Semaphore::new(options.concurrency.max(1)),
+        crd_epoch: epoch_rx,
+    });
+    info!(
+        rules = set.rules.len(),
+        namespaces = if options.namespaces.is_empty() {
+            "all".to_owned()
+        } else {
+            options.namespaces.join(",")
+        },
+        concurrency = options.concurrency,
+        "trellis starting"
+    );
+
+    let crd_task = tokio::spawn(watch_crds(client, epoch_tx, shutdown.clone()));
+    let mut tasks = BTreeMap::new();
+    for rule in &set.rules {
+        let task = controller::spawn(rule.clone(), shared.clone(), shutdown.clone());
+        tasks.insert(rule.name.clone(), task);
+    }
+    shutdown.cancelled().await;
+    info!("shutting down: finishing in-flight reconciles");
+    for (name, task) in tasks {
+        if let Err(err) = task.await {
+            warn!(rule = %name, "rule task ended abnormally: {err}");
+        }
+    }
+    crd_task.abort();
+    info!("trellis stopped");
+    Ok(())
+}
+
+/// Bumps the epoch on every CRD change so waiting rules retry discovery and
+/// running rules notice their kind disappearing.
+async fn watch_crds(client: Client, epoch: watch::Sender<u64>, shutdown: CancellationToken) {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => {
+                    epoch.send_modify(|e| *e += 1);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(err)) => warn!("watching CustomResourceDefinitions: {err}"),
+                None => return,
+            }
+        }
+    }
+}
+
+/// Waits on SIGTERM or Ctrl-C, then cancels `token`.
+pub async fn cancel_on_signal(token: CancellationToken) {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => info!("interrupt received"),
+    }
+    token.cancel();
+}
+
+/// Exponential per-key backoff: 200 ms doubling to 5 min.
+pub fn backoff(failures: u32) -> Duration {
+    let ms = 200u64.saturating_mul(1u64 << failures.min(20));
+    Duration::from_millis(ms.min(300_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_200ms_to_5min() {
+        assert_eq!(backoff(0), Duration::from_millis(200));
+        assert_eq!(backoff(1), Duration::from_millis(400));
+        assert_eq!(backoff(5), Duration::from_millis(6_400));
+        assert_eq!(backoff(11), Duration::from_secs(300));
+        assert_eq!(backoff(60), Duration::from_secs(300));
+    }
+}

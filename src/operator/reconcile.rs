@@ -1,0 +1,595 @@
+//! Reconciling one parent: caches → `plan` → carry the plan out.
+//!
+//! Nothing here decides *what* a parent needs; that is `plan`'s job. This
+//! module only executes: server-side apply (skipped when nothing changed
+//! since our own last apply), policies, pruning with UID preconditions, the
+//! status patch (skipped when unchanged), the cleanup finalizer and Events.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+use super::discovery::{Resolved, RuleKinds};
+use super::{FINALIZER, PAUSED_ANNOTATION, Shared};
+use crate::plan::{
+    self, ANNOTATION_RENDER_HASH, Apply, Input, LABEL_CHILD, LABEL_PARENT_UID, ObjectKey, Observed,
+};
+use crate::rules::CompiledRule;
+use crate::rules::model::Policy;
+
+/// Everything one rule's reconciles share.
+pub struct RuleCtx {
+    pub rule: Arc<CompiledRule>,
+    pub kinds: RuleKinds,
+    pub shared: Arc<Shared>,
+    /// Caches of child kinds, filtered to this rule by label.
+    pub children: Vec<(Resolved, Store<DynamicObject>)>,
+    /// Per child: (hash of what we applied, fingerprint of the object our apply returned).
+    pub applied: Mutex<HashMap<ObjectKey, (String, String)>>,
+    /// Consecutive failures per parent, for backoff.
+    pub failures: Mutex<HashMap<String, u32>>,
+    /// Status paths already reported as dropped by the API server.
+    pub warned: Mutex<BTreeSet<String>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Plan(String),
+    #[error("applying {key}: {}", brief(source))]
+    Apply {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting {key}: {}", brief(source))]
+    Delete {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing status: {}", brief(.0))]
+    Status(#[source] kube::Error),
+    #[error("updating finalizers: {}", brief(.0))]
+    Finalizer(#[source] kube::Error),
+}
+
+/// The API server's own message, without the debug dump around it.
+fn brief(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
+
+/// `namespace/name` (or `name`) of a parent, for logs and backoff keys.
+pub fn parent_key(parent: &DynamicObject) -> String {
+    match parent.namespace() {
+        Some(ns) => format!("{ns}/{}", parent.name_any()),
+        None => parent.name_any(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RuleCtx {
+    fn field_manager(&self) -> String {
+        format!("trellis/{}", self.rule.name)
+    }
+
+    fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+        let client = self.shared.client.clone();
+        match (kind.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(client, ns, &kind.resource),
+            _ => Api::all_with(client, &kind.resource),
+        }
+    }
+
+    fn parent_api(&self, parent: &DynamicObject) -> Api<DynamicObject> {
+        self.api_for(&self.kinds.parent, parent.namespace().as_deref())
+    }
+
+    fn child_kind(&self, group: &str, kind: &str) -> Option<&Resolved> {
+        self.kinds
+            .children
+            .iter()
+            .find(|c| c.gvk.group == group && c.gvk.kind == kind)
+    }
+
+    /// Children of one parent, from the caches.
+    fn observed(&self, uid: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (_, store) in &self.children {
+            for obj in store.state() {
+                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid) {
+                    if let Ok(v) = serde_json::to_value(obj.as_ref()) {
+                        out.push(v);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn event(&self, parent: &DynamicObject, type_: EventType, reason: &str, note: String) {
+        let reference = parent.object_ref(&self.kinds.parent.resource);
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1000)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.shared.recorder.publish(&event, &reference).await {
+            debug!("cannot publish event: {err}");
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// What happened to one child.
+enum Outcome {
+    Unchanged,
+    Created,
+    Updated,
+}
+
+pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
+    // Planning on a half-filled cache would re-create what exists (and
+    // re-roll `createOnly` secrets): wait until every child kind is listed.
+    for (_, store) in &ctx.children {
+        if store.wait_until_ready().await.is_err() {
+            return Err(Error::Plan("child cache was dropped".into()));
+        }
+    }
+    let _permit = ctx.shared.permits.acquire().await;
+    let rule = &ctx.rule;
+    let key = parent_key(&parent);
+    if parent.annotations().get(PAUSED_ANNOTATION).map(String::as_str) == Some("true") {
+        debug!(rule = %rule.name, parent = %key, "paused");
+        return Ok(Action::await_change());
+    }
+    let parent_json = serde_json::to_value(parent.as_ref()).map_err(|e| Error::Plan(e.to_string()))?;
+    if !plan::parent_matches(rule, &parent_json) {
+        return Ok(Action::await_change());
+    }
+    let uid = parent.uid().unwrap_or_default();
+    if parent.meta().deletion_timestamp.is_some() {
+        return finalize(&parent, &ctx, &uid).await;
+    }
+
+    let observed = Observed::from_objects(ctx.observed(&uid));
+    let now = crate::cli::now_rfc3339();
+    let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
+    let plan = plan::plan(
+        rule,
+        &Input {
+            parent: &parent_json,
+            observed: &observed,
+            now: &now,
+            scope_of: &scope_of,
+        },
+    );
+
+    if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut finalizers = parent.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_owned());
+        set_finalizers(&ctx, &parent, finalizers).await?;
+    }
+
+    let mut apply_errors = Vec::new();
+    for apply in &plan.apply {
+        let live = observed.objects.get(&apply.key);
+        match apply_child(&ctx, apply, live).await {
+            Ok(Outcome::Unchanged) => {}
+            Ok(Outcome::Created) => {
+                info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
+                ctx.event(&parent, EventType::Normal, "Created", format!("created {} (child {})", apply.key, apply.id))
+                    .await;
+            }
+            Ok(Outcome::Updated) => {
+                info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "applied");
+            }
+            Err(err) => {
+                warn!(rule = %rule.name, parent = %key, child = %apply.id, "{err}");
+                apply_errors.push(err);
+            }
+        }
+    }
+
+    // Pruning waits for a pass in which everything applied.
+    if apply_errors.is_empty() {
+        for delete in &plan.delete {
+            let Some(kind) = ctx.child_kind(&delete.key.group, &delete.key.kind) else {
+                continue;
+            };
+            let api = ctx.api_for(kind, delete.key.namespace.as_deref());
+            let params = DeleteParams {
+                preconditions: delete.uid.clone().map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..DeleteParams::default()
+            };
+            match api.delete(&delete.key.name, &params).await {
+                Ok(_) => {
+                    info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
+                    lock(&ctx.applied).remove(&delete.key);
+                    ctx.event(&parent, EventType::Normal, "Deleted", format!("deleted {} (child {})", delete.key, delete.id))
+                        .await;
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(source) => {
+                    apply_errors.push(Error::Delete {
+                        key: delete.key.to_string(),
+                        source,
+                    })
+                }
+            }
+        }
+    }
+
+    if !plan.errors.is_empty() {
+        let reason = plan.failure_reason.unwrap_or("RenderError");
+        warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
+        ctx.event(&parent, EventType::Warning, reason, plan.errors.join("; ")).await;
+    }
+
+    let mut status = plan.status.clone();
+    if let (Some(status), false) = (status.as_mut(), apply_errors.is_empty()) {
+        let message = apply_errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        mark_apply_error(status, &message, &parent_json, &now);
+        ctx.event(&parent, EventType::Warning, "ApplyError", message).await;
+    }
+    if let Some(status) = status {
+        write_status(&ctx, &parent, &parent_json, status).await?;
+    }
+
+    if let Some(err) = apply_errors.into_iter().next() {
+        return Err(err);
+    }
+    lock(&ctx.failures).remove(&key);
+    if plan.failure_reason == Some("InvalidSpec") {
+        // Only an edit of the parent (or the rule) can fix it.
+        return Ok(Action::await_change());
+    }
+    if !plan.errors.is_empty() {
+        return Err(Error::Plan(plan.errors.join("; ")));
+    }
+    if !plan.pending.is_empty() {
+        // Child watches normally wake us when a dependency turns ready; this is the safety net.
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    }
+    Ok(match rule.resync {
+        Some(every) => Action::requeue(every),
+        None => Action::await_change(),
+    })
+}
+
+async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Result<Outcome, Error> {
+    let fail = |source| Error::Apply {
+        key: apply.key.to_string(),
+        source,
+    };
+    let Some(kind) = ctx.child_kind(&apply.key.group, &apply.key.kind) else {
+        return Err(Error::Plan(format!("{}: kind not resolved", apply.key)));
+    };
+    let api = ctx.api_for(kind, apply.key.namespace.as_deref());
+    match (apply.policy, live) {
+        (Policy::CreateOnly, Some(_)) => return Ok(Outcome::Unchanged),
+        (Policy::Recreate, Some(live)) => {
+            let live_hash = live
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(ANNOTATION_RENDER_HASH))
+                .and_then(Value::as_str);
+            if live_hash != Some(apply.hash.as_str()) {
+                let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
+                let params = DeleteParams {
+                    preconditions: uid.map(|u| Preconditions {
+                        uid: Some(u.to_owned()),
+                        resource_version: None,
+                    }),
+                    propagation_policy: Some(PropagationPolicy::Foreground),
+                    ..DeleteParams::default()
+                };
+                api.delete(&apply.key.name, &params).await.map_err(|source| Error::Delete {
+                    key: apply.key.to_string(),
+                    source,
+                })?;
+                lock(&ctx.applied).remove(&apply.key);
+                info!(rule = %ctx.rule.name, object = %apply.key, "deleted to recreate with a changed rendering");
+                // The create follows once the deletion is observed.
+                return Ok(Outcome::Updated);
+            }
+        }
+        _ => {}
+    }
+    if let Some(live) = live
+        && lock(&ctx.applied).get(&apply.key) == Some(&(apply.hash.clone(), fingerprint(live)))
+    {
+        return Ok(Outcome::Unchanged);
+    }
+
+    let params = PatchParams::apply(&ctx.field_manager()).force();
+    let result = api
+        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+        .await
+        .map_err(fail)?;
+    if let Ok(returned) = serde_json::to_value(&result) {
+
+        lock(&ctx.applied).insert(apply.key.clone(), (apply.hash.clone(), fingerprint(&returned)));
+    }
+    Ok(if live.is_none() {
+        Outcome::Created
+    } else {
+        Outcome::Updated
+    })
+}
+
+/// Hash of an object without what changes under it without anyone editing
+/// it: status (its controller's), resourceVersion, generation, managedFields.
+/// Equal fingerprints mean nobody changed what trellis applied.
+fn fingerprint(obj: &Value) -> String {
+    // `shift_remove` keeps the remaining keys in order, so equal objects hash equal.
+    let mut obj = obj.clone();
+    if let Some(map) = obj.as_object_mut() {
+        map.shift_remove("status");
+    }
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        for volatile in ["resourceVersion", "generation", "managedFields"] {
+            meta.shift_remove(volatile);
+        }
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.shift_remove("kubectl.kubernetes.io/last-applied-configuration");
+            if a.is_empty() {
+                meta.shift_remove("annotations");
+            }
+        }
+    }
+    match obj.as_object() {
+        Some(map) => plan::object_hash(map),
+        None => String::new(),
+    }
+}
+
+/// Turns `Synced` into `False/ApplyError` (and `Ready` too when it claimed True).
+fn mark_apply_error(status: &mut Value, message: &str, parent: &Value, now: &str) {
+    let previous = parent.pointer("/status/conditions");
+    let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for c in conditions.iter_mut() {
+        let t = c.get("type").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if t == "Synced" || (t == "Ready" && c["status"] == "True") {
+            let was_false = previous
+                .and_then(Value::as_array)
+                .and_then(|p| p.iter().find(|x| x["type"] == t.as_str()))
+                .is_some_and(|x| x["status"] == "False");
+            c["status"] = json!("False");
+            c["reason"] = json!("ApplyError");
+            c["message"] = json!(message);
+            if !was_false {
+                c["lastTransitionTime"] = json!(now);
+            }
+        }
+    }
+}
+
+/// True when every field of `new` already has that value in `current`.
+fn status_unchanged(current: Option<&Value>, new: &Value) -> bool {
+    let (Some(Value::Object(cur)), Value::Object(new)) = (current, new) else {
+        return false;
+    };
+    new.iter().all(|(k, v)| cur.get(k) == Some(v))
+}
+
+/// Dotted paths of every leaf in a status object, conditions excluded.
+fn leaf_paths(value: &Value, prefix: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                if prefix.is_empty() && k == "conditions" {
+                    continue;
+                }
+                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                leaf_paths(v, &p, out);
+            }
+        }
+        _ => out.push(prefix.to_owned()),
+    }
+}
+
+async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value, status: Value) -> Result<(), Error> {
+    if status_unchanged(parent_json.get("status"), &status) {
+        return Ok(());
+    }
+    let api = ctx.parent_api(parent);
+    let patch = json!({ "status": status });
+    let name = parent.name_any();
+    let result = if ctx.kinds.parent.status_subresource {
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+    } else {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+    };
+    let written = match result {
+        Ok(obj) => obj,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(err) => return Err(Error::Status(err)),
+    };
+    // The API server silently prunes fields its schema does not know.
+    let kept = written.data.get("status").cloned().unwrap_or(Value::Null);
+    let mut paths = Vec::new();
+    leaf_paths(&status, "", &mut paths);
+    for path in paths {
+        let pointer = format!("/{}", path.replace('.', "/"));
+        if kept.pointer(&pointer).is_none() {
+            let first = lock(&ctx.warned).insert(path.clone());
+            if first {
+                let message = format!(
+                    "the API server dropped status.{path}: the CRD's status schema does not declare it"
+                );
+                warn!(rule = %ctx.rule.name, "{message}");
+                ctx.event(parent, EventType::Warning, "StatusFieldDropped", message).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn set_finalizers(ctx: &RuleCtx, parent: &DynamicObject, finalizers: Vec<String>) -> Result<(), Error> {
+    // resourceVersion makes this a compare-and-swap: other finalizers are never lost.
+    let patch = json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": parent.resource_version(),
+        }
+    });
+    ctx.parent_api(parent)
+        .patch(&parent.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::Finalizer)?;
+    Ok(())
+}
+
+/// A parent being deleted: remove children (in reverse dependency order when
+/// asked, one wave per child id), then release the finalizer.
+async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Action, Error> {
+    if !parent.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let rule = &ctx.rule;
+    let key = parent_key(parent);
+    let observed = ctx.observed(uid);
+    let id_of = |o: &Value| {
+        o.pointer("/metadata/labels")
+            .and_then(|l| l.get(LABEL_CHILD))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let ordered = rule.rule.spec.deletion.is_some();
+    let wave: Vec<&Value> = if ordered {
+        // Last in dependency order goes first; ids the rule no longer has go first of all.
+        let rank = |o: &Value| {
+            let id = id_of(o);
+            rule.order
+                .iter()
+                .position(|&i| Some(&rule.children[i].spec.id) == id.as_ref())
+                .map(|p| p + 1)
+                .unwrap_or(usize::MAX)
+        };
+        let top = observed.iter().map(rank).max();
+        observed.iter().filter(|o| Some(rank(o)) == top).collect()
+    } else {
+        observed.iter().collect()
+    };
+    if wave.is_empty() {
+        let rest: Vec<String> = parent
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(ctx, parent, rest).await?;
+        info!(rule = %rule.name, parent = %key, "children removed; finalizer released");
+        return Ok(Action::await_change());
+    }
+    for obj in wave {
+        if obj.pointer("/metadata/deletionTimestamp").is_some() {
+            continue;
+        }
+        let Some(key) = ObjectKey::of(obj) else { continue };
+        let Some(kind) = ctx.child_kind(&key.group, &key.kind) else { continue };
+        let api = ctx.api_for(kind, key.namespace.as_deref());
+        let params = DeleteParams {
+            preconditions: obj
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(|u| Preconditions {
+                    uid: Some(u.to_owned()),
+                    resource_version: None,
+                }),
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        match api.delete(&key.name, &params).await {
+            Ok(_) => info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)"),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(source) => {
+                return Err(Error::Delete {
+                    key: key.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    // Watches on the children wake us as they go; poll as a safety net.
+    Ok(Action::requeue(Duration::from_secs(2)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_ignores_status_and_bookkeeping_but_not_spec() {
+        let a = json!({"metadata": {"name": "x", "resourceVersion": "1", "generation": 1}, "spec": {"r": 1}, "status": {"a": 1}});
+        let b = json!({"metadata": {"name": "x", "resourceVersion": "9", "generation": 1}, "spec": {"r": 1}, "status": {"a": 2}});
+        let c = json!({"metadata": {"name": "x", "resourceVersion": "9", "generation": 2}, "spec": {"r": 2}});
+        assert_eq!(fingerprint(&a), fingerprint(&b));
+        // Removing bookkeeping in the middle must not reorder what follows.
+        let with_mf = json!({"metadata": {"name": "x", "managedFields": [], "uid": "u"}});
+        let without = json!({"metadata": {"name": "x", "uid": "u"}});
+        assert_eq!(fingerprint(&with_mf), fingerprint(&without));
+        assert_ne!(fingerprint(&a), fingerprint(&c));
+    }
+
+    #[test]
+    fn status_is_unchanged_when_every_field_matches() {
+        let cur = json!({"a": 1, "b": {"c": 2}, "foreign": true});
+        assert!(status_unchanged(Some(&cur), &json!({"a": 1, "b": {"c": 2}})));
+        assert!(!status_unchanged(Some(&cur), &json!({"a": 2})));
+        assert!(!status_unchanged(None, &json!({"a": 1})));
+    }
+
+    #[test]
+    fn lists_leaf_paths_without_conditions() {
+        let mut out = Vec::new();
+        leaf_paths(&json!({"a": {"b": 1, "c": [1]}, "conditions": [], "d": "x"}), "", &mut out);
+        assert_eq!(out, ["a.b", "a.c", "d"]);
+    }
+
+    #[test]
+    fn apply_error_turns_synced_false_and_keeps_time_when_already_false() {
+        let parent = json!({"status": {"conditions": [{"type": "Synced", "status": "False"}]}});
+        let mut status = json!({"conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
+            {"type": "Synced", "status": "True", "lastTransitionTime": "t0"}
+        ]});
+        mark_apply_error(&mut status, "boom", &parent, "t1");
+        assert_eq!(status["conditions"][0]["status"], "False");
+        assert_eq!(status["conditions"][0]["lastTransitionTime"], "t1");
+        assert_eq!(status["conditions"][1]["reason"], "ApplyError");
+        assert_eq!(status["conditions"][1]["lastTransitionTime"], "t0");
+    }
+}
