@@ -13,6 +13,7 @@ pub mod kinds;
 pub mod operator;
 pub mod plan;
 pub mod rbac;
+pub mod reload;
 pub mod render;
 pub mod rules;
 pub mod status;
