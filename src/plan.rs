@@ -327,9 +327,9 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 });
                 outcome.insert(i, Outcome::Pending);
             }
-            ChildResult::Rendered(applies) => {
+            ChildResult::Rendered(rendered) => {
                 let mut ready = Ok(());
-                for a in &applies {
+                for (a, item) in &rendered {
                     if !desired_keys.insert(a.key.clone()) {
                         plan.errors.push(format!(
                             "child \"{id}\": {} is rendered twice in this rule",
@@ -337,13 +337,13 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                         ));
                     }
                     if ready.is_ok() {
-                        ready = child_ready(rule, child, &base, &observed, a);
+                        ready = child_ready(rule, child, &base, &observed, a, item.as_ref());
                     }
                 }
-                if !all_owned(&applies) {
+                if rendered.iter().any(|(a, _)| !a.owned) {
                     plan.needs_finalizer = true;
                 }
-                plan.apply.extend(applies);
+                plan.apply.extend(rendered.into_iter().map(|(a, _)| a));
                 outcome.insert(i, Outcome::Rendered(ready));
             }
         }
@@ -403,14 +403,15 @@ enum Outcome {
     Rendered(Result<(), String>),
 }
 
+/// A `forEach` element and its position in the list.
+type Item = (minijinja::Value, usize);
+
 enum ChildResult {
     Excluded,
     Pending(String),
-    Rendered(Vec<Apply>),
-}
-
-fn all_owned(applies: &[Apply]) -> bool {
-    applies.iter().all(|a| a.owned)
+    /// Each object with the `forEach` item it was rendered from, which its
+    /// `readyWhen` sees too.
+    Rendered(Vec<(Apply, Option<Item>)>),
 }
 
 /// Managed fields and the last-applied annotation are never read by rules:
@@ -481,7 +482,7 @@ fn plan_child(
             "waiting for child \"{dep}\": {why}"
         )));
     }
-    let items: Vec<Option<(minijinja::Value, usize)>> = match child.for_each {
+    let items: Vec<Option<Item>> = match child.for_each {
         None => vec![None],
         Some(expr) => {
             let what = format!("forEach of child \"{id}\"");
@@ -537,7 +538,10 @@ fn plan_child(
             what: what.clone(),
             message: format!("rendered text is not valid YAML: {e}"),
         })?;
-        applies.push(finish_object(rule, child, object, info, input, &what)?);
+        applies.push((
+            finish_object(rule, child, object, info, input, &what)?,
+            item,
+        ));
     }
     Ok(ChildResult::Rendered(applies))
 }
@@ -730,7 +734,10 @@ fn finish_object(
 pub fn object_hash(obj: &Map<String, Value>) -> String {
     use sha2::{Digest, Sha256};
     let bytes = serde_json::to_vec(obj).unwrap_or_default();
-    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Readiness of one rendered object against what is observed.
@@ -740,6 +747,7 @@ fn child_ready(
     base: &minijinja::Value,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     apply: &Apply,
+    item: Option<&Item>,
 ) -> Result<(), String> {
     let found = observed
         .get(&child.spec.id)
@@ -753,15 +761,21 @@ fn child_ready(
             status::default_ready(obj).map_err(|why| format!("{} is not ready: {why}", apply.key))
         }
         Some(expr) => {
-            let mut ctx = context! { self => render::to_value(obj), ..base.clone() };
-            if child.spec.for_each.is_some() {
-                let index = observed
-                    .get(&child.spec.id)
-                    .and_then(|objs| objs.iter().position(|(k, _)| **k == apply.key))
-                    .unwrap_or(0);
-                ctx = context! { index => index, ..ctx };
-            }
-            let what = format!("readyWhen of child \"{}\"", child.spec.id);
+            let ctx = match item {
+                None => context! { self => render::to_value(obj), ..base.clone() },
+                Some((item, index)) => context! {
+                    self => render::to_value(obj),
+                    item => item.clone(),
+                    index => *index,
+                    ..base.clone()
+                },
+            };
+            let what = match item {
+                None => format!("readyWhen of child \"{}\"", child.spec.id),
+                Some((_, index)) => {
+                    format!("readyWhen of child \"{}\" (item {index})", child.spec.id)
+                }
+            };
             match rule.engine.eval_bool(expr, &ctx, &what) {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(format!("{} is not ready: readyWhen is false", apply.key)),

@@ -335,6 +335,49 @@ fn for_each_renders_one_child_per_item_and_prunes_removed_items() {
 }
 
 #[test]
+fn ready_when_of_for_each_child_sees_item_and_index() {
+    // Observed objects sort by name (a-a before a-b); the list order differs.
+    let each = EACH.replace(
+        "      forEach: spec.items\n",
+        "      forEach: spec.items\n      readyWhen: \"self.data.seen == item ~ '@' ~ index\"\n",
+    );
+    let r = rule(&format!("{PARENT_KIND}  children:\n{each}"));
+    let live_item = |item: &str, seen: &str| {
+        live(
+            "ConfigMap",
+            &format!("a-{item}"),
+            "each",
+            json!({"data": {"seen": seen}}),
+        )
+    };
+    let spec = json!({"items": ["b", "a"]});
+    let p = run(
+        &r,
+        &parent(spec.clone()),
+        vec![live_item("b", "b@0"), live_item("a", "a@1")],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let ready = condition(&p, "Ready");
+    assert_eq!(ready["status"], "True", "{ready}");
+
+    let p = run(
+        &r,
+        &parent(spec),
+        vec![live_item("b", "b@0"), live_item("a", "a@0")],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let ready = condition(&p, "Ready");
+    assert_eq!(ready["status"], "False", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("ConfigMap ns/a-a is not ready: readyWhen"),
+        "{ready}"
+    );
+}
+
+#[test]
 fn for_each_must_yield_a_list() {
     let r = rule(&format!("{PARENT_KIND}  children:\n{EACH}"));
     let p = run(&r, &parent(json!({"items": "x"})), vec![]);
