@@ -778,11 +778,24 @@ fn child_ready(
             };
             match rule.engine.eval_bool(expr, &ctx, &what) {
                 Ok(true) => Ok(()),
-                Ok(false) => Err(format!("{} is not ready: readyWhen is false", apply.key)),
+                Ok(false) => Err(format!(
+                    "{} is not ready: readyWhen `{}` is false",
+                    apply.key,
+                    one_line(child.spec.ready_when.as_deref().unwrap_or_default())
+                )),
                 Err(err) => Err(err.to_string()),
             }
         }
     }
+}
+
+/// An expression as one line, for messages (YAML block scalars keep newlines).
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn status_for_failure(

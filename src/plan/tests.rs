@@ -230,7 +230,13 @@ fn depends_on_uses_ready_when_of_the_dependency() {
     let not_yet = live("ConfigMap", "a-cm", "cm", json!({"data": {"ok": "no"}}));
     let p = run(&r, &parent(json!({})), vec![not_yet]);
     assert_eq!(p.pending.len(), 1);
-    assert!(p.pending[0].reason.contains("readyWhen is false"));
+    assert!(
+        p.pending[0]
+            .reason
+            .contains("readyWhen `self.data.ok | default('no') == 'yes'` is false"),
+        "{:?}",
+        p.pending
+    );
     let ready = live("ConfigMap", "a-cm", "cm", json!({"data": {"ok": "yes"}}));
     let p = run(&r, &parent(json!({})), vec![ready]);
     assert!(p.pending.is_empty());
