@@ -231,6 +231,41 @@ pub fn deep_merge(base: &Value, over: &Value) -> Value {
     }
 }
 
+/// Where a schema error points, written the way a user reads it:
+/// `spec.hosts[0]`, `spec.labels["app.kubernetes.io/name"]`.
+fn spec_path(spec: &Value, at: &jsonschema::paths::Location) -> String {
+    let mut out = String::from("spec");
+    let mut here = Some(spec);
+    for segment in at.iter() {
+        let key = match segment {
+            jsonschema::paths::LocationSegment::Index(i) => {
+                if let Some(Value::Array(items)) = here {
+                    out.push_str(&format!("[{i}]"));
+                    here = items.get(i);
+                    continue;
+                }
+                i.to_string()
+            }
+            jsonschema::paths::LocationSegment::Property(p) => p.into_owned(),
+        };
+        let plain = key
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if plain {
+            out.push('.');
+            out.push_str(&key);
+        } else {
+            out.push_str(&format!("[{}]", json!(key)));
+        }
+        here = here.and_then(|v| v.get(&key));
+    }
+    out
+}
+
 struct ParentInfo {
     name: String,
     namespace: Option<String>,
@@ -271,14 +306,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     if let Some(schema) = &rule.schema {
         let problems: Vec<String> = schema
             .iter_errors(&spec)
-            .map(|e| {
-                let at = e.instance_path().to_string();
-                if at.is_empty() {
-                    format!("spec: {e}")
-                } else {
-                    format!("spec{}: {e}", at.replace('/', "."))
-                }
-            })
+            .map(|e| format!("{}: {e}", spec_path(&spec, e.instance_path())))
             .collect();
         if !problems.is_empty() {
             plan.errors = problems;
@@ -818,7 +846,14 @@ fn status_for_failure(
     if !out.is_object() {
         out = json!({});
     }
-    out["observedGeneration"] = json!(info.generation);
+    match info.generation {
+        Some(generation) => out["observedGeneration"] = json!(generation),
+        None => {
+            if let Some(o) = out.as_object_mut() {
+                o.remove("observedGeneration");
+            }
+        }
+    }
     out["conditions"] = status::merge_conditions(
         previous.and_then(|s| s.get("conditions")),
         &ours,

@@ -476,6 +476,40 @@ fn invalid_spec_touches_nothing() {
     assert_eq!(p.status.as_ref().unwrap()["observedGeneration"], 3);
 }
 
+#[test]
+fn schema_errors_name_the_field_as_users_write_it() {
+    let schema = "  schema:\n    type: object\n    properties:\n      hosts:\n        type: array\n        items: {type: string, pattern: '^[a-z.]+$'}\n      labels:\n        type: object\n        additionalProperties: {type: string}\n      byIndex:\n        type: object\n        additionalProperties: {type: string}\n";
+    let r = rule(&format!("{PARENT_KIND}{schema}  children:\n{CM}"));
+    let spec = json!({
+        "hosts": ["ok.example", "bad_host"],
+        "labels": {"app.kubernetes.io/name": 5},
+        "byIndex": {"0": 1},
+    });
+    let mut p = parent(spec);
+    p["status"] = json!({"observedGeneration": 1, "foreign": "kept"});
+    let p = run(&r, &p, vec![]);
+    assert_eq!(p.failure_reason, Some("InvalidSpec"));
+    let mut at: Vec<&str> = p
+        .errors
+        .iter()
+        .map(|e| e.split(": ").next().unwrap())
+        .collect();
+    at.sort();
+    assert_eq!(
+        at,
+        [
+            "spec.byIndex[\"0\"]",
+            "spec.hosts[1]",
+            "spec.labels[\"app.kubernetes.io/name\"]"
+        ],
+        "{:?}",
+        p.errors
+    );
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(status["observedGeneration"], 3, "{status}");
+    assert_eq!(status["foreign"], "kept", "{status}");
+}
+
 const STATUS: &str = "  status:\n    fields:\n      - path: replicas.ready\n        from: web\n        jsonPath: $.status.readyReplicas\n        default: 0\n      - path: name\n        value: \"parent.metadata.name | upper\"\n    conditions:\n      - type: Serving\n        when: \"children.web.status.readyReplicas | default(0) > 0\"\n        reason: HasReplicas\n        message: \"{{ children.web.status.readyReplicas | default(0) }} ready\"\n";
 
 #[test]
