@@ -187,40 +187,51 @@ pub fn offline_scope(gvk: &Gvk) -> crate::rules::model::Scope {
 }
 
 /// Gives unlabelled observed objects the labels trellis would have put on
-/// them, by matching kind and name against a first render. Hand-written
+/// them, by matching kind and name against a render. Hand-written
 /// `--observed` files can then omit the labels.
+///
+/// A child held back by `dependsOn` is only rendered once its dependencies
+/// are found ready, so this labels, renders again and labels again until a
+/// pass labels nothing new (each pass that does adds at least one child id).
 fn label_observed(
     rule: &CompiledRule,
     parent: &Value,
-    observed: Vec<Value>,
+    mut observed: Vec<Value>,
     now: &str,
 ) -> Observed {
-    let labelled = Observed::from_objects(observed.iter().cloned());
-    let first = plan::plan(
-        rule,
-        &Input {
-            parent,
-            observed: &labelled,
-            now,
-            scope_of: &offline_scope,
-        },
-    );
     let uid = parent
         .pointer("/metadata/uid")
         .and_then(Value::as_str)
         .unwrap_or(plan::PLACEHOLDER_UID)
         .to_owned();
-    let objects = observed.into_iter().map(|mut obj| {
-        let has_label = obj
-            .pointer("/metadata/labels")
-            .and_then(|l| l.get(LABEL_CHILD))
-            .is_some();
-        if !has_label
-            && let Some(key) = ObjectKey::of(&obj)
-            && let Some(apply) = first.apply.iter().find(|a| {
+    for _ in 0..=rule.children.len() {
+        let labelled = Observed::from_objects(observed.iter().cloned());
+        let trial = plan::plan(
+            rule,
+            &Input {
+                parent,
+                observed: &labelled,
+                now,
+                scope_of: &offline_scope,
+            },
+        );
+        let mut changed = false;
+        for obj in &mut observed {
+            let has_label = obj
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(LABEL_CHILD))
+                .is_some();
+            if has_label {
+                continue;
+            }
+            let Some(key) = ObjectKey::of(obj) else {
+                continue;
+            };
+            let Some(apply) = trial.apply.iter().find(|a| {
                 a.key.group == key.group && a.key.kind == key.kind && a.key.name == key.name
-            })
-        {
+            }) else {
+                continue;
+            };
             let meta = &mut obj["metadata"];
             if meta.get("namespace").is_none()
                 && let Some(ns) = &apply.key.namespace
@@ -234,10 +245,13 @@ fn label_observed(
             labels[LABEL_RULE] = json!(rule.name);
             labels[LABEL_CHILD] = json!(apply.id);
             labels[plan::LABEL_PARENT_UID] = json!(uid);
+            changed = true;
         }
-        obj
-    });
-    Observed::from_objects(objects)
+        if !changed {
+            break;
+        }
+    }
+    Observed::from_objects(observed)
 }
 
 /// The document `trellis render` prints.
@@ -380,5 +394,90 @@ pub fn rbac(dirs: &[PathBuf], name: &str) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
+    use super::render_document;
+    use crate::rules::{CompiledRule, load_dir};
+
+    const NOW: &str = "2026-11-29T00:00:00Z";
+
+    fn rule(spec: &str) -> Arc<CompiledRule> {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n{spec}"
+        );
+        std::fs::write(dir.path().join("rule.yaml"), text).unwrap();
+        let set = load_dir(dir.path()).unwrap_or_else(|d| panic!("{d:#?}"));
+        set.rules[0].clone()
+    }
+
+    /// ConfigMaps `a-one` ← `a-two` ← `a-three`, each behind the one before.
+    const CHAIN: &str = "  children:
+    - id: one
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-one' }}}
+    - id: two
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [one]
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-two' }}}
+    - id: three
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [two]
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-three' }}}
+";
+
+    fn parent(namespace: Option<&str>) -> Value {
+        let mut p = json!({
+            "apiVersion": "demo.trellis.dev/v1",
+            "kind": "App",
+            "metadata": {"name": "a", "uid": "uid-1", "generation": 1},
+        });
+        if let Some(ns) = namespace {
+            p["metadata"]["namespace"] = json!(ns);
+        }
+        p
+    }
+
+    fn unlabelled(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+    }
+
+    fn ready(doc: &Value) -> &Value {
+        doc["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+    }
+
+    #[test]
+    fn observed_children_behind_depends_on_are_matched() {
+        let r = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        let observed = vec![
+            unlabelled("a-three"),
+            unlabelled("a-two"),
+            unlabelled("a-one"),
+        ];
+        let doc = render_document(&r, &parent(Some("ns")), observed, NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"].as_array().unwrap().len(), 3, "{doc:#}");
+        assert_eq!(ready(&doc)["status"], "True", "{doc:#}");
     }
 }
