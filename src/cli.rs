@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::kinds::{self, Gvk};
 use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
 use crate::render::Limits;
+use crate::rules::model::Scope;
 use crate::rules::{CompiledRule, Diagnostic, RuleSet, Severity};
 use crate::yaml;
 
@@ -181,9 +182,13 @@ pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule
     }
 }
 
-/// Scope of a kind offline: the built-in table (rules may override per child).
-pub fn offline_scope(gvk: &Gvk) -> crate::rules::model::Scope {
-    kinds::scope(gvk)
+/// Scope of a kind offline: the rule's `spec.parent.scope` for the parent
+/// kind, else the built-in table (children may override it per child).
+pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
+    move |gvk: &Gvk| match rule.rule.spec.parent.scope {
+        Some(scope) if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind => scope,
+        _ => kinds::scope(gvk),
+    }
 }
 
 /// Gives unlabelled observed objects the labels trellis would have put on
@@ -199,6 +204,7 @@ fn label_observed(
     mut observed: Vec<Value>,
     now: &str,
 ) -> Observed {
+    let scope_of = offline_scope(rule);
     let uid = parent
         .pointer("/metadata/uid")
         .and_then(Value::as_str)
@@ -212,7 +218,7 @@ fn label_observed(
                 parent,
                 observed: &labelled,
                 now,
-                scope_of: &offline_scope,
+                scope_of: &scope_of,
             },
         );
         let mut changed = false;
@@ -268,7 +274,7 @@ pub fn render_document(
             parent,
             observed: &observed,
             now,
-            scope_of: &offline_scope,
+            scope_of: &offline_scope(rule),
         },
     );
     let mut doc = json!({
@@ -479,5 +485,35 @@ mod tests {
         assert!(doc.get("errors").is_none(), "{doc:#}");
         assert_eq!(doc["children"].as_array().unwrap().len(), 3, "{doc:#}");
         assert_eq!(ready(&doc)["status"], "True", "{doc:#}");
+    }
+
+    #[test]
+    fn parent_scope_comes_from_the_rule_offline() {
+        let cluster = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}}\n{}",
+            CHAIN.replace("{name: {{", "{namespace: team, name: {{")
+        ));
+        let doc = render_document(&cluster, &parent(None), vec![], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"][0]["metadata"]["namespace"], "team");
+        let doc = render_document(&cluster, &parent(Some("ns")), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!(["App ns/a: cluster-scoped parent must not have metadata.namespace"])
+        );
+
+        // Without the hint, a kind trellis does not know is namespaced.
+        let namespaced = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        let doc = render_document(&namespaced, &parent(None), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!([
+                "App a: the parent has no metadata.namespace (App is namespaced; \
+                 if it is not, set spec.parent.scope: Cluster in the rule)"
+            ])
+        );
+        assert_eq!(doc["children"], json!([]));
     }
 }

@@ -266,6 +266,14 @@ fn spec_path(spec: &Value, at: &jsonschema::paths::Location) -> String {
     out
 }
 
+/// `namespace/name`, or `name` for a parent without a namespace.
+fn parent_name(info: &ParentInfo) -> String {
+    match &info.namespace {
+        Some(ns) => format!("{ns}/{}", info.name),
+        None => info.name.clone(),
+    }
+}
+
 struct ParentInfo {
     name: String,
     namespace: Option<String>,
@@ -296,6 +304,27 @@ impl ParentInfo {
 pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     let info = ParentInfo::of(input.parent);
     let mut plan = Plan::default();
+
+    // Children's namespaces and owner references follow from the parent's
+    // scope: ask for it rather than guess it from the parent object.
+    let kind = &rule.parent.kind;
+    let scope_error = match ((input.scope_of)(&rule.parent), &info.namespace) {
+        (Scope::Namespaced, None) => Some(format!(
+            "the parent has no metadata.namespace ({kind} is namespaced; if it is not, \
+             set spec.parent.scope: Cluster in the rule)"
+        )),
+        (Scope::Cluster, Some(_)) => {
+            Some("cluster-scoped parent must not have metadata.namespace".to_owned())
+        }
+        _ => None,
+    };
+    if let Some(message) = scope_error {
+        plan.errors
+            .push(format!("{kind} {}: {message}", parent_name(&info)));
+        plan.failure_reason = Some("RenderError");
+        plan.status = status_for_failure(rule, input, &info, &plan);
+        return plan;
+    }
 
     let spec = match (&rule.rule.spec.defaults, input.parent.get("spec")) {
         (Some(d), Some(s)) => deep_merge(d, s),

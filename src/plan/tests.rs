@@ -167,15 +167,76 @@ fn cluster_scoped_child_of_namespaced_parent_needs_permission() {
     assert!(p.needs_finalizer, "cleanup needs the finalizer");
 }
 
-#[test]
-fn namespaced_child_of_cluster_scoped_parent_must_name_namespace() {
-    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
-    let mut cluster_parent = parent(json!({}));
-    cluster_parent["metadata"]
+/// Like [`run`], with the parent kind `App` cluster-scoped.
+fn run_cluster_parent(rule: &CompiledRule, parent: &Value, observed: Vec<Value>) -> Plan {
+    let scope_of = |gvk: &Gvk| {
+        if gvk.kind == "App" {
+            Scope::Cluster
+        } else {
+            kinds::scope(gvk)
+        }
+    };
+    plan(
+        rule,
+        &Input {
+            parent,
+            observed: &Observed::from_objects(observed),
+            now: NOW,
+            scope_of: &scope_of,
+        },
+    )
+}
+
+fn without_namespace(mut parent: Value) -> Value {
+    parent["metadata"]
         .as_object_mut()
         .unwrap()
         .remove("namespace");
-    let p = run(&r, &cluster_parent, vec![]);
+    parent
+}
+
+#[test]
+fn namespaced_parent_without_namespace_is_an_error() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &without_namespace(parent(json!({}))), vec![cm]);
+    assert!(p.apply.is_empty());
+    assert!(p.delete.is_empty(), "nothing is pruned");
+    assert_eq!(
+        p.errors,
+        [
+            "App a: the parent has no metadata.namespace (App is namespaced; \
+             if it is not, set spec.parent.scope: Cluster in the rule)"
+        ],
+        "{:?}",
+        p.errors
+    );
+    assert_eq!(p.failure_reason, Some("RenderError"));
+    let synced = condition(&p, "Synced");
+    assert_eq!(synced["status"], "False");
+    assert_eq!(synced["reason"], "RenderError");
+    assert_eq!(p.status.as_ref().unwrap()["observedGeneration"], 3);
+}
+
+#[test]
+fn cluster_scoped_parent_with_namespace_is_an_error() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let p = run_cluster_parent(&r, &parent(json!({})), vec![]);
+    assert!(p.apply.is_empty());
+    assert_eq!(
+        p.errors,
+        ["App ns/a: cluster-scoped parent must not have metadata.namespace"],
+        "{:?}",
+        p.errors
+    );
+    assert_eq!(p.failure_reason, Some("RenderError"));
+}
+
+#[test]
+fn namespaced_child_of_cluster_scoped_parent_must_name_namespace() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    let cluster_parent = without_namespace(parent(json!({})));
+    let p = run_cluster_parent(&r, &cluster_parent, vec![]);
     assert!(
         p.errors[0].contains("must set metadata.namespace"),
         "{:?}",
@@ -187,7 +248,7 @@ fn namespaced_child_of_cluster_scoped_parent_must_name_namespace() {
         "          namespace: team\n        data:\n",
     );
     let r = rule(&format!("{PARENT_KIND}  children:\n{named}"));
-    let p = run(&r, &cluster_parent, vec![]);
+    let p = run_cluster_parent(&r, &cluster_parent, vec![]);
     assert!(p.errors.is_empty(), "{:?}", p.errors);
     assert!(p.apply[0].owned, "a cluster-scoped owner is allowed");
 }
