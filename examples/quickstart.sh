@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Quickstart: a local Kubernetes control plane with trellis's example CRDs.
+# Quickstart: a local Kubernetes control plane, the example CRDs and rules,
+# the trellis operator, and the sample parents.
 #
-#   examples/quickstart.sh            # build (first time: many minutes), start, install CRDs
+#   examples/quickstart.sh            # build (first time: ~7 min), start, run trellis, apply parents
 #   TRELLIS_QUICKSTART_DIR=/some/dir examples/quickstart.sh
 #
 # The control plane is etcd + kube-apiserver + kube-controller-manager built
@@ -39,22 +40,55 @@ else
     say "No example CRDs in examples/crds/ yet; skipping"
 fi
 
-# ---------------------------------------------------------------------------
-# OPERATOR: start trellis against the cluster here once `trellis run` exists:
-#
-#   say "Running the operator (Ctrl-C to stop)"
-#   cargo run --manifest-path "$ROOT/Cargo.toml" -- run --rules "$ROOT/rules/"
-#
-# ---------------------------------------------------------------------------
-say "The cluster is ready. The operator (\`trellis run\`) does not exist yet,"
-echo "    so the quickstart stops here."
+say "Building trellis"
+cargo build --quiet --manifest-path "$ROOT/Cargo.toml" --bin trellis
+TRELLIS="$ROOT/target/debug/trellis"
+
+say "Checking the example rules"
+"$TRELLIS" check --rules "$ROOT/rules"
+
+say "Starting the operator (log: $DIR/trellis.log)"
+if [[ -f "$DIR/trellis.pid" ]] && kill -0 "$(cat "$DIR/trellis.pid")" 2>/dev/null; then
+    kill "$(cat "$DIR/trellis.pid")" && sleep 1
+fi
+"$TRELLIS" run --rules "$ROOT/rules" >"$DIR/trellis.log" 2>&1 &
+echo $! >"$DIR/trellis.pid"
+sleep 2
+
+say "Creating the sample parents"
+for ns in team-a team-b; do
+    "$KUBECTL" create namespace "$ns" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+done
+for parent in "$ROOT"/examples/parents/*.yaml; do
+    case "$parent" in *-invalid.yaml) continue ;; esac
+    "$KUBECTL" apply -f "$parent"
+done
+
+say "Waiting for children and status (no nodes here: Pods never run, so Deployments stay unready)"
+for _ in $(seq 1 30); do
+    if "$KUBECTL" get configmap -n team-a shop-config >/dev/null 2>&1; then break; fi
+    sleep 1
+done
+sleep 3
+"$KUBECTL" get webapps,databases -A
+"$KUBECTL" get tenants
+echo
+"$KUBECTL" get configmaps,services,deployments,statefulsets,ingresses,secrets -n team-a -l app.kubernetes.io/managed-by=trellis
+echo
+"$KUBECTL" get webapp -n team-a shop -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+
+say "What the operator did (last lines of $DIR/trellis.log)"
+tail -n 15 "$DIR/trellis.log"
 
 cat <<EOF
 
-Use the cluster:
+The operator keeps running in the background (pid $(cat "$DIR/trellis.pid")).
+Try: delete a child and watch it come back, or edit a parent:
     export KUBECONFIG=$DIR/kubeconfig
-    $KUBECTL get crds
+    $KUBECTL delete configmap -n team-a shop-config; sleep 2; $KUBECTL get configmap -n team-a shop-config
+    $KUBECTL patch webapp -n team-a shop --type merge -p '{"spec":{"replicas":3}}'
+    tail -f $DIR/trellis.log
 
-Stop it and remove its state:
-    $CLUSTER down $DIR
+Stop everything and remove the state:
+    kill \$(cat $DIR/trellis.pid); $CLUSTER down $DIR
 EOF

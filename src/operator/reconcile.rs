@@ -404,20 +404,28 @@ fn status_unchanged(current: Option<&Value>, new: &Value) -> bool {
     new.iter().all(|(k, v)| cur.get(k) == Some(v))
 }
 
-/// Dotted paths of every leaf in a status object, conditions excluded.
-fn leaf_paths(value: &Value, prefix: &str, out: &mut Vec<String>) {
+/// Paths (as key segments) of every leaf in a status object, conditions excluded.
+fn leaf_paths(value: &Value, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
     match value {
         Value::Object(map) if !map.is_empty() => {
             for (k, v) in map {
                 if prefix.is_empty() && k == "conditions" {
                     continue;
                 }
-                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                leaf_paths(v, &p, out);
+                prefix.push(k.clone());
+                leaf_paths(v, prefix, out);
+                prefix.pop();
             }
         }
-        _ => out.push(prefix.to_owned()),
+        _ => out.push(prefix.clone()),
     }
+}
+
+/// JSON Pointer of a key path (keys may contain `.` or `/`, as quota keys do).
+fn pointer(path: &[String]) -> String {
+    path.iter()
+        .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+        .collect()
 }
 
 async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value, status: Value) -> Result<(), Error> {
@@ -440,10 +448,10 @@ async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value
     // The API server silently prunes fields its schema does not know.
     let kept = written.data.get("status").cloned().unwrap_or(Value::Null);
     let mut paths = Vec::new();
-    leaf_paths(&status, "", &mut paths);
-    for path in paths {
-        let pointer = format!("/{}", path.replace('.', "/"));
-        if kept.pointer(&pointer).is_none() {
+    leaf_paths(&status, &mut Vec::new(), &mut paths);
+    for segments in paths {
+        if kept.pointer(&pointer(&segments)).is_none() {
+            let path = segments.join(".");
             let first = lock(&ctx.warned).insert(path.clone());
             if first {
                 let message = format!(
@@ -575,8 +583,12 @@ mod tests {
     #[test]
     fn lists_leaf_paths_without_conditions() {
         let mut out = Vec::new();
-        leaf_paths(&json!({"a": {"b": 1, "c": [1]}, "conditions": [], "d": "x"}), "", &mut out);
-        assert_eq!(out, ["a.b", "a.c", "d"]);
+        let status = json!({"a": {"b": 1, "limits.cpu": [1]}, "conditions": [], "d": "x"});
+        leaf_paths(&status, &mut Vec::new(), &mut out);
+        let joined: Vec<String> = out.iter().map(|p| p.join("|")).collect();
+        assert_eq!(joined, ["a|b", "a|limits.cpu", "d"]);
+        assert_eq!(pointer(&out[1]), "/a/limits.cpu");
+        assert!(status.pointer(&pointer(&out[1])).is_some(), "dotted keys resolve");
     }
 
     #[test]
