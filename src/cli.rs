@@ -52,6 +52,53 @@ impl RenderLimits {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr; `RUST_LOG` overrides the default level (`info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// `trellis run`.
+pub fn run(options: crate::operator::Options, log_format: LogFormat) -> ExitCode {
+    init_logging(log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(crate::operator::cancel_on_signal(shutdown.clone()));
+        match crate::operator::run(options, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                ExitCode::from(1)
+            }
+        }
+    })
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Output {
     Yaml,
     Json,
@@ -59,6 +106,35 @@ pub enum Output {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The operator: reconcile every rule's kind on the cluster (KUBECONFIG or in-cluster)
+    Run {
+        /// Rules directory (repeatable)
+        #[arg(
+            long = "rules",
+            required = true,
+            value_name = "DIR",
+            env = "TRELLIS_RULES",
+            value_delimiter = ','
+        )]
+        rules: Vec<PathBuf>,
+        /// Watch only this namespace (repeatable; default: all namespaces)
+        #[arg(
+            long = "namespace",
+            short = 'n',
+            value_name = "NS",
+            env = "TRELLIS_NAMESPACES",
+            value_delimiter = ','
+        )]
+        namespaces: Vec<String>,
+        /// Most reconciles in flight at once, across all rules
+        #[arg(long, default_value_t = 16, env = "TRELLIS_CONCURRENCY")]
+        concurrency: usize,
+        /// Log format
+        #[arg(long, value_enum, default_value = "text", env = "TRELLIS_LOG_FORMAT")]
+        log_format: LogFormat,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
     /// Lint a rule set; exit 1 with file:line messages on any error
     Check {
         /// Rules directory (repeatable)
