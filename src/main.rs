@@ -14,13 +14,12 @@ fn main() -> ExitCode {
             limits,
         } => cli::run(
             trellis::operator::Options {
-                rules,
-                namespaces,
                 concurrency,
                 limits: limits.limits(),
                 instance: std::env::var("POD_NAME")
                     .or_else(|_| std::env::var("HOSTNAME"))
                     .unwrap_or_else(|_| "trellis".into()),
+                ..trellis::operator::Options::new(rules, namespaces)
             },
             log_format,
         ),

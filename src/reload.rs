@@ -276,7 +276,7 @@ mod tests {
         fs::write(root.join("..v1/r.yaml"), "a").unwrap();
         std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
         std::os::unix::fs::symlink("..data/r.yaml", root.join("r.yaml")).unwrap();
-        let mut rx = watch(&[root.clone()], Duration::from_millis(100), Duration::from_secs(3600));
+        let mut rx = watch(std::slice::from_ref(&root), Duration::from_millis(100), Duration::from_secs(3600));
         fs::create_dir(root.join("..v2")).unwrap();
         fs::write(root.join("..v2/r.yaml"), "b").unwrap();
         std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();

@@ -20,6 +20,7 @@ use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -41,12 +42,15 @@ pub enum RuleState {
     Running,
 }
 
+/// Runs one rule until `shutdown`; a new value on `rules` (same parent and
+/// child kinds) is picked up without restarting watches and re-reconciles
+/// every parent.
 pub fn spawn(
-    rule: Arc<CompiledRule>,
+    rules: watch::Receiver<Arc<CompiledRule>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    tokio::spawn(rule_loop(rule, shared, shutdown))
+    tokio::spawn(rule_loop(rules, shared, shutdown))
 }
 
 /// Waits for a CRD change, a timeout, or shutdown.
@@ -60,8 +64,12 @@ async fn pause(shared: &Shared, shutdown: &CancellationToken, timeout: Duration)
     }
 }
 
-async fn rule_loop(rule: Arc<CompiledRule>, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let name = rule.name.clone();
+async fn rule_loop(
+    rules: watch::Receiver<Arc<CompiledRule>>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    let name = rules.borrow().name.clone();
     let mut retry = Duration::from_secs(1);
     let mut last_state: Option<RuleState> = None;
     // Logs a state once, not on every retry.
@@ -76,6 +84,7 @@ async fn rule_loop(rule: Arc<CompiledRule>, shared: Arc<Shared>, shutdown: Cance
         }
     };
     while !shutdown.is_cancelled() {
+        let rule = rules.borrow().clone();
         let namespaces = match effective_namespaces(&rule, &shared.namespaces) {
             Ok(ns) => ns,
             Err(why) => {
@@ -110,7 +119,7 @@ async fn rule_loop(rule: Arc<CompiledRule>, shared: Arc<Shared>, shutdown: Cance
             shared.clone(),
             stop.clone(),
         ));
-        run_controller(rule.clone(), kinds, namespaces, shared.clone(), stop).await;
+        run_controller(rules.clone(), kinds, namespaces, shared.clone(), stop).await;
         monitor.abort();
         if !shutdown.is_cancelled() {
             last_state = None;
@@ -269,12 +278,13 @@ fn cached_watch(
 }
 
 async fn run_controller(
-    rule: Arc<CompiledRule>,
+    rules: watch::Receiver<Arc<CompiledRule>>,
     kinds: RuleKinds,
     namespaces: Vec<String>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
+    let rule = rules.borrow().clone();
     let parent_kind = kinds.parent.clone();
     let mut parent_config = watcher::Config::default();
     if let Some(selector) = &rule.rule.spec.parent.selector {
@@ -313,8 +323,15 @@ async fn run_controller(
         namespaces = %if namespaces.is_empty() { "all".to_owned() } else { namespaces.join(",") },
         "watching"
     );
+    // A reloaded rule with the same kinds: re-reconcile every parent.
+    let mut updates = rules.clone();
+    updates.borrow_and_update();
+    let reloaded = futures::stream::unfold(updates, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    });
     let ctx = Arc::new(RuleCtx {
-        rule: rule.clone(),
+        rules,
         kinds,
         shared: shared.clone(),
         children: child_stores,
@@ -324,6 +341,7 @@ async fn run_controller(
     });
     let concurrency = u16::try_from(shared.permits.available_permits()).unwrap_or(u16::MAX);
     controller
+        .reconcile_all_on(reloaded)
         .with_config(Config::default().concurrency(concurrency))
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile::reconcile, error_policy, ctx)
@@ -375,7 +393,7 @@ fn error_policy(parent: Arc<DynamicObject>, err: &reconcile::Error, ctx: Arc<Rul
         *n
     };
     let delay = backoff(failures - 1);
-    warn!(rule = %ctx.rule.name, parent = %key, retry_in = ?delay, "reconcile failed: {err}");
+    warn!(rule = %ctx.rule().name, parent = %key, retry_in = ?delay, "reconcile failed: {err}");
     Action::requeue(delay)
 }
 

@@ -16,8 +16,8 @@
 mod controller;
 pub mod discovery;
 mod reconcile;
+mod supervisor;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +53,25 @@ pub struct Options {
     pub limits: Limits,
     /// Reported as the Event source instance.
     pub instance: String,
+    /// Quiet time after a filesystem event before the rules are re-read.
+    pub reload_debounce: Duration,
+    /// Re-read interval when no event arrives (missed events, no inotify).
+    pub reload_poll: Duration,
+}
+
+impl Options {
+    /// Defaults for everything but the rules directories and namespaces.
+    pub fn new(rules: Vec<PathBuf>, namespaces: Vec<String>) -> Options {
+        Options {
+            rules,
+            namespaces,
+            concurrency: 16,
+            limits: Limits::default(),
+            instance: "trellis".into(),
+            reload_debounce: Duration::from_millis(500),
+            reload_poll: Duration::from_secs(30),
+        }
+    }
 }
 
 /// What every rule's controller shares.
@@ -64,6 +83,8 @@ pub struct Shared {
     pub permits: Semaphore,
     /// Bumped whenever a CRD changes: waiting rules retry discovery.
     pub crd_epoch: watch::Receiver<u64>,
+    /// What the last reload did, for logs, metrics and `/readyz`.
+    pub reload: std::sync::Mutex<ReloadStatus>,
 }
 
 /// Runs the operator until `shutdown` is cancelled; in-flight reconciles finish first.
@@ -104,6 +125,7 @@ pub async fn run_with(
         namespaces: options.namespaces.clone(),
         permits: Semaphore::new(options.concurrency.max(1)),
         crd_epoch: epoch_rx,
+        reload: std::sync::Mutex::new(ReloadStatus::default()),
     });
     info!(
         rules = set.rules.len(),
@@ -117,21 +139,90 @@ pub async fn run_with(
     );
 
     let crd_task = tokio::spawn(watch_crds(client, epoch_tx, shutdown.clone()));
-    let mut tasks = BTreeMap::new();
-    for rule in &set.rules {
-        let task = controller::spawn(rule.clone(), shared.clone(), shutdown.clone());
-        tasks.insert(rule.name.clone(), task);
+    let mut supervisor = supervisor::Supervisor::new(shared.clone(), shutdown.clone());
+    supervisor.apply(set).await;
+    if options.rules.is_empty() {
+        shutdown.cancelled().await;
+    } else {
+        reload_loop(&options, &shared, &mut supervisor, &shutdown).await;
     }
-    shutdown.cancelled().await;
     info!("shutting down: finishing in-flight reconciles");
-    for (name, task) in tasks {
-        if let Err(err) = task.await {
-            warn!(rule = %name, "rule task ended abnormally: {err}");
-        }
-    }
+    supervisor.join().await;
     crd_task.abort();
     info!("trellis stopped");
     Ok(())
+}
+
+/// The outcome of the last look at the rules directories.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    /// RFC 3339 time of the last reload attempt that found a change.
+    pub at: Option<String>,
+    /// `None` when the last change loaded; else every diagnostic, one per line.
+    pub error: Option<String>,
+    pub rules: usize,
+    pub successes: u64,
+    pub failures: u64,
+}
+
+/// Watches the rules directories and swaps in every good new set.
+async fn reload_loop(
+    options: &Options,
+    shared: &Shared,
+    supervisor: &mut supervisor::Supervisor,
+    shutdown: &CancellationToken,
+) {
+    let mut wake = crate::reload::watch(&options.rules, options.reload_debounce, options.reload_poll);
+    let mut seen = crate::reload::fingerprint(&options.rules);
+    {
+        let mut status = lock(&shared.reload);
+        status.rules = supervisor.current().rules.len();
+    }
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            woke = wake.recv() => if woke.is_none() { return },
+        }
+        let now = crate::reload::fingerprint(&options.rules);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let started = std::time::Instant::now();
+        match RuleSet::load(&options.rules, options.limits) {
+            Ok(set) => {
+                for w in &set.warnings {
+                    warn!("{w}");
+                }
+                let count = set.rules.len();
+                supervisor.apply(set).await;
+                let mut status = lock(&shared.reload);
+                status.at = Some(crate::cli::now_rfc3339());
+                status.error = None;
+                status.rules = count;
+                status.successes += 1;
+                info!(rules = count, took = ?started.elapsed(), "rules reloaded");
+            }
+            Err(diags) => {
+                let text: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
+                for line in &text {
+                    tracing::error!("{line}");
+                }
+                warn!(
+                    errors = diags.iter().filter(|d| d.severity == crate::rules::Severity::Error).count(),
+                    "rule change rejected: the running rules stay in force"
+                );
+                let mut status = lock(&shared.reload);
+                status.at = Some(crate::cli::now_rfc3339());
+                status.error = Some(text.join("\n"));
+                status.failures += 1;
+            }
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Bumps the epoch on every CRD change so waiting rules retry discovery and

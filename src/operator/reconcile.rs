@@ -15,6 +15,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::discovery::{Resolved, RuleKinds};
@@ -27,7 +28,8 @@ use crate::rules::model::Policy;
 
 /// Everything one rule's reconciles share.
 pub struct RuleCtx {
-    pub rule: Arc<CompiledRule>,
+    /// The rule as currently loaded; a reload swaps it in place.
+    pub rules: watch::Receiver<Arc<CompiledRule>>,
     pub kinds: RuleKinds,
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
@@ -83,8 +85,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RuleCtx {
+    pub fn rule(&self) -> Arc<CompiledRule> {
+        self.rules.borrow().clone()
+    }
+
     fn field_manager(&self) -> String {
-        format!("trellis/{}", self.rule.name)
+        format!("trellis/{}", self.rule().name)
     }
 
     fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -111,10 +117,10 @@ impl RuleCtx {
         let mut out = Vec::new();
         for (_, store) in &self.children {
             for obj in store.state() {
-                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid) {
-                    if let Ok(v) = serde_json::to_value(obj.as_ref()) {
-                        out.push(v);
-                    }
+                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid)
+                    && let Ok(v) = serde_json::to_value(obj.as_ref())
+                {
+                    out.push(v);
                 }
             }
         }
@@ -163,7 +169,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
         }
     }
     let _permit = ctx.shared.permits.acquire().await;
-    let rule = &ctx.rule;
+    let rule = &ctx.rule();
     let key = parent_key(&parent);
     if parent.annotations().get(PAUSED_ANNOTATION).map(String::as_str) == Some("true") {
         debug!(rule = %rule.name, parent = %key, "paused");
@@ -318,7 +324,7 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
                     source,
                 })?;
                 lock(&ctx.applied).remove(&apply.key);
-                info!(rule = %ctx.rule.name, object = %apply.key, "deleted to recreate with a changed rendering");
+                info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
                 // The create follows once the deletion is observed.
                 return Ok(Outcome::Updated);
             }
@@ -457,7 +463,7 @@ async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value
                 let message = format!(
                     "the API server dropped status.{path}: the CRD's status schema does not declare it"
                 );
-                warn!(rule = %ctx.rule.name, "{message}");
+                warn!(rule = %ctx.rule().name, "{message}");
                 ctx.event(parent, EventType::Warning, "StatusFieldDropped", message).await;
             }
         }
@@ -486,7 +492,7 @@ async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Ac
     if !parent.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
-    let rule = &ctx.rule;
+    let rule = &ctx.rule();
     let key = parent_key(parent);
     let observed = ctx.observed(uid);
     let id_of = |o: &Value| {
