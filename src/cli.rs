@@ -51,6 +51,20 @@ impl RenderLimits {
     }
 }
 
+/// A socket address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct ListenAddr(pub Option<std::net::SocketAddr>);
+
+fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
+    match text {
+        "off" | "" => Ok(ListenAddr(None)),
+        _ => text
+            .parse()
+            .map(|a| ListenAddr(Some(a)))
+            .map_err(|e| format!("{e} (expected HOST:PORT or `off`)")),
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -132,6 +146,12 @@ pub enum Command {
         /// Log format
         #[arg(long, value_enum, default_value = "text", env = "TRELLIS_LOG_FORMAT")]
         log_format: LogFormat,
+        /// Address of /metrics, /healthz, /readyz and /status ("off" to disable)
+        #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen_addr, env = "TRELLIS_METRICS_ADDR")]
+        metrics_addr: ListenAddr,
+        /// Re-read the rules at least this often, events or not
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TRELLIS_RELOAD_POLL")]
+        reload_poll: std::time::Duration,
         #[command(flatten)]
         limits: RenderLimits,
     },

@@ -17,4 +17,5 @@ pub mod reload;
 pub mod render;
 pub mod rules;
 pub mod status;
+pub mod telemetry;
 pub mod yaml;

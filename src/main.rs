@@ -11,10 +11,14 @@ fn main() -> ExitCode {
             namespaces,
             concurrency,
             log_format,
+            metrics_addr,
+            reload_poll,
             limits,
         } => cli::run(
             trellis::operator::Options {
                 concurrency,
+                metrics_addr: metrics_addr.0,
+                reload_poll,
                 limits: limits.limits(),
                 instance: std::env::var("POD_NAME")
                     .or_else(|_| std::env::var("HOSTNAME"))

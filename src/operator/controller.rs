@@ -74,6 +74,7 @@ async fn rule_loop(
     let mut last_state: Option<RuleState> = None;
     // Logs a state once, not on every retry.
     let report = |last: &mut Option<RuleState>, state: RuleState| {
+        shared.set_rule_state(&name, Some(state.clone()));
         if last.as_ref() != Some(&state) {
             match &state {
                 RuleState::Waiting(why) => info!(rule = %name, "waiting: {why}"),
@@ -105,10 +106,13 @@ async fn rule_loop(
         retry = Duration::from_secs(1);
         let missing = preflight(&shared.client, &rule, &namespaces).await;
         if !missing.is_empty() {
-            report(&mut last_state, RuleState::Inactive(format!(
-                "trellis may not {}; grant what `trellis rbac` prints",
-                missing.join(", ")
-            )));
+            report(
+                &mut last_state,
+                RuleState::Inactive(format!(
+                    "trellis may not {}; grant what `trellis rbac` prints",
+                    missing.join(", ")
+                )),
+            );
             pause(&shared, &shutdown, Duration::from_secs(60)).await;
             continue;
         }
@@ -136,7 +140,11 @@ fn effective_namespaces(rule: &CompiledRule, operator: &[String]) -> Result<Vec<
         (true, _) => Ok(operator.to_vec()),
         (false, true) => Ok(own.clone()),
         (false, false) => {
-            let both: Vec<String> = own.iter().filter(|n| operator.contains(n)).cloned().collect();
+            let both: Vec<String> = own
+                .iter()
+                .filter(|n| operator.contains(n))
+                .cloned()
+                .collect();
             if both.is_empty() {
                 Err(format!(
                     "its namespaces ({}) are outside the operator's --namespace ({})",
@@ -196,7 +204,11 @@ async fn preflight(client: &Client, rule: &CompiledRule, namespaces: &[String]) 
 }
 
 /// Cancels `stop` once a CRD change leaves one of the rule's kinds unserved.
-async fn stop_when_kinds_vanish(rule: Arc<CompiledRule>, shared: Arc<Shared>, stop: CancellationToken) {
+async fn stop_when_kinds_vanish(
+    rule: Arc<CompiledRule>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
     let mut epoch = shared.crd_epoch.clone();
     epoch.borrow_and_update();
     while epoch.changed().await.is_ok() {
@@ -229,7 +241,9 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 
 /// Drops what the planner never reads before it reaches a cache, and fills
 /// in apiVersion/kind, which list responses leave out of their items.
-fn trim(resource: &kube::discovery::ApiResource) -> impl FnMut(&mut DynamicObject) + Send + 'static {
+fn trim(
+    resource: &kube::discovery::ApiResource,
+) -> impl FnMut(&mut DynamicObject) + Send + 'static {
     let types = kube::core::TypeMeta {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
@@ -259,16 +273,21 @@ fn cached_watch(
         (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
         _ => Api::all_with(client.clone(), &kind.resource),
     };
-    let keep: Option<BTreeSet<String>> = (kind.namespaced && namespaces.len() > 1)
-        .then(|| namespaces.iter().cloned().collect());
+    let keep: Option<BTreeSet<String>> =
+        (kind.namespaced && namespaces.len() > 1).then(|| namespaces.iter().cloned().collect());
     let stream = watcher(api, config)
         .default_backoff()
         .modify(trim(&kind.resource))
         .filter(move |event| {
             let pass = match (&keep, event) {
-                (Some(keep), Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o))) => {
-                    o.namespace().is_some_and(|ns| keep.contains(&ns))
-                }
+                (
+                    Some(keep),
+                    Ok(
+                        watcher::Event::Apply(o)
+                        | watcher::Event::InitApply(o)
+                        | watcher::Event::Delete(o),
+                    ),
+                ) => o.namespace().is_some_and(|ns| keep.contains(&ns)),
                 _ => true,
             };
             future::ready(pass)
@@ -310,11 +329,8 @@ async fn run_controller(
         let (store, stream) = cached_watch(&shared.client, kind, scope, child_config.clone());
         child_stores.push((kind.clone(), store));
         let mapper = parent_of(parents.clone(), parent_kind.clone());
-        controller = controller.watches_stream_with(
-            stream.touched_objects(),
-            mapper,
-            kind.resource.clone(),
-        );
+        controller =
+            controller.watches_stream_with(stream.touched_objects(), mapper, kind.resource.clone());
     }
     info!(
         rule = %rule.name,
@@ -344,7 +360,7 @@ async fn run_controller(
         .reconcile_all_on(reloaded)
         .with_config(Config::default().concurrency(concurrency))
         .graceful_shutdown_on(stop.cancelled_owned())
-        .run(reconcile::reconcile, error_policy, ctx)
+        .run(reconcile::reconcile_measured, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
                 match err {

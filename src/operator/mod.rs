@@ -57,6 +57,8 @@ pub struct Options {
     pub reload_debounce: Duration,
     /// Re-read interval when no event arrives (missed events, no inotify).
     pub reload_poll: Duration,
+    /// Where `/metrics`, `/healthz`, `/readyz` and `/status` are served.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Options {
@@ -70,6 +72,7 @@ impl Options {
             instance: "trellis".into(),
             reload_debounce: Duration::from_millis(500),
             reload_poll: Duration::from_secs(30),
+            metrics_addr: None,
         }
     }
 }
@@ -83,8 +86,31 @@ pub struct Shared {
     pub permits: Semaphore,
     /// Bumped whenever a CRD changes: waiting rules retry discovery.
     pub crd_epoch: watch::Receiver<u64>,
-    /// What the last reload did, for logs, metrics and `/readyz`.
-    pub reload: std::sync::Mutex<ReloadStatus>,
+    /// What the last reload did, for logs, metrics and `/status`.
+    pub reload: Arc<std::sync::Mutex<ReloadStatus>>,
+    /// Each rule's state, for `/status`.
+    pub rule_states: Arc<std::sync::Mutex<std::collections::BTreeMap<String, RuleState>>>,
+    pub metrics: Arc<crate::telemetry::Metrics>,
+}
+
+impl Shared {
+    /// Records a rule's state (and the running-rules gauge).
+    pub fn set_rule_state(&self, rule: &str, state: Option<RuleState>) {
+        let mut states = lock(&self.rule_states);
+        match state {
+            Some(s) => {
+                states.insert(rule.to_owned(), s);
+            }
+            None => {
+                states.remove(rule);
+            }
+        }
+        let running = states
+            .values()
+            .filter(|s| **s == RuleState::Running)
+            .count();
+        self.metrics.rules_running.set(running as i64);
+    }
 }
 
 /// Runs the operator until `shutdown` is cancelled; in-flight reconciles finish first.
@@ -125,8 +151,18 @@ pub async fn run_with(
         namespaces: options.namespaces.clone(),
         permits: Semaphore::new(options.concurrency.max(1)),
         crd_epoch: epoch_rx,
-        reload: std::sync::Mutex::new(ReloadStatus::default()),
+        reload: Arc::default(),
+        rule_states: Arc::default(),
+        metrics: Arc::default(),
     });
+    if let Some(addr) = options.metrics_addr {
+        let obs = Arc::new(crate::telemetry::Observability {
+            metrics: shared.metrics.clone(),
+            reload: shared.reload.clone(),
+            rules: shared.rule_states.clone(),
+        });
+        tokio::spawn(crate::telemetry::serve(addr, obs, shutdown.clone()));
+    }
     info!(
         rules = set.rules.len(),
         namespaces = if options.namespaces.is_empty() {
@@ -172,7 +208,8 @@ async fn reload_loop(
     supervisor: &mut supervisor::Supervisor,
     shutdown: &CancellationToken,
 ) {
-    let mut wake = crate::reload::watch(&options.rules, options.reload_debounce, options.reload_poll);
+    let mut wake =
+        crate::reload::watch(&options.rules, options.reload_debounce, options.reload_poll);
     let mut seen = crate::reload::fingerprint(&options.rules);
     {
         let mut status = lock(&shared.reload);
@@ -201,6 +238,14 @@ async fn reload_loop(
                 status.error = None;
                 status.rules = count;
                 status.successes += 1;
+                shared.metrics.reload_ok.set(1);
+                shared
+                    .metrics
+                    .reloads
+                    .get_or_create(&crate::telemetry::OutcomeLabel {
+                        result: "success".into(),
+                    })
+                    .inc();
                 info!(rules = count, took = ?started.elapsed(), "rules reloaded");
             }
             Err(diags) => {
@@ -209,13 +254,24 @@ async fn reload_loop(
                     tracing::error!("{line}");
                 }
                 warn!(
-                    errors = diags.iter().filter(|d| d.severity == crate::rules::Severity::Error).count(),
+                    errors = diags
+                        .iter()
+                        .filter(|d| d.severity == crate::rules::Severity::Error)
+                        .count(),
                     "rule change rejected: the running rules stay in force"
                 );
                 let mut status = lock(&shared.reload);
                 status.at = Some(crate::cli::now_rfc3339());
                 status.error = Some(text.join("\n"));
                 status.failures += 1;
+                shared.metrics.reload_ok.set(0);
+                shared
+                    .metrics
+                    .reloads
+                    .get_or_create(&crate::telemetry::OutcomeLabel {
+                        result: "failure".into(),
+                    })
+                    .inc();
             }
         }
     }

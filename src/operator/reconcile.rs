@@ -9,7 +9,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
@@ -160,6 +162,30 @@ enum Outcome {
     Updated,
 }
 
+/// [`reconcile`], counted and timed in the metrics.
+pub async fn reconcile_measured(
+    parent: Arc<DynamicObject>,
+    ctx: Arc<RuleCtx>,
+) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let rule = ctx.rule().name.clone();
+    let result = reconcile(parent, ctx.clone()).await;
+    let metrics = &ctx.shared.metrics;
+    metrics
+        .reconcile_seconds
+        .get_or_create(&crate::telemetry::RuleLabel { rule: rule.clone() })
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    metrics
+        .reconciles
+        .get_or_create(&crate::telemetry::ResultLabel {
+            rule,
+            result: outcome.into(),
+        })
+        .inc();
+    result
+}
+
 pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
     // Planning on a half-filled cache would re-create what exists (and
     // re-roll `createOnly` secrets): wait until every child kind is listed.
@@ -171,11 +197,17 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
     let _permit = ctx.shared.permits.acquire().await;
     let rule = &ctx.rule();
     let key = parent_key(&parent);
-    if parent.annotations().get(PAUSED_ANNOTATION).map(String::as_str) == Some("true") {
+    if parent
+        .annotations()
+        .get(PAUSED_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+    {
         debug!(rule = %rule.name, parent = %key, "paused");
         return Ok(Action::await_change());
     }
-    let parent_json = serde_json::to_value(parent.as_ref()).map_err(|e| Error::Plan(e.to_string()))?;
+    let parent_json =
+        serde_json::to_value(parent.as_ref()).map_err(|e| Error::Plan(e.to_string()))?;
     if !plan::parent_matches(rule, &parent_json) {
         return Ok(Action::await_change());
     }
@@ -206,12 +238,25 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
     let mut apply_errors = Vec::new();
     for apply in &plan.apply {
         let live = observed.objects.get(&apply.key);
-        match apply_child(&ctx, apply, live).await {
+        let result = apply_child(&ctx, apply, live).await;
+        let op = match &result {
+            Ok(Outcome::Unchanged) => "unchanged",
+            Ok(Outcome::Created) => "create",
+            Ok(Outcome::Updated) => "update",
+            Err(_) => "error",
+        };
+        ctx.shared.metrics.child_op(&rule.name, op);
+        match result {
             Ok(Outcome::Unchanged) => {}
             Ok(Outcome::Created) => {
                 info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
-                ctx.event(&parent, EventType::Normal, "Created", format!("created {} (child {})", apply.key, apply.id))
-                    .await;
+                ctx.event(
+                    &parent,
+                    EventType::Normal,
+                    "Created",
+                    format!("created {} (child {})", apply.key, apply.id),
+                )
+                .await;
             }
             Ok(Outcome::Updated) => {
                 info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "applied");
@@ -240,18 +285,22 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
             };
             match api.delete(&delete.key.name, &params).await {
                 Ok(_) => {
+                    ctx.shared.metrics.child_op(&rule.name, "delete");
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
                     lock(&ctx.applied).remove(&delete.key);
-                    ctx.event(&parent, EventType::Normal, "Deleted", format!("deleted {} (child {})", delete.key, delete.id))
-                        .await;
+                    ctx.event(
+                        &parent,
+                        EventType::Normal,
+                        "Deleted",
+                        format!("deleted {} (child {})", delete.key, delete.id),
+                    )
+                    .await;
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(source) => {
-                    apply_errors.push(Error::Delete {
-                        key: delete.key.to_string(),
-                        source,
-                    })
-                }
+                Err(source) => apply_errors.push(Error::Delete {
+                    key: delete.key.to_string(),
+                    source,
+                }),
             }
         }
     }
@@ -259,14 +308,20 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
     if !plan.errors.is_empty() {
         let reason = plan.failure_reason.unwrap_or("RenderError");
         warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
-        ctx.event(&parent, EventType::Warning, reason, plan.errors.join("; ")).await;
+        ctx.event(&parent, EventType::Warning, reason, plan.errors.join("; "))
+            .await;
     }
 
     let mut status = plan.status.clone();
     if let (Some(status), false) = (status.as_mut(), apply_errors.is_empty()) {
-        let message = apply_errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        let message = apply_errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
         mark_apply_error(status, &message, &parent_json, &now);
-        ctx.event(&parent, EventType::Warning, "ApplyError", message).await;
+        ctx.event(&parent, EventType::Warning, "ApplyError", message)
+            .await;
     }
     if let Some(status) = status {
         write_status(&ctx, &parent, &parent_json, status).await?;
@@ -319,10 +374,12 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
                     propagation_policy: Some(PropagationPolicy::Foreground),
                     ..DeleteParams::default()
                 };
-                api.delete(&apply.key.name, &params).await.map_err(|source| Error::Delete {
-                    key: apply.key.to_string(),
-                    source,
-                })?;
+                api.delete(&apply.key.name, &params)
+                    .await
+                    .map_err(|source| Error::Delete {
+                        key: apply.key.to_string(),
+                        source,
+                    })?;
                 lock(&ctx.applied).remove(&apply.key);
                 info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
                 // The create follows once the deletion is observed.
@@ -343,8 +400,10 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
         .await
         .map_err(fail)?;
     if let Ok(returned) = serde_json::to_value(&result) {
-
-        lock(&ctx.applied).insert(apply.key.clone(), (apply.hash.clone(), fingerprint(&returned)));
+        lock(&ctx.applied).insert(
+            apply.key.clone(),
+            (apply.hash.clone(), fingerprint(&returned)),
+        );
     }
     Ok(if live.is_none() {
         Outcome::Created
@@ -379,25 +438,28 @@ fn fingerprint(obj: &Value) -> String {
     }
 }
 
-/// Turns `Synced` into `False/ApplyError` (and `Ready` too when it claimed True).
+/// Turns `Synced` into `False/ApplyError` (and `Ready` too when it claimed
+/// True), keeping the previous transition time when it was already False so
+/// that a persistent failure does not rewrite the status on every retry.
 fn mark_apply_error(status: &mut Value, message: &str, parent: &Value, now: &str) {
-    let previous = parent.pointer("/status/conditions");
+    let previous = parent.pointer("/status/conditions").and_then(Value::as_array);
     let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) else {
         return;
     };
     for c in conditions.iter_mut() {
         let t = c.get("type").and_then(Value::as_str).unwrap_or_default().to_owned();
         if t == "Synced" || (t == "Ready" && c["status"] == "True") {
-            let was_false = previous
-                .and_then(Value::as_array)
+            let since = previous
                 .and_then(|p| p.iter().find(|x| x["type"] == t.as_str()))
-                .is_some_and(|x| x["status"] == "False");
+                .filter(|x| x["status"] == "False")
+                .and_then(|x| x.get("lastTransitionTime"))
+                .and_then(Value::as_str)
+                .unwrap_or(now)
+                .to_owned();
             c["status"] = json!("False");
             c["reason"] = json!("ApplyError");
             c["message"] = json!(message);
-            if !was_false {
-                c["lastTransitionTime"] = json!(now);
-            }
+            c["lastTransitionTime"] = json!(since);
         }
     }
 }
@@ -434,7 +496,12 @@ fn pointer(path: &[String]) -> String {
         .collect()
 }
 
-async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value, status: Value) -> Result<(), Error> {
+async fn write_status(
+    ctx: &RuleCtx,
+    parent: &DynamicObject,
+    parent_json: &Value,
+    status: Value,
+) -> Result<(), Error> {
     if status_unchanged(parent_json.get("status"), &status) {
         return Ok(());
     }
@@ -442,12 +509,23 @@ async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value
     let patch = json!({ "status": status });
     let name = parent.name_any();
     let result = if ctx.kinds.parent.status_subresource {
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
     } else {
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
     };
     let written = match result {
-        Ok(obj) => obj,
+        Ok(obj) => {
+            ctx.shared
+                .metrics
+                .status_writes
+                .get_or_create(&crate::telemetry::RuleLabel {
+                    rule: ctx.rule().name.clone(),
+                })
+                .inc();
+            obj
+        }
         Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
         Err(err) => return Err(Error::Status(err)),
     };
@@ -464,14 +542,19 @@ async fn write_status(ctx: &RuleCtx, parent: &DynamicObject, parent_json: &Value
                     "the API server dropped status.{path}: the CRD's status schema does not declare it"
                 );
                 warn!(rule = %ctx.rule().name, "{message}");
-                ctx.event(parent, EventType::Warning, "StatusFieldDropped", message).await;
+                ctx.event(parent, EventType::Warning, "StatusFieldDropped", message)
+                    .await;
             }
         }
     }
     Ok(())
 }
 
-async fn set_finalizers(ctx: &RuleCtx, parent: &DynamicObject, finalizers: Vec<String>) -> Result<(), Error> {
+async fn set_finalizers(
+    ctx: &RuleCtx,
+    parent: &DynamicObject,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
     // resourceVersion makes this a compare-and-swap: other finalizers are never lost.
     let patch = json!({
         "metadata": {
@@ -480,7 +563,11 @@ async fn set_finalizers(ctx: &RuleCtx, parent: &DynamicObject, finalizers: Vec<S
         }
     });
     ctx.parent_api(parent)
-        .patch(&parent.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &parent.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
         .map_err(Error::Finalizer)?;
     Ok(())
@@ -532,8 +619,12 @@ async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Ac
         if obj.pointer("/metadata/deletionTimestamp").is_some() {
             continue;
         }
-        let Some(key) = ObjectKey::of(obj) else { continue };
-        let Some(kind) = ctx.child_kind(&key.group, &key.kind) else { continue };
+        let Some(key) = ObjectKey::of(obj) else {
+            continue;
+        };
+        let Some(kind) = ctx.child_kind(&key.group, &key.kind) else {
+            continue;
+        };
         let api = ctx.api_for(kind, key.namespace.as_deref());
         let params = DeleteParams {
             preconditions: obj
@@ -547,7 +638,9 @@ async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Ac
             ..DeleteParams::default()
         };
         match api.delete(&key.name, &params).await {
-            Ok(_) => info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)"),
+            Ok(_) => {
+                info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)")
+            }
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
             Err(source) => {
                 return Err(Error::Delete {
@@ -581,7 +674,10 @@ mod tests {
     #[test]
     fn status_is_unchanged_when_every_field_matches() {
         let cur = json!({"a": 1, "b": {"c": 2}, "foreign": true});
-        assert!(status_unchanged(Some(&cur), &json!({"a": 1, "b": {"c": 2}})));
+        assert!(status_unchanged(
+            Some(&cur),
+            &json!({"a": 1, "b": {"c": 2}})
+        ));
         assert!(!status_unchanged(Some(&cur), &json!({"a": 2})));
         assert!(!status_unchanged(None, &json!({"a": 1})));
     }
@@ -594,15 +690,19 @@ mod tests {
         let joined: Vec<String> = out.iter().map(|p| p.join("|")).collect();
         assert_eq!(joined, ["a|b", "a|limits.cpu", "d"]);
         assert_eq!(pointer(&out[1]), "/a/limits.cpu");
-        assert!(status.pointer(&pointer(&out[1])).is_some(), "dotted keys resolve");
+        assert!(
+            status.pointer(&pointer(&out[1])).is_some(),
+            "dotted keys resolve"
+        );
     }
 
     #[test]
     fn apply_error_turns_synced_false_and_keeps_time_when_already_false() {
-        let parent = json!({"status": {"conditions": [{"type": "Synced", "status": "False"}]}});
+        let parent = json!({"status": {"conditions": [{"type": "Synced", "status": "False", "lastTransitionTime": "t0"}]}});
+        // The plan saw Synced go True and stamped a fresh time; the failure keeps the old one.
         let mut status = json!({"conditions": [
             {"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
-            {"type": "Synced", "status": "True", "lastTransitionTime": "t0"}
+            {"type": "Synced", "status": "True", "lastTransitionTime": "t2"}
         ]});
         mark_apply_error(&mut status, "boom", &parent, "t1");
         assert_eq!(status["conditions"][0]["status"], "False");

@@ -49,7 +49,14 @@ impl Supervisor {
         let (rule_tx, rule_rx) = watch::channel(rule.clone());
         let stop = self.shutdown.child_token();
         let task = controller::spawn(rule_rx, self.shared.clone(), stop.clone());
-        self.running.insert(rule.name.clone(), Running { rule_tx, stop, task });
+        self.running.insert(
+            rule.name.clone(),
+            Running {
+                rule_tx,
+                stop,
+                task,
+            },
+        );
     }
 
     /// Stops a rule's watches and waits for in-flight reconciles.
@@ -60,6 +67,7 @@ impl Supervisor {
                 warn!(rule = %name, "rule task ended abnormally: {err}");
             }
         }
+        self.shared.set_rule_state(name, None);
     }
 
     /// Makes `new` the running set: only what changed is touched.
@@ -149,9 +157,13 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
                     ..DeleteParams::default()
                 };
                 match api.delete(&child.name_any(), &params).await {
-                    Ok(_) => info!(rule = %rule.name, kind = %kind.gvk, name = %child.name_any(), "deleted (rule removed, onRuleRemoved: delete)"),
+                    Ok(_) => {
+                        info!(rule = %rule.name, kind = %kind.gvk, name = %child.name_any(), "deleted (rule removed, onRuleRemoved: delete)")
+                    }
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(err) => warn!(rule = %rule.name, name = %child.name_any(), "cannot delete child: {err}"),
+                    Err(err) => {
+                        warn!(rule = %rule.name, name = %child.name_any(), "cannot delete child: {err}")
+                    }
                 }
             }
         }
@@ -168,18 +180,31 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
         if !parent.finalizers().iter().any(|f| f == FINALIZER) {
             continue;
         }
-        let rest: Vec<&String> = parent.finalizers().iter().filter(|f| *f != FINALIZER).collect();
-        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": parent.resource_version()}});
+        let rest: Vec<&String> = parent
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .collect();
+        let patch =
+            json!({"metadata": {"finalizers": rest, "resourceVersion": parent.resource_version()}});
         let api: Api<DynamicObject> = match parent.namespace() {
             Some(ns) => Api::namespaced_with(shared.client.clone(), &ns, &kinds.parent.resource),
             None => Api::all_with(shared.client.clone(), &kinds.parent.resource),
         };
         match api
-            .patch(&parent.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &parent.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
         {
-            Ok(_) => info!(rule = %rule.name, parent = %parent.name_any(), "finalizer released (rule removed)"),
-            Err(err) => warn!(rule = %rule.name, parent = %parent.name_any(), "cannot release finalizer: {err}"),
+            Ok(_) => {
+                info!(rule = %rule.name, parent = %parent.name_any(), "finalizer released (rule removed)")
+            }
+            Err(err) => {
+                warn!(rule = %rule.name, parent = %parent.name_any(), "cannot release finalizer: {err}")
+            }
         }
     }
 }

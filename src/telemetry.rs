@@ -1,0 +1,249 @@
+//! Metrics (Prometheus text format) and the HTTP endpoints of `trellis run`:
+//! `/metrics`, `/healthz`, `/readyz` and `/status` (rule states and the last
+//! reload's outcome, as JSON — where a rejected rule change explains itself).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::operator::{ReloadStatus, RuleState};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabel {
+    pub rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub rule: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub rule: String,
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub result: String,
+}
+
+/// Every metric the operator exports.
+pub struct Metrics {
+    registry: Registry,
+    pub reconciles: Family<ResultLabel, Counter>,
+    pub reconcile_seconds: Family<RuleLabel, Histogram>,
+    pub child_ops: Family<OpLabel, Counter>,
+    pub status_writes: Family<RuleLabel, Counter>,
+    pub reloads: Family<OutcomeLabel, Counter>,
+    pub reload_ok: Gauge,
+    pub rules_running: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("trellis");
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconcile passes by rule and result (ok, error)",
+            reconciles.clone(),
+        );
+        let reconcile_seconds = Family::<RuleLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 16))
+        });
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one reconcile pass",
+            reconcile_seconds.clone(),
+        );
+        let child_ops = Family::<OpLabel, Counter>::default();
+        registry.register(
+            "child_operations",
+            "Child API operations by rule and op (create, update, unchanged, delete)",
+            child_ops.clone(),
+        );
+        let status_writes = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "status_writes",
+            "Parent status patches (unchanged status is never written)",
+            status_writes.clone(),
+        );
+        let reloads = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "rule_reloads",
+            "Rule set reloads by result (success, failure)",
+            reloads.clone(),
+        );
+        let reload_ok = Gauge::default();
+        registry.register(
+            "rule_reload_last_success",
+            "1 when the last rule change loaded, 0 when it was rejected",
+            reload_ok.clone(),
+        );
+        reload_ok.set(1);
+        let rules_running = Gauge::default();
+        registry.register(
+            "rules_running",
+            "Rules whose watches are running",
+            rules_running.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            child_ops,
+            status_writes,
+            reloads,
+            reload_ok,
+            rules_running,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn child_op(&self, rule: &str, op: &str) {
+        self.child_ops
+            .get_or_create(&OpLabel {
+                rule: rule.to_owned(),
+                op: op.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            warn!("cannot encode metrics");
+        }
+        out
+    }
+}
+
+/// What `/status` and `/readyz` read.
+pub struct Observability {
+    pub metrics: Arc<Metrics>,
+    pub reload: Arc<Mutex<ReloadStatus>>,
+    pub rules: Arc<Mutex<BTreeMap<String, RuleState>>>,
+}
+
+fn state_json(state: &RuleState) -> serde_json::Value {
+    match state {
+        RuleState::Running => json!({"state": "Running"}),
+        RuleState::Waiting(why) => json!({"state": "Waiting", "reason": why}),
+        RuleState::Inactive(why) => json!({"state": "Inactive", "reason": why}),
+    }
+}
+
+async fn metrics(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        obs.metrics.encode(),
+    )
+}
+
+async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
+    let reload = crate::operator::lock(&obs.reload).clone();
+    let rules: serde_json::Map<String, serde_json::Value> = crate::operator::lock(&obs.rules)
+        .iter()
+        .map(|(name, s)| (name.clone(), state_json(s)))
+        .collect();
+    axum::Json(json!({
+        "reload": {
+            "ok": reload.error.is_none(),
+            "at": reload.at,
+            "error": reload.error,
+            "rules": reload.rules,
+            "successes": reload.successes,
+            "failures": reload.failures,
+        },
+        "rules": rules,
+    }))
+}
+
+/// Ready once the operator runs; a rejected rule change keeps it ready (the
+/// previous rules still work) but says so.
+async fn readyz(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
+    let reload = crate::operator::lock(&obs.reload).clone();
+    match reload.error {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(err) => (
+            StatusCode::OK,
+            format!("ok (last rule change rejected; previous rules in force):\n{err}\n"),
+        ),
+    }
+}
+
+/// Serves the endpoints until `shutdown`.
+pub async fn serve(addr: SocketAddr, obs: Arc<Observability>, shutdown: CancellationToken) {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .with_state(obs);
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(err) => {
+            warn!(%addr, "cannot serve metrics and health endpoints: {err}");
+            return;
+        }
+    };
+    info!(%addr, "serving /metrics, /healthz, /readyz, /status");
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(err) = result {
+        warn!("metrics server: {err}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_counters_with_labels() {
+        let m = Metrics::default();
+        m.child_op("webapp", "create");
+        m.reconciles
+            .get_or_create(&ResultLabel {
+                rule: "webapp".into(),
+                result: "ok".into(),
+            })
+            .inc();
+        let text = m.encode();
+        assert!(
+            text.contains("trellis_child_operations_total{rule=\"webapp\",op=\"create\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("trellis_reconciles_total{rule=\"webapp\",result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("trellis_rule_reload_last_success 1"),
+            "{text}"
+        );
+    }
+}
