@@ -322,3 +322,30 @@ fn every_observed_stream_holds_named_objects() {
         }
     }
 }
+
+#[test]
+fn deploy_cluster_role_is_what_trellis_rbac_prints_for_the_rules() {
+    let path = root().join("examples/deploy/clusterrole.yaml");
+    let committed = documents(&path).remove(0);
+    let generated = trellis::rbac::cluster_role(&rule_set(), "trellis");
+    assert_eq!(
+        committed, generated,
+        "examples/deploy/clusterrole.yaml is stale: regenerate it with \
+         `cargo run -- rbac --rules rules > examples/deploy/clusterrole.yaml`"
+    );
+}
+
+#[test]
+fn deploy_manifests_parse_and_mount_the_rules() {
+    let docs = documents(&root().join("examples/deploy/trellis.yaml"));
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "--rules=/etc/trellis/rules")),
+        "{args}"
+    );
+}
