@@ -1,0 +1,243 @@
+//! Readiness of rendered children, and the parent's new status: fields,
+//! `Ready`, `Synced` and the rule's own conditions.
+
+use std::collections::BTreeMap;
+
+use minijinja::context;
+use serde_json::{Map, Value, json};
+
+use super::*;
+use crate::render::{self, RenderError};
+use crate::rules::{CompiledChild, CompiledRule, FieldSource};
+use crate::status::{self, Condition};
+
+/// Readiness of one rendered object against what is observed.
+pub(super) fn child_ready(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    base: &minijinja::Value,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    apply: &Apply,
+    item: Option<&Item>,
+) -> Result<(), String> {
+    let found = observed
+        .get(&child.spec.id)
+        .and_then(|objs| objs.iter().find(|(k, _)| **k == apply.key))
+        .map(|(_, o)| *o);
+    let Some(obj) = found else {
+        return Err(format!("{} does not exist yet", apply.key));
+    };
+    match child.ready_when {
+        None => {
+            status::default_ready(obj).map_err(|why| format!("{} is not ready: {why}", apply.key))
+        }
+        Some(expr) => {
+            let ctx = match item {
+                None => context! { self => render::to_value(obj), ..base.clone() },
+                Some((item, index)) => context! {
+                    self => render::to_value(obj),
+                    item => item.clone(),
+                    index => *index,
+                    ..base.clone()
+                },
+            };
+            let what = match item {
+                None => format!("readyWhen of child \"{}\"", child.spec.id),
+                Some((_, index)) => {
+                    format!("readyWhen of child \"{}\" (item {index})", child.spec.id)
+                }
+            };
+            match rule.engine.eval_bool(expr, &ctx, &what) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(format!(
+                    "{} is not ready: readyWhen `{}` is false",
+                    apply.key,
+                    one_line(child.spec.ready_when.as_deref().unwrap_or_default())
+                )),
+                Err(err) => Err(err.to_string()),
+            }
+        }
+    }
+}
+
+/// An expression as one line, for messages (YAML block scalars keep newlines).
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub(super) fn status_for_failure(
+    rule: &CompiledRule,
+    input: &Input,
+    info: &ParentInfo,
+    plan: &Plan,
+) -> Option<Value> {
+    if !rule.writes_status() {
+        return None;
+    }
+    let reason = plan.failure_reason.unwrap_or("RenderError");
+    let message = plan.errors.join("; ");
+    let ours = [
+        Condition::new("Ready", false, reason, message.clone()),
+        Condition::new("Synced", false, reason, message),
+    ];
+    let previous = input.parent.get("status");
+    let mut out = previous.cloned().unwrap_or_else(|| json!({}));
+    if !out.is_object() {
+        out = json!({});
+    }
+    match info.generation {
+        Some(generation) => out["observedGeneration"] = json!(generation),
+        None => {
+            if let Some(o) = out.as_object_mut() {
+                o.remove("observedGeneration");
+            }
+        }
+    }
+    out["conditions"] = status::merge_conditions(
+        previous.and_then(|s| s.get("conditions")),
+        &ours,
+        info.generation,
+        input.now,
+    );
+    Some(out)
+}
+
+pub(super) fn build_status(
+    rule: &CompiledRule,
+    input: &Input,
+    info: &ParentInfo,
+    plan: &Plan,
+    outcome: &BTreeMap<usize, Outcome>,
+    base: &minijinja::Value,
+    children_ctx: &Value,
+) -> Value {
+    let mut errors: Vec<String> = Vec::new();
+    let mut out = Map::new();
+    if let Some(generation) = info.generation {
+        out.insert("observedGeneration".into(), json!(generation));
+    }
+
+    // Fields.
+    for field in &rule.fields {
+        let value = match &field.source {
+            FieldSource::JsonPath { child, .. } => children_ctx
+                .get(child)
+                .and_then(|obj| status::json_path_value(field, obj)),
+            FieldSource::Value(expr) => {
+                let what = format!("status field `{}`", field.path.join("."));
+                match rule.engine.eval(*expr, base, &what).and_then(|v| {
+                    render::to_json(&v).map_err(|message| RenderError { what, message })
+                }) {
+                    Ok(v) => Some(v),
+                    Err(err) => {
+                        errors.push(err.to_string());
+                        None
+                    }
+                }
+            }
+        };
+        if let Some(value) = value.or_else(|| field.default.clone()) {
+            status::set_path(&mut out, &field.path, value);
+        }
+    }
+
+    // Conditions: Ready, Synced, then the rule's own.
+    let mut ours = vec![ready_condition(rule, plan, outcome)];
+    let mut rule_conditions = Vec::new();
+    for c in &rule.conditions {
+        let what = format!("condition {}", c.type_);
+        let result = rule
+            .engine
+            .eval_bool(c.when, base, &format!("{what} when"))
+            .and_then(|ok| {
+                let message = match &c.message {
+                    Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
+                    None => String::new(),
+                };
+                Ok(if ok {
+                    Condition::new(&c.type_, true, &c.reason, message)
+                } else {
+                    Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
+                })
+            });
+        match result {
+            Ok(cond) => rule_conditions.push(cond),
+            Err(err) => errors.push(err.to_string()),
+        }
+    }
+    let mut all_errors = plan.errors.clone();
+    all_errors.extend(errors);
+    let synced = if !all_errors.is_empty() {
+        Condition::new(
+            "Synced",
+            false,
+            plan.failure_reason.unwrap_or("RenderError"),
+            all_errors.join("; "),
+        )
+    } else if let Some(p) = plan.pending.first() {
+        Condition::new(
+            "Synced",
+            false,
+            "DependencyNotReady",
+            format!("child \"{}\" held back: {}", p.id, p.reason),
+        )
+    } else {
+        Condition::new("Synced", true, "Applied", "all children applied")
+    };
+    ours.push(synced);
+    ours.extend(rule_conditions);
+    let previous = input.parent.get("status");
+    out.insert(
+        "conditions".into(),
+        status::merge_conditions(
+            previous.and_then(|s| s.get("conditions")),
+            &ours,
+            info.generation,
+            input.now,
+        ),
+    );
+    Value::Object(out)
+}
+
+fn ready_condition(
+    rule: &CompiledRule,
+    plan: &Plan,
+    outcome: &BTreeMap<usize, Outcome>,
+) -> Condition {
+    if let Some(reason) = plan.failure_reason {
+        return Condition::new("Ready", false, reason, plan.errors.join("; "));
+    }
+    for &i in &rule.order {
+        let id = &rule.children[i].spec.id;
+        match outcome.get(&i) {
+            Some(Outcome::Rendered(Err(why))) => {
+                return Condition::new(
+                    "Ready",
+                    false,
+                    "ChildNotReady",
+                    format!("child \"{id}\": {why}"),
+                );
+            }
+            Some(Outcome::Pending) => {
+                let reason = plan
+                    .pending
+                    .iter()
+                    .find(|p| &p.id == id)
+                    .map(|p| p.reason.clone())
+                    .unwrap_or_default();
+                return Condition::new(
+                    "Ready",
+                    false,
+                    "DependencyNotReady",
+                    format!("child \"{id}\": {reason}"),
+                );
+            }
+            _ => {}
+        }
+    }
+    Condition::new("Ready", true, "AllChildrenReady", "all children are ready")
+}

@@ -1,0 +1,201 @@
+//! Turning a rendered mapping into the object trellis applies: the static
+//! apiVersion/kind, a name, the namespace rules, trellis's labels and the
+//! controller ownerReference.
+
+use serde_json::{Map, Value, json};
+
+use super::*;
+
+/// Enforces kind, name, namespace rules, labels and ownerReference.
+pub(super) fn finish_object(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    object: Value,
+    info: &ParentInfo,
+    input: &Input,
+    what: &str,
+) -> Result<Apply, RenderError> {
+    let fail = |message: String| RenderError {
+        what: what.to_owned(),
+        message,
+    };
+    let Value::Object(mut obj) = object else {
+        return Err(fail("must render a YAML mapping (an object)".into()));
+    };
+    let api_version = child.gvk.api_version();
+    for (field, want) in [
+        ("apiVersion", api_version.as_str()),
+        ("kind", child.gvk.kind.as_str()),
+    ] {
+        match obj.get(field) {
+            None => {}
+            Some(Value::String(s)) if s == want => {}
+            Some(other) => {
+                return Err(fail(format!(
+                    "sets {field} to {other}, but the rule declares `{want}`"
+                )));
+            }
+        }
+    }
+    let mut ordered = Map::new();
+    ordered.insert("apiVersion".into(), json!(api_version));
+    ordered.insert("kind".into(), json!(child.gvk.kind));
+    obj.remove("apiVersion");
+    obj.remove("kind");
+    ordered.extend(obj);
+    let mut obj = ordered;
+
+    let meta = obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(meta) = meta else {
+        return Err(fail("metadata must be a mapping".into()));
+    };
+    let name = match meta.get("name") {
+        Some(Value::String(n)) if !n.is_empty() => n.clone(),
+        _ => {
+            return Err(fail(
+                "metadata.name must be set to a non-empty string".into(),
+            ));
+        }
+    };
+    if meta.contains_key("generateName") {
+        return Err(fail(
+            "metadata.generateName is not supported: children need stable names".into(),
+        ));
+    }
+    let set_ns = match meta.get("namespace") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(ns)) => Some(ns.clone()),
+        Some(other) => {
+            return Err(fail(format!(
+                "metadata.namespace must be a string, got {other}"
+            )));
+        }
+    };
+    let scope = child
+        .spec
+        .scope
+        .unwrap_or_else(|| (input.scope_of)(&child.gvk));
+    let cross = child.spec.allow_cross_namespace;
+    let hint = "set allowCrossNamespace: true on the child in the rule to allow it";
+    let namespace = match (&info.namespace, scope) {
+        (Some(parent_ns), Scope::Namespaced) => match set_ns {
+            None => Some(parent_ns.clone()),
+            Some(ns) if &ns == parent_ns => Some(ns),
+            Some(ns) if cross => Some(ns),
+            Some(ns) => {
+                return Err(fail(format!(
+                    "names namespace `{ns}`, not the parent's `{parent_ns}`; {hint}"
+                )));
+            }
+        },
+        (Some(_), Scope::Cluster) if !cross => {
+            return Err(fail(format!(
+                "{} is cluster-scoped and the parent is namespaced; {hint}",
+                child.gvk.kind
+            )));
+        }
+        (_, Scope::Cluster) => {
+            if set_ns.is_some() {
+                return Err(fail(format!(
+                    "{} is cluster-scoped: remove metadata.namespace",
+                    child.gvk.kind
+                )));
+            }
+            None
+        }
+        (None, Scope::Namespaced) => match set_ns {
+            Some(ns) => Some(ns),
+            None => {
+                return Err(fail(
+                    "the parent is cluster-scoped: a namespaced child must set metadata.namespace"
+                        .into(),
+                ));
+            }
+        },
+    };
+    match &namespace {
+        Some(ns) => {
+            meta.insert("namespace".into(), json!(ns));
+        }
+        None => {
+            meta.remove("namespace");
+        }
+    }
+
+    let labels = meta
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(labels) = labels else {
+        return Err(fail("metadata.labels must be a mapping".into()));
+    };
+    labels.insert(LABEL_MANAGED_BY.into(), json!(MANAGED_BY));
+    labels.insert(LABEL_RULE.into(), json!(rule.name));
+    labels.insert(LABEL_CHILD.into(), json!(child.spec.id));
+    labels.insert(LABEL_PARENT_UID.into(), json!(info.uid));
+
+    // Kubernetes allows an owner in the same namespace, or a cluster-scoped owner.
+    let owned = info.namespace.is_none() || info.namespace == namespace;
+    if owned {
+        let refs = meta
+            .entry("ownerReferences")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let Value::Array(refs) = refs else {
+            return Err(fail("metadata.ownerReferences must be a list".into()));
+        };
+        if refs
+            .iter()
+            .any(|r| r.get("controller") == Some(&Value::Bool(true)))
+        {
+            return Err(fail(
+                "sets a controller ownerReference; trellis must be the child's controller".into(),
+            ));
+        }
+        refs.push(json!({
+            "apiVersion": info.api_version,
+            "kind": info.kind,
+            "name": info.name,
+            "uid": info.uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }));
+    }
+    let key = ObjectKey {
+        group: child.gvk.group.clone(),
+        kind: child.gvk.kind.clone(),
+        namespace,
+        name,
+    };
+    let hash = object_hash(&obj);
+    if child.spec.policy == Policy::Recreate {
+        // The live object must tell which rendering it came from.
+        let meta = obj.get_mut("metadata").and_then(Value::as_object_mut);
+        if let Some(meta) = meta {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(a) = annotations {
+                a.insert(ANNOTATION_RENDER_HASH.into(), json!(hash));
+            }
+        }
+    }
+    Ok(Apply {
+        id: child.spec.id.clone(),
+        policy: child.spec.policy,
+        key,
+        object: Value::Object(obj),
+        owned,
+        hash,
+    })
+}
+
+/// Lowercase hex SHA-256 of an object's JSON form (key order as rendered).
+pub fn object_hash(obj: &Map<String, Value>) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = serde_json::to_vec(obj).unwrap_or_default();
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

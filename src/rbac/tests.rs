@@ -1,0 +1,532 @@
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::rules::load_dir;
+
+fn load(dir: &Path) -> RuleSet {
+    load_dir(dir).unwrap_or_else(|diags| {
+        panic!(
+            "rule set rejected:\n{}",
+            diags
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })
+}
+
+/// The ClusterRole for one rule file's text.
+fn role_for(rule: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("rule.yaml"), rule).unwrap();
+    cluster_role(&load(dir.path()), "trellis")
+}
+
+fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/rbac")
+        .join(case)
+}
+
+/// Verbs granted on every object of (group, resource); empty when none.
+fn verbs(role: &Value, group: &str, resource: &str) -> Vec<String> {
+    let rules: Vec<&Value> = unrestricted(role)
+        .filter(|r| r["apiGroups"] == json!([group]) && r["resources"] == json!([resource]))
+        .collect();
+    assert!(
+        rules.len() <= 1,
+        "{group}/{resource} is granted by several rules: {rules:?}"
+    );
+    rules
+        .first()
+        .map(|r| serde_json::from_value(r["verbs"].clone()).unwrap())
+        .unwrap_or_default()
+}
+
+fn unrestricted(role: &Value) -> impl Iterator<Item = &Value> {
+    role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r.get("resourceNames").is_none())
+}
+
+/// `resourceNames` of the rules granting only `verb` on (group, resource).
+fn named(role: &Value, group: &str, resource: &str, verb: &str) -> Vec<Vec<String>> {
+    role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["apiGroups"] == json!([group])
+                && r["resources"] == json!([resource])
+                && r["verbs"] == json!([verb])
+        })
+        .filter_map(|r| r.get("resourceNames"))
+        .map(|n| serde_json::from_value(n.clone()).unwrap())
+        .collect()
+}
+
+const WEBAPP: &str = r#"apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata: {name: webapp}
+spec:
+  parent: {apiVersion: demo.trellis.dev/v1, kind: WebApp}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+"#;
+
+fn rule_with_children(parent: &str, children: &str) -> String {
+    format!(
+        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata: {{name: r}}\nspec:\n  parent: {parent}\n  children:\n{children}"
+    )
+}
+
+/// One RoleBinding child of a cluster-scoped CRD parent, with `role_ref`
+/// (already indented for the template) as its roleRef part.
+fn binding_rule(kind: &str, role_ref: &str) -> String {
+    let template: String = format!(
+            "metadata:\n  name: b\n  namespace: {{{{ spec.ns }}}}\n{role_ref}subjects: {{{{ spec.subjects }}}}\n"
+        )
+        .lines()
+        .map(|l| format!("        {l}\n"))
+        .collect();
+    rule_with_children(
+        "{apiVersion: demo.trellis.dev/v1, kind: Team, scope: Cluster}",
+        &format!(
+            "    - id: b\n      apiVersion: rbac.authorization.k8s.io/v1\n      kind: {kind}\n      template: |\n{template}"
+        ),
+    )
+}
+
+#[test]
+fn grants_status_patch_only_for_crd_parents() {
+    let crd = role_for(WEBAPP);
+    assert_eq!(
+        verbs(&crd, "demo.trellis.dev", "webapps"),
+        ["get", "list", "watch"]
+    );
+    assert_eq!(verbs(&crd, "demo.trellis.dev", "webapps/status"), ["patch"]);
+
+    let decorator = role_for(&rule_with_children(
+        "{apiVersion: apps/v1, kind: Deployment}",
+        "    - id: svc\n      apiVersion: v1\n      kind: Service\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n",
+    ));
+    assert_eq!(
+        verbs(&decorator, "apps", "deployments"),
+        ["get", "list", "watch"]
+    );
+    assert!(verbs(&decorator, "apps", "deployments/status").is_empty());
+    assert!(
+        !serde_json::to_string(&decorator)
+            .unwrap()
+            .contains("/status"),
+        "a built-in parent gets no status writes"
+    );
+}
+
+#[test]
+fn uses_plural_overrides_for_parent_and_children() {
+    let role = role_for(&rule_with_children(
+        "{apiVersion: demo.trellis.dev/v1, kind: Octopus, plural: octopodes}",
+        "    - id: c\n      apiVersion: demo.trellis.dev/v1\n      kind: Cactus\n      plural: cacti\n      template: |\n        metadata:\n          name: x\n",
+    ));
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "octopodes"),
+        ["get", "list", "watch"]
+    );
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "octopodes/status"),
+        ["patch"]
+    );
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "cacti"),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+    assert!(verbs(&role, "demo.trellis.dev", "octopuses").is_empty());
+}
+
+#[test]
+fn grants_child_verbs_per_policy() {
+    let child = |id: &str, kind: &str, policy: &str| {
+        format!(
+            "    - id: {id}\n      apiVersion: v1\n      kind: {kind}\n      policy: {policy}\n      template: |\n        metadata:\n          name: {id}\n"
+        )
+    };
+    let role = role_for(&rule_with_children(
+        "{apiVersion: demo.trellis.dev/v1, kind: App}",
+        &[
+            child("a", "ConfigMap", "apply"),
+            child("b", "Secret", "createOnly"),
+            child("c", "Service", "recreate"),
+        ]
+        .concat(),
+    ));
+    assert_eq!(
+        verbs(&role, "", "configmaps"),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+    assert_eq!(
+        verbs(&role, "", "secrets"),
+        ["get", "list", "watch", "create", "delete"]
+    );
+    assert_eq!(
+        verbs(&role, "", "services"),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+}
+
+#[test]
+fn merges_verbs_of_every_rule_on_one_resource() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.yaml"), WEBAPP).unwrap();
+    // A second rule makes the same kind createOnly and lists an event kind
+    // the operator already needs: one PolicyRule each, verbs unioned.
+    fs::write(
+            dir.path().join("b.yaml"),
+            rule_with_children(
+                "{apiVersion: demo.trellis.dev/v1, kind: Other}",
+                "    - id: c\n      apiVersion: v1\n      kind: ConfigMap\n      policy: createOnly\n      template: |\n        metadata:\n          name: c\n    - id: e\n      apiVersion: v1\n      kind: Event\n      template: |\n        metadata:\n          name: e\n",
+            ),
+        )
+        .unwrap();
+    let role = cluster_role(&load(dir.path()), "trellis");
+    assert_eq!(
+        verbs(&role, "", "configmaps"),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+    assert_eq!(
+        verbs(&role, "", "events"),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+    let mut seen = BTreeSet::new();
+    for rule in unrestricted(&role) {
+        let key = (rule["apiGroups"].to_string(), rule["resources"].to_string());
+        assert!(seen.insert(key.clone()), "{key:?} appears twice");
+    }
+}
+
+#[test]
+fn grants_what_the_operator_itself_needs() {
+    let role = role_for(WEBAPP);
+    assert_eq!(verbs(&role, "", "events"), ["create", "patch"]);
+    assert_eq!(verbs(&role, "events.k8s.io", "events"), ["create", "patch"]);
+    assert_eq!(
+        verbs(&role, "coordination.k8s.io", "leases"),
+        ["get", "create", "update"]
+    );
+    assert_eq!(
+        verbs(&role, "apiextensions.k8s.io", "customresourcedefinitions"),
+        ["get", "list", "watch"]
+    );
+    assert_eq!(
+        verbs(&role, "authorization.k8s.io", "selfsubjectaccessreviews"),
+        ["create"]
+    );
+
+    let empty = cluster_role(&RuleSet::default(), "x");
+    assert_eq!(empty["rules"].as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn labels_and_annotates_the_cluster_role() {
+    let role = role_for(WEBAPP);
+    assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
+    assert_eq!(role["kind"], "ClusterRole");
+    assert_eq!(role["metadata"]["name"], "trellis");
+    assert_eq!(
+        role["metadata"]["labels"],
+        json!({"app.kubernetes.io/name": "trellis"})
+    );
+    assert_eq!(
+        role["metadata"]["annotations"],
+        json!({"trellis.dev/generated-by": "trellis rbac"})
+    );
+}
+
+#[test]
+fn no_finalizer_verbs_when_every_child_is_owned() {
+    let role = role_for(WEBAPP);
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "webapps"),
+        ["get", "list", "watch"]
+    );
+}
+
+#[test]
+fn grants_finalizer_verbs_on_parent_when_deletion_is_ordered() {
+    let role = role_for(&format!("{WEBAPP}  deletion: {{order: reverse}}\n"));
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "webapps"),
+        ["get", "list", "watch", "update", "patch"]
+    );
+}
+
+#[test]
+fn grants_finalizer_verbs_for_cluster_scoped_child_of_namespaced_parent() {
+    let role = role_for(&rule_with_children(
+        "{apiVersion: demo.trellis.dev/v1, kind: Project}",
+        "    - id: ns\n      apiVersion: v1\n      kind: Namespace\n      allowCrossNamespace: true\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n",
+    ));
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "projects"),
+        ["get", "list", "watch", "update", "patch"]
+    );
+    assert_eq!(
+        verbs(&role, "", "namespaces"),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+}
+
+#[test]
+fn finalizer_verbs_follow_child_scope_override_without_cross_namespace() {
+    // Without allowCrossNamespace the planner rejects this child, but the
+    // role stays conservative: a cluster-scoped child (here by override)
+    // of a parent of unknown scope may be unowned.
+    let role = role_for(&rule_with_children(
+        "{apiVersion: demo.trellis.dev/v1, kind: Project}",
+        "    - id: g\n      apiVersion: demo.trellis.dev/v1\n      kind: Global\n      scope: Cluster\n      template: |\n        metadata:\n          name: g\n",
+    ));
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "projects"),
+        ["get", "list", "watch", "update", "patch"]
+    );
+}
+
+#[test]
+fn no_finalizer_verbs_for_cluster_scoped_child_of_cluster_scoped_parent() {
+    let role = role_for(&rule_with_children(
+        "{apiVersion: demo.trellis.dev/v1, kind: Tenant, scope: Cluster}",
+        "    - id: ns\n      apiVersion: v1\n      kind: Namespace\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n",
+    ));
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "tenants"),
+        ["get", "list", "watch"]
+    );
+}
+
+#[test]
+fn grants_finalizer_verbs_for_cross_namespace_child_whatever_the_parent_scope() {
+    for scope in ["", ", scope: Cluster"] {
+        let role = role_for(&rule_with_children(
+            &format!("{{apiVersion: demo.trellis.dev/v1, kind: Tenant{scope}}}"),
+            "    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      allowCrossNamespace: true\n      template: |\n        metadata:\n          name: x\n          namespace: shared\n",
+        ));
+        assert_eq!(
+            verbs(&role, "demo.trellis.dev", "tenants"),
+            ["get", "list", "watch", "update", "patch"],
+            "parent{scope}"
+        );
+    }
+}
+
+#[test]
+fn static_cluster_role_ref_grants_bind_with_resource_names() {
+    let role = cluster_role(&load(&fixture("tenant")), "trellis");
+    assert_eq!(
+        named(&role, RBAC_GROUP, "clusterroles", "bind"),
+        [["admin"]]
+    );
+    assert!(verbs(&role, RBAC_GROUP, "clusterroles").is_empty());
+    assert!(verbs(&role, RBAC_GROUP, "roles").is_empty());
+    assert!(named(&role, RBAC_GROUP, "roles", "bind").is_empty());
+}
+
+#[test]
+fn static_role_ref_to_a_role_grants_bind_on_roles_by_name() {
+    let role = role_for(&binding_rule(
+        "RoleBinding",
+        "roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: \"Role\"  # local\n  name: 'deployer'\n",
+    ));
+    assert_eq!(named(&role, RBAC_GROUP, "roles", "bind"), [["deployer"]]);
+    assert!(named(&role, RBAC_GROUP, "clusterroles", "bind").is_empty());
+    assert!(verbs(&role, RBAC_GROUP, "clusterroles").is_empty());
+}
+
+#[test]
+fn templated_role_ref_name_grants_bind_without_resource_names() {
+    let role = role_for(&binding_rule(
+        "RoleBinding",
+        "roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {{ spec.role }}\n",
+    ));
+    assert_eq!(verbs(&role, RBAC_GROUP, "clusterroles"), ["bind"]);
+    assert!(verbs(&role, RBAC_GROUP, "roles").is_empty());
+    assert!(named(&role, RBAC_GROUP, "clusterroles", "bind").is_empty());
+}
+
+#[test]
+fn templated_role_ref_kind_grants_bind_on_both_role_kinds_by_name() {
+    let role = role_for(&binding_rule(
+        "RoleBinding",
+        "roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: {{ spec.kind }}\n  name: view\n",
+    ));
+    assert_eq!(named(&role, RBAC_GROUP, "clusterroles", "bind"), [["view"]]);
+    assert_eq!(named(&role, RBAC_GROUP, "roles", "bind"), [["view"]]);
+}
+
+#[test]
+fn unreadable_role_ref_grants_bind_on_every_role_the_binding_can_reference() {
+    for role_ref in [
+        "roleRef: {{ spec.roleRef }}\n",
+        "roleRef:\n{% if spec.admin %}\n  kind: ClusterRole\n  name: admin\n{% endif %}\n",
+        "roleRef:\n  kind: ClusterRole\n  {% if spec.admin %}name: admin{% else %}name: view{% endif %}\n",
+    ] {
+        let role = role_for(&binding_rule("RoleBinding", role_ref));
+        assert_eq!(
+            verbs(&role, RBAC_GROUP, "clusterroles"),
+            ["bind"],
+            "{role_ref}"
+        );
+        assert_eq!(verbs(&role, RBAC_GROUP, "roles"), ["bind"], "{role_ref}");
+    }
+    // A ClusterRoleBinding can only reference a ClusterRole.
+    let role = role_for(&binding_rule(
+        "ClusterRoleBinding",
+        "roleRef: {{ spec.roleRef }}\n",
+    ));
+    assert_eq!(verbs(&role, RBAC_GROUP, "clusterroles"), ["bind"]);
+    assert!(verbs(&role, RBAC_GROUP, "roles").is_empty());
+}
+
+#[test]
+fn reads_flow_style_role_refs() {
+    let role = role_for(&binding_rule(
+        "ClusterRoleBinding",
+        "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: \"view\"}\n",
+    ));
+    assert_eq!(named(&role, RBAC_GROUP, "clusterroles", "bind"), [["view"]]);
+    assert!(verbs(&role, RBAC_GROUP, "clusterroles").is_empty());
+
+    let role = role_for(&binding_rule(
+        "RoleBinding",
+        "roleRef: {kind: ClusterRole,\n  name: {{ spec.prefix ~ \"-, x\" }}}\n",
+    ));
+    assert_eq!(verbs(&role, RBAC_GROUP, "clusterroles"), ["bind"]);
+    assert!(verbs(&role, RBAC_GROUP, "roles").is_empty());
+}
+
+#[test]
+fn role_refs_in_alternative_branches_are_all_bound_by_name() {
+    let role = role_for(&binding_rule(
+        "RoleBinding",
+        "{% if spec.admin %}\nroleRef:\n  kind: ClusterRole\n  name: admin\n{% else %}\nroleRef:\n  kind: ClusterRole\n  name: view\n{% endif %}\n",
+    ));
+    assert_eq!(
+        named(&role, RBAC_GROUP, "clusterroles", "bind"),
+        [["admin", "view"]]
+    );
+    assert!(verbs(&role, RBAC_GROUP, "clusterroles").is_empty());
+    assert!(verbs(&role, RBAC_GROUP, "roles").is_empty());
+}
+
+#[test]
+fn unrestricted_bind_supersedes_bind_by_name() {
+    let mut grants = Grants::default();
+    bind_grants(
+        BindingKind::RoleBinding,
+        &[
+            RoleRef {
+                kind: Some("ClusterRole".into()),
+                name: Some("view".into()),
+            },
+            RoleRef {
+                kind: Some("ClusterRole".into()),
+                name: None,
+            },
+        ],
+        &mut grants,
+    );
+    assert_eq!(
+        grants.into_rules(),
+        [json!({"apiGroups": [RBAC_GROUP], "resources": ["clusterroles"], "verbs": ["bind"]})]
+    );
+}
+
+#[test]
+fn never_grants_wildcards() {
+    for case in ["tenant", "webapp"] {
+        let role = cluster_role(&load(&fixture(case)), "trellis");
+        for rule in role["rules"].as_array().unwrap() {
+            for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+                for value in rule
+                    .get(field)
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    assert!(
+                        !value.as_str().unwrap().contains('*'),
+                        "{case}: wildcard in {rule}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn output_is_sorted_and_stable() {
+    let role = cluster_role(&load(&fixture("webapp")), "trellis");
+    let keys: Vec<(String, String, bool)> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["apiGroups"][0].as_str().unwrap().to_owned(),
+                r["resources"][0].as_str().unwrap().to_owned(),
+                r.get("resourceNames").is_some(),
+            )
+        })
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    for rule in role["rules"].as_array().unwrap() {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let order = [
+            "get", "list", "watch", "create", "update", "patch", "delete", "bind",
+        ];
+        let positions: Vec<usize> = verbs
+            .iter()
+            .map(|v| order.iter().position(|o| o == v).unwrap())
+            .collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "verbs out of order: {rule}"
+        );
+    }
+    assert_eq!(role, cluster_role(&load(&fixture("webapp")), "trellis"));
+}
+
+/// Compares with `tests/fixtures/rbac/<case>/expected.json`; run with
+/// `TRELLIS_BLESS=1` to rewrite the golden files after a deliberate change.
+#[test]
+fn matches_golden_files() {
+    for case in ["tenant", "webapp"] {
+        let role = cluster_role(&load(&fixture(case)), "trellis");
+        let path = fixture(case).join("expected.json");
+        let actual = serde_json::to_string_pretty(&role).unwrap() + "\n";
+        if std::env::var_os("TRELLIS_BLESS").is_some() {
+            fs::write(&path, &actual).unwrap();
+        }
+        let expected = fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            expected == actual,
+            "{case}: ClusterRole differs from {}:\n{actual}",
+            path.display()
+        );
+    }
+}
