@@ -83,6 +83,21 @@ pub fn set_path(root: &mut Map<String, Value>, path: &[String], value: Value) {
     current.insert(last.clone(), value);
 }
 
+/// Longest condition message (metav1.Condition allows 32768 bytes).
+pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+
+/// Cuts `text` to at most `max` bytes on a character boundary, marking the cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// A condition as trellis decides it, before transition times are settled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Condition {
@@ -133,7 +148,7 @@ pub fn merge_conditions(
             "type": c.type_,
             "status": status,
             "reason": c.reason,
-            "message": c.message,
+            "message": truncate(&c.message, MAX_MESSAGE_BYTES),
             "lastTransitionTime": since,
         });
         if let Some(g) = generation {
@@ -196,6 +211,16 @@ mod tests {
         assert_eq!(out[1]["lastTransitionTime"], "2026-11-29T00:00:00Z");
         assert_eq!(out[1]["observedGeneration"], 4);
         assert_eq!(out[2]["type"], "Foreign", "foreign conditions are kept");
+    }
+
+    #[test]
+    fn long_messages_are_cut_to_the_condition_limit() {
+        let long = "é".repeat(MAX_MESSAGE_BYTES);
+        let out = merge_conditions(None, &[Condition::new("Ready", false, "X", long)], None, "t");
+        let message = out[0]["message"].as_str().unwrap();
+        assert!(message.len() <= MAX_MESSAGE_BYTES);
+        assert!(message.ends_with('…'));
+        assert_eq!(truncate("short", 10), "short");
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl RuleCtx {
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(truncate(&note, 1000)),
+            note: Some(crate::status::truncate(&note, 1000)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -144,16 +144,6 @@ impl RuleCtx {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
 
 /// What happened to one child.
 enum Outcome {
