@@ -20,6 +20,10 @@ use crate::kinds::Gvk;
 use crate::render::{Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
 use crate::yaml::LineIndex;
 
+mod status;
+
+use status::compile_status;
+
 /// A rule ready to plan with.
 #[derive(Debug)]
 pub struct CompiledRule {
@@ -539,143 +543,10 @@ pub(super) fn compile(
         Vec::new()
     };
 
-    // Status: fields and conditions.
-    let mut fields = Vec::new();
-    let mut conditions = Vec::new();
-    if let Some(status) = &spec.status {
-        if parent.is_builtin() {
-            ck.error(
-                "spec.status",
-                format!(
-                    "{parent} is a built-in kind: trellis does not write status to it (decorator rules get children only)"
-                ),
-            );
-        }
-        let base = context_names(false, false);
-        for (i, f) in status.fields.iter().enumerate() {
-            let at = format!("spec.status.fields[{i}]");
-            let path: Vec<String> = f.path.split('.').map(str::to_owned).collect();
-            if path.iter().any(|p| p.is_empty()) {
-                ck.error(
-                    &format!("{at}.path"),
-                    format!("`{}` is not a dotted path", f.path),
-                );
-            }
-            if path
-                .first()
-                .is_some_and(|p| p == "conditions" || p == "observedGeneration")
-            {
-                ck.error(
-                    &format!("{at}.path"),
-                    format!("`{}` is written by trellis itself", f.path),
-                );
-            }
-            let source = match (&f.from, &f.json_path, &f.value) {
-                (Some(from), Some(jp), None) => {
-                    if !child_ids.contains(from.as_str()) {
-                        ck.error(&format!("{at}.from"), format!("unknown child id `{from}`"));
-                    }
-                    match jsonpath_rust::parser::parse_json_path(jp) {
-                        Ok(query) => Some(FieldSource::JsonPath {
-                            child: from.clone(),
-                            query,
-                            text: jp.clone(),
-                        }),
-                        Err(err) => {
-                            ck.error(&format!("{at}.jsonPath"), format!("JSONPath syntax: {err}"));
-                            None
-                        }
-                    }
-                }
-                (None, None, Some(value)) => match builder.add_expression(value) {
-                    Ok(id) => {
-                        let names = builder.expression_names(id, true);
-                        ck.check_names(&format!("{at}.value"), names, &base, &child_ids);
-                        Some(FieldSource::Value(id))
-                    }
-                    Err(err) => {
-                        ck.error(&format!("{at}.value"), format!("expression syntax: {err}"));
-                        None
-                    }
-                },
-                _ => {
-                    ck.error(&at, "set either `from` with `jsonPath`, or `value`");
-                    None
-                }
-            };
-            if let Some(source) = source {
-                fields.push(CompiledField {
-                    path,
-                    source,
-                    default: f.default.clone(),
-                });
-            }
-        }
-        let mut types = BTreeSet::new();
-        for (i, c) in status.conditions.iter().enumerate() {
-            let at = format!("spec.status.conditions[{i}]");
-            if !is_kind(&c.type_) {
-                ck.error(
-                    &format!("{at}.type"),
-                    format!("`{}` is not a CamelCase type", c.type_),
-                );
-            }
-            if c.type_ == "Ready" || c.type_ == "Synced" {
-                ck.error(
-                    &format!("{at}.type"),
-                    format!("`{}` is written by trellis itself", c.type_),
-                );
-            }
-            if !types.insert(c.type_.clone()) {
-                ck.error(
-                    &format!("{at}.type"),
-                    format!("duplicate condition type `{}`", c.type_),
-                );
-            }
-            if !is_reason(&c.reason) {
-                ck.error(
-                    &format!("{at}.reason"),
-                    format!("`{}` is not a CamelCase reason", c.reason),
-                );
-            }
-            let when = match builder.add_expression(&c.when) {
-                Ok(id) => {
-                    let names = builder.expression_names(id, true);
-                    ck.check_names(&format!("{at}.when"), names, &base, &child_ids);
-                    Some(id)
-                }
-                Err(err) => {
-                    ck.error(&format!("{at}.when"), format!("expression syntax: {err}"));
-                    None
-                }
-            };
-            let message = c.message.as_ref().and_then(|text| {
-                match builder.add_template(
-                    &format!("condition:{}", c.type_),
-                    TemplateKind::Text,
-                    text,
-                ) {
-                    Ok(id) => {
-                        let names = builder.template_names(&id, true);
-                        ck.check_names(&format!("{at}.message"), names, &base, &child_ids);
-                        Some(id)
-                    }
-                    Err(err) => {
-                        ck.error(&format!("{at}.message"), format!("template syntax: {err}"));
-                        None
-                    }
-                }
-            });
-            if let Some(when) = when {
-                conditions.push(CompiledCondition {
-                    type_: c.type_.clone(),
-                    when,
-                    reason: c.reason.clone(),
-                    message,
-                });
-            }
-        }
-    }
+    let (fields, conditions) = match &spec.status {
+        Some(status) => compile_status(&mut ck, status, &parent, &mut builder, &child_ids),
+        None => (Vec::new(), Vec::new()),
+    };
 
     if ck.errors > 0 {
         return None;
