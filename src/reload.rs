@@ -90,7 +90,9 @@ pub fn watch(dirs: &[PathBuf], debounce: Duration, poll: Duration) -> mpsc::Rece
     let notify_tx = tx.clone();
     let handler = move |result: notify_debouncer_full::DebounceEventResult| {
         match result {
-            Ok(events) if !events.is_empty() => {
+            // Opening and closing (inotify watches OPEN) changes nothing, and
+            // the reloader's own reads would otherwise wake it forever.
+            Ok(events) if events.iter().any(|e| !e.kind.is_access()) => {
                 // A full channel already carries a wake-up.
                 let _ = notify_tx.try_send(());
             }
@@ -202,7 +204,10 @@ mod tests {
     fn set(rules: &[(&str, &str, &str)]) -> RuleSet {
         let dir = tempfile::tempdir().unwrap();
         for (name, kind, text) in rules {
-            let body = RULE.replace("NAME", name).replace("KIND", kind).replace("TEXT", text);
+            let body = RULE
+                .replace("NAME", name)
+                .replace("KIND", kind)
+                .replace("TEXT", text);
             fs::write(dir.path().join(format!("{name}.yaml")), body).unwrap();
         }
         load_dir(dir.path()).unwrap()
@@ -210,10 +215,24 @@ mod tests {
 
     #[test]
     fn diff_starts_stops_restarts_and_updates() {
-        let old = set(&[("keep", "A", "x"), ("gone", "B", "x"), ("edit", "C", "x"), ("move", "D", "x")]);
-        let new = set(&[("keep", "A", "x"), ("edit", "C", "y"), ("move", "E", "x"), ("fresh", "F", "x")]);
+        let old = set(&[
+            ("keep", "A", "x"),
+            ("gone", "B", "x"),
+            ("edit", "C", "x"),
+            ("move", "D", "x"),
+        ]);
+        let new = set(&[
+            ("keep", "A", "x"),
+            ("edit", "C", "y"),
+            ("move", "E", "x"),
+            ("fresh", "F", "x"),
+        ]);
         let changes = diff(&old, &new);
-        assert_eq!(changes.get("keep"), None, "unchanged rules are not disturbed");
+        assert_eq!(
+            changes.get("keep"),
+            None,
+            "unchanged rules are not disturbed"
+        );
         assert_eq!(changes["gone"], Change::Stop);
         assert_eq!(changes["edit"], Change::Update);
         assert_eq!(changes["move"], Change::Restart);
@@ -225,7 +244,10 @@ mod tests {
     fn new_child_kind_restarts_watches() {
         let old = set(&[("r", "A", "x")]);
         let dir = tempfile::tempdir().unwrap();
-        let body = RULE.replace("NAME", "r").replace("KIND", "A").replace("TEXT", "x")
+        let body = RULE
+            .replace("NAME", "r")
+            .replace("KIND", "A")
+            .replace("TEXT", "x")
             + "    - id: s\n      apiVersion: v1\n      kind: Secret\n      template: 'metadata: {name: s}'\n";
         fs::write(dir.path().join("r.yaml"), body).unwrap();
         let new = load_dir(dir.path()).unwrap();
@@ -269,6 +291,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn reading_the_rules_does_not_wake_the_watch() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        fs::write(root.join("r.yaml"), "a").unwrap();
+        let mut rx = watch(
+            std::slice::from_ref(&root),
+            Duration::from_millis(50),
+            Duration::from_secs(3600),
+        );
+        // Let the watcher settle, then read everything as a reload does.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        while rx.try_recv().is_ok() {}
+        fingerprint(std::slice::from_ref(&root));
+        let woke = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
+        assert!(woke.is_err(), "reading the rules woke the watch");
+    }
+
+    #[tokio::test]
     async fn watch_wakes_on_a_data_swap() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
@@ -276,7 +316,11 @@ mod tests {
         fs::write(root.join("..v1/r.yaml"), "a").unwrap();
         std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
         std::os::unix::fs::symlink("..data/r.yaml", root.join("r.yaml")).unwrap();
-        let mut rx = watch(std::slice::from_ref(&root), Duration::from_millis(100), Duration::from_secs(3600));
+        let mut rx = watch(
+            std::slice::from_ref(&root),
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        );
         fs::create_dir(root.join("..v2")).unwrap();
         fs::write(root.join("..v2/r.yaml"), "b").unwrap();
         std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
