@@ -1,10 +1,15 @@
 //! The running rule set: starts, stops, restarts and updates rule
-//! controllers as reloads demand, and carries out `onRuleRemoved`.
+//! controllers as reloads demand, and cleans up after what a reload took
+//! away: `onRuleRemoved` for a removed rule (or a rule's old parent kind),
+//! deletion for children of a kind a rule no longer declares. Cleanup stays
+//! within the namespaces the rule was watched in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
@@ -12,8 +17,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::discovery::{Resolved, RuleKinds};
 use super::{FINALIZER, Shared, controller, discovery};
-use crate::plan::LABEL_RULE;
+use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::reload::{self, Change};
 use crate::rules::model::OnRuleRemoved;
 use crate::rules::{CompiledRule, RuleSet};
@@ -91,6 +97,9 @@ impl Supervisor {
                 Change::Restart => {
                     info!(rule = %name, "rule's kinds changed: restarting its watches");
                     self.stop(name).await;
+                    if let (Some(old), Some(rule)) = (self.current.get(name), new.get(name)) {
+                        on_rule_restarted(&self.shared, old, rule).await;
+                    }
                     if let Some(rule) = new.get(name) {
                         self.start(rule.clone());
                     }
@@ -124,87 +133,268 @@ impl Supervisor {
 /// A removed rule's parents and children: `orphan` leaves the children and
 /// releases trellis's finalizer; `delete` deletes the children trellis
 /// created, then releases the finalizer. The finalizer is always released,
-/// or parents being deleted would hang forever.
+/// or parents being deleted would hang forever. Only parents in the
+/// namespaces this operator watches for the rule are touched, and only
+/// children of those parents: another instance may run the same rule
+/// elsewhere.
 async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
-    let policy = rule.rule.spec.on_rule_removed;
+    let Some((kinds, parents)) = rule_parents(shared, rule).await else {
+        return;
+    };
+    if rule.rule.spec.on_rule_removed == OnRuleRemoved::Delete {
+        let reason = "rule removed, onRuleRemoved: delete";
+        delete_children(shared, rule, &kinds.children, &parents, reason).await;
+    }
+    for parent in &parents {
+        release_finalizer(shared, rule, &kinds.parent, parent).await;
+    }
+}
+
+/// A restarted rule: when its parent kind changed, the old kind's parents
+/// lose their rule (`onRuleRemoved`); children of a kind the rule no longer
+/// declares are deleted, as the new watches will never see them to prune.
+async fn on_rule_restarted(shared: &Shared, old: &CompiledRule, new: &CompiledRule) {
+    if old.parent != new.parent {
+        info!(rule = %old.name, parent = %old.parent, "rule moved to another parent kind: onRuleRemoved for the old one");
+        on_rule_removed(shared, old).await;
+        return;
+    }
+    if old
+        .children
+        .iter()
+        .all(|c| new.children.iter().any(|n| n.gvk == c.gvk))
+    {
+        return;
+    }
+    let Some((kinds, parents)) = rule_parents(shared, old).await else {
+        return;
+    };
+    let dropped: Vec<Resolved> = kinds
+        .children
+        .into_iter()
+        .filter(|k| !new.children.iter().any(|c| c.gvk == k.gvk))
+        .collect();
+    let reason = "child kind removed from the rule";
+    delete_children(shared, old, &dropped, &parents, reason).await;
+}
+
+/// The rule's kinds and its parents in the namespaces it was watched in;
+/// `None` (logged) when they cannot be had.
+async fn rule_parents(
+    shared: &Shared,
+    rule: &CompiledRule,
+) -> Option<(RuleKinds, Vec<DynamicObject>)> {
     let kinds = match discovery::resolve_rule(&shared.client, rule).await {
         Ok(kinds) => kinds,
         Err(why) => {
-            warn!(rule = %rule.name, "cannot clean up after the removed rule: {why}");
-            return;
+            warn!(rule = %rule.name, "cannot clean up after the rule: {why}");
+            return None;
         }
     };
-    if policy == OnRuleRemoved::Delete {
-        let selector = ListParams::default().labels(&format!("{LABEL_RULE}={}", rule.name));
-        for kind in &kinds.children {
-            let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.resource);
-            let list = match api.list(&selector).await {
-                Ok(list) => list,
-                Err(err) => {
-                    warn!(rule = %rule.name, kind = %kind.gvk, "cannot list children to delete: {err}");
-                    continue;
-                }
+    let scopes = scopes(rule, &shared.namespaces);
+    match list_in(shared, &kinds.parent, &scopes, &ListParams::default()).await {
+        Ok(parents) => Some((kinds, parents)),
+        Err(err) => {
+            warn!(rule = %rule.name, "cannot list parents to clean up: {err}");
+            None
+        }
+    }
+}
+
+/// Where the rule's parents were watched: one entry per namespace, or a
+/// single `None` for all namespaces. Empty when the rule never ran (its
+/// namespaces and the operator's do not meet).
+fn scopes(rule: &CompiledRule, operator: &[String]) -> Vec<Option<String>> {
+    let own = &rule.rule.spec.parent.namespaces;
+    let namespaces: Vec<String> = match (own.is_empty(), operator.is_empty()) {
+        (true, true) => return vec![None],
+        (true, false) => operator.to_vec(),
+        (false, true) => own.clone(),
+        (false, false) => own
+            .iter()
+            .filter(|n| operator.contains(n))
+            .cloned()
+            .collect(),
+    };
+    namespaces.into_iter().map(Some).collect()
+}
+
+/// Lists `kind` in each of `scopes` (a cluster-scoped kind: once, everywhere;
+/// no scopes: nothing).
+async fn list_in(
+    shared: &Shared,
+    kind: &Resolved,
+    scopes: &[Option<String>],
+    params: &ListParams,
+) -> Result<Vec<DynamicObject>, kube::Error> {
+    if scopes.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !kind.namespaced || scopes.contains(&None) {
+        let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.resource);
+        return Ok(api.list(params).await?.items);
+    }
+    let mut out = Vec::new();
+    for ns in scopes.iter().flatten() {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(shared.client.clone(), ns, &kind.resource);
+        out.extend(api.list(params).await?.items);
+    }
+    Ok(out)
+}
+
+fn api_for(shared: &Shared, kind: &Resolved, obj: &DynamicObject) -> Api<DynamicObject> {
+    match obj.namespace() {
+        Some(ns) if kind.namespaced => {
+            Api::namespaced_with(shared.client.clone(), &ns, &kind.resource)
+        }
+        _ => Api::all_with(shared.client.clone(), &kind.resource),
+    }
+}
+
+/// Deletes the rule's children of `kinds` that belong to `parents`.
+async fn delete_children(
+    shared: &Shared,
+    rule: &CompiledRule,
+    kinds: &[Resolved],
+    parents: &[DynamicObject],
+    reason: &str,
+) {
+    let uids: BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
+    if uids.is_empty() {
+        return;
+    }
+    let selector = ListParams::default().labels(&format!("{LABEL_RULE}={}", rule.name));
+    for kind in kinds {
+        // Children the rule may place anywhere are looked for everywhere.
+        let anywhere = rule
+            .children
+            .iter()
+            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let scopes = if anywhere {
+            vec![None]
+        } else {
+            scopes(rule, &shared.namespaces)
+        };
+        let list = match list_in(shared, kind, &scopes, &selector).await {
+            Ok(list) => list,
+            Err(err) => {
+                warn!(rule = %rule.name, kind = %kind.gvk, "cannot list children to delete: {err}");
+                continue;
+            }
+        };
+        let theirs = list.into_iter().filter(|c| {
+            c.labels()
+                .get(LABEL_PARENT_UID)
+                .is_some_and(|uid| uids.contains(uid))
+        });
+        for child in theirs {
+            let params = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                preconditions: child.uid().map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
             };
-            for child in list {
-                let api: Api<DynamicObject> = match child.namespace() {
-                    Some(ns) if kind.namespaced => {
-                        Api::namespaced_with(shared.client.clone(), &ns, &kind.resource)
-                    }
-                    _ => Api::all_with(shared.client.clone(), &kind.resource),
-                };
-                let params = DeleteParams {
-                    propagation_policy: Some(PropagationPolicy::Background),
-                    ..DeleteParams::default()
-                };
-                match api.delete(&child.name_any(), &params).await {
-                    Ok(_) => {
-                        info!(rule = %rule.name, kind = %kind.gvk, name = %child.name_any(), "deleted (rule removed, onRuleRemoved: delete)")
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(err) => {
-                        warn!(rule = %rule.name, name = %child.name_any(), "cannot delete child: {err}")
-                    }
+            match api_for(shared, kind, &child)
+                .delete(&child.name_any(), &params)
+                .await
+            {
+                Ok(_) => {
+                    info!(rule = %rule.name, kind = %kind.gvk, name = %child.name_any(), "deleted ({reason})")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(err) => {
+                    warn!(rule = %rule.name, name = %child.name_any(), "cannot delete child: {err}")
                 }
             }
         }
     }
-    let parents: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kinds.parent.resource);
-    let list = match parents.list(&ListParams::default()).await {
-        Ok(list) => list,
-        Err(err) => {
-            warn!(rule = %rule.name, "cannot list parents to release finalizers: {err}");
+}
+
+/// Removes trellis's finalizer from one parent, re-reading it when a
+/// concurrent write wins (a finalizer left behind would hang its deletion).
+async fn release_finalizer(
+    shared: &Shared,
+    rule: &CompiledRule,
+    kind: &Resolved,
+    parent: &DynamicObject,
+) {
+    let api = api_for(shared, kind, parent);
+    let name = parent.name_any();
+    let mut current = parent.clone();
+    for _ in 0..5 {
+        if !current.finalizers().iter().any(|f| f == FINALIZER) {
             return;
         }
-    };
-    for parent in list {
-        if !parent.finalizers().iter().any(|f| f == FINALIZER) {
-            continue;
-        }
-        let rest: Vec<&String> = parent
+        let rest: Vec<&String> = current
             .finalizers()
             .iter()
             .filter(|f| *f != FINALIZER)
             .collect();
-        let patch =
-            json!({"metadata": {"finalizers": rest, "resourceVersion": parent.resource_version()}});
-        let api: Api<DynamicObject> = match parent.namespace() {
-            Some(ns) => Api::namespaced_with(shared.client.clone(), &ns, &kinds.parent.resource),
-            None => Api::all_with(shared.client.clone(), &kinds.parent.resource),
-        };
+        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": current.resource_version()}});
         match api
-            .patch(
-                &parent.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
-                info!(rule = %rule.name, parent = %parent.name_any(), "finalizer released (rule removed)")
+                info!(rule = %rule.name, parent = %name, "finalizer released (rule removed)");
+                return;
             }
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(&name).await {
+                Ok(Some(fresh)) => current = fresh,
+                Ok(None) => return,
+                Err(err) => {
+                    warn!(rule = %rule.name, parent = %name, "cannot release finalizer: {err}");
+                    return;
+                }
+            },
             Err(err) => {
-                warn!(rule = %rule.name, parent = %parent.name_any(), "cannot release finalizer: {err}")
+                warn!(rule = %rule.name, parent = %name, "cannot release finalizer: {err}");
+                return;
             }
         }
+    }
+    warn!(rule = %rule.name, parent = %name, "cannot release finalizer: it keeps changing under us");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(namespaces: &str) -> Arc<CompiledRule> {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: r\nspec:\n  parent: {{apiVersion: demo.trellis.dev/v1, kind: A, namespaces: {namespaces}}}\n  children:\n    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: 'metadata: {{name: x}}'\n"
+        );
+        std::fs::write(dir.path().join("r.yaml"), text).unwrap();
+        crate::rules::load_dir(dir.path()).unwrap().rules[0].clone()
+    }
+
+    fn ns(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn cleanup_stays_in_the_namespaces_the_rule_was_watched_in() {
+        assert_eq!(scopes(&rule("[]"), &[]), vec![None]);
+        assert_eq!(
+            scopes(&rule("[]"), &ns(&["a", "b"])),
+            vec![Some("a".to_owned()), Some("b".to_owned())]
+        );
+        assert_eq!(
+            scopes(&rule("[b, c]"), &[]),
+            vec![Some("b".to_owned()), Some("c".to_owned())]
+        );
+        assert_eq!(
+            scopes(&rule("[b, c]"), &ns(&["a", "b"])),
+            vec![Some("b".to_owned())]
+        );
+        assert!(
+            scopes(&rule("[c]"), &ns(&["a"])).is_empty(),
+            "a rule that never ran cleans up nowhere"
+        );
     }
 }
