@@ -1,4 +1,6 @@
-//! Hot reload against the real control plane (issue "Hot reload").
+//! Hot reload against the real control plane (issue "Hot reload"): edits,
+//! new, removed and reshaped rules. Rejected rule sets are in
+//! `reload_rejected.rs`.
 //!
 //! Each test runs `trellis run` in-process on a rules directory laid out as
 //! the kubelet lays out a ConfigMap volume ([`ConfigMapDir`]), watching only
@@ -10,55 +12,27 @@ mod support;
 
 #[path = "support/configmap_dir.rs"]
 mod configmap_dir;
+#[path = "support/reloading.rs"]
+mod reloading;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::fs;
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use trellis::operator::{FINALIZER, Options};
-use trellis::rules::RuleSet;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use trellis::operator::FINALIZER;
 
 use configmap_dir::ConfigMapDir;
+use reloading::{
+    Reloading, children, config_rule, data, fingerprints, has_finalizer, install_kind,
+    wait_versions,
+};
 use support::TestNamespace;
-use support::operator::{Cleanup, QUIET, TestKind, WAIT, wait_exists, wait_for, wait_gone};
-
-/// Two ConfigMaps per parent. `@VERSION@` is written into each child's
-/// `data.version`, so a child shows which rule text rendered it.
-const CONFIG_RULE: &str = r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: @RULE@
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-config" }}
-        data:
-          greeting: {{ spec.greeting }}
-          version: "@VERSION@"
-    - id: extra
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-extra" }}
-        data:
-          version: "@VERSION@"
-"#;
+use support::operator::{QUIET, TestKind, WAIT, wait_exists, wait_for, wait_gone};
 
 /// A child of another kind, appended to [`CONFIG_RULE`]'s children.
 const SECRET_CHILD: &str = r#"    - id: secret
@@ -71,185 +45,12 @@ const SECRET_CHILD: &str = r#"    - id: secret
           token: {{ "token" | b64encode }}
 "#;
 
-/// [`CONFIG_RULE`] for `kind`, named `rule`, stamping `version`.
-fn config_rule(kind: &TestKind, rule: &str, version: &str) -> String {
-    kind.rule(CONFIG_RULE)
-        .replace("@RULE@", rule)
-        .replace("@VERSION@", version)
-}
-
 /// [`config_rule`] behind trellis's finalizer, with `onRuleRemoved: policy`.
 fn finalized_rule(kind: &TestKind, rule: &str, policy: &str) -> String {
     format!(
         "{}  deletion:\n    order: reverse\n  onRuleRemoved: {policy}\n",
         config_rule(kind, rule, "v1")
     )
-}
-
-/// `trellis run` in a task of the test's runtime, reloading `rules`.
-struct Reloading {
-    cancel: CancellationToken,
-    task: Option<JoinHandle<anyhow::Result<()>>>,
-    /// Where `/status` is served.
-    addr: SocketAddr,
-}
-
-impl Reloading {
-    /// Starts the operator on `rules` with a short debounce and poll,
-    /// watching only `namespace`.
-    fn start(client: &Client, namespace: &str, rules: &ConfigMapDir) -> Reloading {
-        let dir = rules.path();
-        let set =
-            RuleSet::load(std::slice::from_ref(&dir), Default::default()).unwrap_or_else(|diags| {
-                let text: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
-                panic!("test rules do not load:\n{}", text.join("\n"))
-            });
-        let addr = free_local_addr();
-        let options = Options {
-            reload_debounce: Duration::from_millis(200),
-            reload_poll: Duration::from_secs(2),
-            instance: "test".into(),
-            metrics_addr: Some(addr),
-            ..Options::new(vec![dir], vec![namespace.to_owned()])
-        };
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(trellis::operator::run_with(
-            options,
-            set,
-            client.clone(),
-            cancel.clone(),
-        ));
-        Reloading {
-            cancel,
-            task: Some(task),
-            addr,
-        }
-    }
-
-    /// Polls `/status` until its `reload` part satisfies `check`; returns it.
-    async fn wait_reload(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        support::eventually(what, WAIT, || async {
-            let status = http_get_json(self.addr, "/status").await?;
-            let reload = status["reload"].clone();
-            if check(&reload) {
-                Ok(reload)
-            } else {
-                Err(format!("reload status {reload}"))
-            }
-        })
-        .await
-    }
-
-    /// Cancels the operator and asserts that it exits, cleanly and promptly.
-    async fn stop(mut self) {
-        self.cancel.cancel();
-        let task = self.task.take().expect("operator task");
-        match tokio::time::timeout(WAIT, task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => panic!("the operator failed: {e:#}"),
-            Ok(Err(e)) => panic!("the operator task panicked: {e}"),
-            Err(_) => panic!("the operator did not stop within {WAIT:?} of being cancelled"),
-        }
-    }
-}
-
-impl Drop for Reloading {
-    fn drop(&mut self) {
-        // A test that panicked never called `stop`.
-        self.cancel.cancel();
-    }
-}
-
-/// A loopback address nothing listens on (yet).
-fn free_local_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-}
-
-/// `GET path` over plain HTTP/1.0, body parsed as JSON.
-async fn http_get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    let response = String::from_utf8_lossy(&response);
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("not an HTTP response: {response}"))?;
-    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
-        return Err(format!("GET {path}: {head}"));
-    }
-    serde_json::from_str(body).map_err(|e| format!("GET {path}: {e}: {body}"))
-}
-
-/// A fresh parent kind, its CRD installed and removed at the end.
-async fn install_kind(ns: &TestNamespace, kind: &str) -> (TestKind, Cleanup) {
-    let test_kind = TestKind::new(kind);
-    let cleanup = Cleanup::crds(&[&test_kind]);
-    test_kind.install(&ns.client).await;
-    (test_kind, cleanup)
-}
-
-fn data(cm: &ConfigMap, key: &str) -> Option<String> {
-    cm.data.as_ref().and_then(|d| d.get(key)).cloned()
-}
-
-/// The children of `rule` in `api`'s namespace.
-async fn children<K>(api: &Api<K>, rule: &str) -> Vec<K>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.list(&ListParams::default().labels(&format!("trellis.dev/rule={rule}")))
-        .await
-        .expect("list children")
-        .items
-}
-
-/// Child name → (uid, resourceVersion): what any change or re-creation moves.
-async fn fingerprints(cms: &Api<ConfigMap>, rule: &str) -> BTreeMap<String, (String, String)> {
-    children(cms, rule)
-        .await
-        .iter()
-        .map(|cm| {
-            (
-                cm.name_any(),
-                (
-                    cm.uid().unwrap_or_default(),
-                    cm.resource_version().unwrap_or_default(),
-                ),
-            )
-        })
-        .collect()
-}
-
-/// Waits until `names` all exist as children of `rule` carrying `version`.
-async fn wait_versions(cms: &Api<ConfigMap>, rule: &str, names: &[&str], version: &str) {
-    support::eventually(&format!("{names:?} at {version}"), WAIT, || async {
-        let found: BTreeMap<String, Option<String>> = children(cms, rule)
-            .await
-            .iter()
-            .map(|cm| (cm.name_any(), data(cm, "version")))
-            .collect();
-        let all = names
-            .iter()
-            .all(|n| found.get(*n).is_some_and(|v| v.as_deref() == Some(version)));
-        if all { Ok(()) } else { Err(found) }
-    })
-    .await
-}
-
-fn has_finalizer(obj: &DynamicObject) -> bool {
-    obj.finalizers().iter().any(|f| f == FINALIZER)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,140 +237,6 @@ async fn a_removed_delete_rule_deletes_children_and_releases_finalizers() {
     operator.stop().await;
 }
 
-/// A good rule set with two converged parents; then `bad` (files of a new,
-/// broken set, in which the good rule moved to `v2`) is swapped in. The
-/// change must be rejected whole, visibly (`/status` names `expect`), the
-/// running rules must keep reconciling as before, and no child may move.
-async fn rejected_change_changes_nothing(
-    bad: impl FnOnce(&TestKind, &str) -> Vec<(&'static str, String)>,
-    expect: &str,
-) {
-    let ns = support::namespace().await;
-    let (app, _cleanup) = install_kind(&ns, "App").await;
-    let rule = support::unique_name("app");
-    let mut rules = ConfigMapDir::new(&[("app.yaml", &config_rule(&app, &rule, "v1"))]);
-    let operator = Reloading::start(&ns.client, ns.name(), &rules);
-    for name in ["a", "b"] {
-        app.create(&ns, name, json!({"greeting": "hi"}), &[]).await;
-    }
-    let cms: Api<ConfigMap> = ns.api();
-    let all = ["a-config", "a-extra", "b-config", "b-extra"];
-    wait_versions(&cms, &rule, &all, "v1").await;
-    let before = fingerprints(&cms, &rule).await;
-
-    let files = bad(&app, &rule);
-    let files: Vec<(&str, &str)> = files.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    rules.update(&files);
-    let reload = operator
-        .wait_reload("the broken set rejected", |r| r["failures"] == 1)
-        .await;
-    assert_eq!(reload["ok"], false, "{reload}");
-    assert_eq!(reload["successes"], 0, "{reload}");
-    assert_eq!(reload["rules"], 1, "the previous set is in force: {reload}");
-    let error = reload["error"].as_str().unwrap_or_default();
-    assert!(error.contains(expect), "{expect:?} not in {error:?}");
-
-    // The previous rules still run: a deleted child comes back as they
-    // render it, and a parent edit still reaches its child.
-    let old_uid = before["a-config"].0.clone();
-    cms.delete("a-config", &DeleteParams::default())
-        .await
-        .expect("delete a-config");
-    wait_for(&cms, "a-config", "a-config re-created at v1", |cm| {
-        let fresh = cm.uid() != Some(old_uid.clone());
-        let v1 = data(cm, "version").as_deref() == Some("v1");
-        (fresh && v1).then_some(()).ok_or(format!("{:?}", cm.data))
-    })
-    .await;
-    app.api(&ns)
-        .patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"greeting": "hello again"}})),
-        )
-        .await
-        .expect("patch parent a");
-    wait_for(&cms, "a-config", "a-config following the parent", |cm| {
-        let follows = data(cm, "greeting").as_deref() == Some("hello again");
-        let v1 = data(cm, "version").as_deref() == Some("v1");
-        (follows && v1)
-            .then_some(())
-            .ok_or(format!("{:?}", cm.data))
-    })
-    .await;
-
-    // Nothing else moved, also after a while.
-    tokio::time::sleep(QUIET).await;
-    let mut after = fingerprints(&cms, &rule).await;
-    let mut before = before;
-    assert!(after.remove("a-config").is_some(), "a-config is gone");
-    before.remove("a-config");
-    assert_eq!(after, before, "a rejected rule set moved children");
-
-    // A good change after the rejected one is taken up.
-    rules.update(&[("app.yaml", &config_rule(&app, &rule, "v2"))]);
-    wait_versions(&cms, &rule, &all, "v2").await;
-    let reload = operator
-        .wait_reload("the fixed set loaded", |r| r["successes"] == 1)
-        .await;
-    assert_eq!(reload["ok"], true, "{reload}");
-    assert_eq!(reload["error"], Value::Null, "{reload}");
-    operator.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_with_broken_yaml_is_rejected_and_changes_nothing() {
-    rejected_change_changes_nothing(
-        |app, rule| {
-            vec![
-                ("app.yaml", config_rule(app, rule, "v2")),
-                (
-                    "broken.yaml",
-                    "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata: {name: [oops\n"
-                        .to_owned(),
-                ),
-            ]
-        },
-        "broken.yaml",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_with_a_dependency_cycle_is_rejected_and_changes_nothing() {
-    rejected_change_changes_nothing(
-        |app, rule| {
-            let cyclic = config_rule(app, rule, "v2")
-                .replace(
-                    "    - id: config\n",
-                    "    - id: config\n      dependsOn: [extra]\n",
-                )
-                .replace(
-                    "    - id: extra\n",
-                    "    - id: extra\n      dependsOn: [config]\n",
-                );
-            vec![("app.yaml", cyclic)]
-        },
-        "dependency cycle",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_with_a_name_outside_the_evaluation_context_is_rejected_and_changes_nothing() {
-    rejected_change_changes_nothing(
-        |app, rule| {
-            let typo = config_rule(app, rule, "v2").replace(
-                r#"parent.metadata.name ~ "-extra""#,
-                r#"parnet.metadata.name ~ "-extra""#,
-            );
-            vec![("app.yaml", typo)]
-        },
-        "`parnet` is not in the evaluation context",
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_dropped_from_a_rule_are_deleted() {
     let ns = support::namespace().await;
@@ -706,4 +373,32 @@ async fn a_rule_moved_to_another_parent_kind_lets_go_of_the_old_kinds_parents() 
     })
     .await;
     operator.stop().await;
+}
+
+#[test]
+fn the_rules_directory_is_updated_as_the_kubelet_updates_a_configmap_volume() {
+    let mut dir = ConfigMapDir::new(&[("a.yaml", "1"), ("b.yaml", "1")]);
+    let root = dir.path();
+    assert_eq!(fs::read_to_string(root.join("a.yaml")).unwrap(), "1");
+    dir.update(&[("a.yaml", "2"), ("c.yaml", "2")]);
+    assert_eq!(fs::read_to_string(root.join("a.yaml")).unwrap(), "2");
+    assert_eq!(fs::read_to_string(root.join("c.yaml")).unwrap(), "2");
+    assert!(fs::symlink_metadata(root.join("b.yaml")).is_err());
+    assert_eq!(
+        fs::read_link(root.join("a.yaml")).unwrap(),
+        Path::new("..data/a.yaml")
+    );
+    assert_eq!(
+        fs::read_link(root.join("..data")).unwrap(),
+        Path::new("..2026_11_29_09_00_00.2")
+    );
+    let mut entries: Vec<String> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        ["..2026_11_29_09_00_00.2", "..data", "a.yaml", "c.yaml"]
+    );
 }

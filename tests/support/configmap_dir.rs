@@ -88,31 +88,3 @@ impl ConfigMapDir {
         format!("..2026_11_29_09_00_00.{}", self.generation)
     }
 }
-
-#[test]
-fn update_swaps_data_and_links_keys_like_the_kubelet() {
-    let mut dir = ConfigMapDir::new(&[("a.yaml", "1"), ("b.yaml", "1")]);
-    let root = dir.path();
-    assert_eq!(fs::read_to_string(root.join("a.yaml")).unwrap(), "1");
-    dir.update(&[("a.yaml", "2"), ("c.yaml", "2")]);
-    assert_eq!(fs::read_to_string(root.join("a.yaml")).unwrap(), "2");
-    assert_eq!(fs::read_to_string(root.join("c.yaml")).unwrap(), "2");
-    assert!(fs::symlink_metadata(root.join("b.yaml")).is_err());
-    assert_eq!(
-        fs::read_link(root.join("a.yaml")).unwrap(),
-        Path::new("..data/a.yaml")
-    );
-    assert_eq!(
-        fs::read_link(root.join("..data")).unwrap(),
-        Path::new("..2026_11_29_09_00_00.2")
-    );
-    let mut entries: Vec<String> = fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    entries.sort();
-    assert_eq!(
-        entries,
-        ["..2026_11_29_09_00_00.2", "..data", "a.yaml", "c.yaml"]
-    );
-}

@@ -1,0 +1,229 @@
+//! Running `trellis run` in-process with hot reload on a [`ConfigMapDir`],
+//! and what reload tests look at: a rule whose children show which rule
+//! text rendered them, children by rule, and their uids/resourceVersions.
+//!
+//! Not declared by `support/mod.rs`: a test includes it, after `mod support;`
+//! and `configmap_dir`, with `#[path = "support/reloading.rs"] mod reloading;`.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use trellis::operator::{FINALIZER, Options};
+use trellis::rules::RuleSet;
+
+use crate::configmap_dir::ConfigMapDir;
+use crate::support::TestNamespace;
+use crate::support::operator::{Cleanup, TestKind, WAIT};
+
+/// Two ConfigMaps per parent. `@VERSION@` is written into each child's
+/// `data.version`, so a child shows which rule text rendered it.
+pub const CONFIG_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: @RULE@
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-config" }}
+        data:
+          greeting: {{ spec.greeting }}
+          version: "@VERSION@"
+    - id: extra
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-extra" }}
+        data:
+          version: "@VERSION@"
+"#;
+
+/// [`CONFIG_RULE`] for `kind`, named `rule`, stamping `version`.
+pub fn config_rule(kind: &TestKind, rule: &str, version: &str) -> String {
+    kind.rule(CONFIG_RULE)
+        .replace("@RULE@", rule)
+        .replace("@VERSION@", version)
+}
+
+/// `trellis run` in a task of the test's runtime, reloading `rules`.
+pub struct Reloading {
+    cancel: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    /// Where `/status` is served.
+    addr: SocketAddr,
+}
+
+impl Reloading {
+    /// Starts the operator on `rules` with a short debounce and poll,
+    /// watching only `namespace`.
+    pub fn start(client: &Client, namespace: &str, rules: &ConfigMapDir) -> Reloading {
+        let dir = rules.path();
+        let set =
+            RuleSet::load(std::slice::from_ref(&dir), Default::default()).unwrap_or_else(|diags| {
+                let text: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
+                panic!("test rules do not load:\n{}", text.join("\n"))
+            });
+        let addr = free_local_addr();
+        let options = Options {
+            reload_debounce: Duration::from_millis(200),
+            reload_poll: Duration::from_secs(2),
+            instance: "test".into(),
+            metrics_addr: Some(addr),
+            ..Options::new(vec![dir], vec![namespace.to_owned()])
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(trellis::operator::run_with(
+            options,
+            set,
+            client.clone(),
+            cancel.clone(),
+        ));
+        Reloading {
+            cancel,
+            task: Some(task),
+            addr,
+        }
+    }
+
+    /// Polls `/status` until its `reload` part satisfies `check`; returns it.
+    pub async fn wait_reload(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        crate::support::eventually(what, WAIT, || async {
+            let status = http_get_json(self.addr, "/status").await?;
+            let reload = status["reload"].clone();
+            if check(&reload) {
+                Ok(reload)
+            } else {
+                Err(format!("reload status {reload}"))
+            }
+        })
+        .await
+    }
+
+    /// Cancels the operator and asserts that it exits, cleanly and promptly.
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        let task = self.task.take().expect("operator task");
+        match tokio::time::timeout(WAIT, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => panic!("the operator failed: {e:#}"),
+            Ok(Err(e)) => panic!("the operator task panicked: {e}"),
+            Err(_) => panic!("the operator did not stop within {WAIT:?} of being cancelled"),
+        }
+    }
+}
+
+impl Drop for Reloading {
+    fn drop(&mut self) {
+        // A test that panicked never called `stop`.
+        self.cancel.cancel();
+    }
+}
+
+/// A loopback address nothing listens on (yet).
+pub fn free_local_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
+
+/// `GET path` over plain HTTP/1.0, body parsed as JSON.
+pub async fn http_get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP response: {response}"))?;
+    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
+        return Err(format!("GET {path}: {head}"));
+    }
+    serde_json::from_str(body).map_err(|e| format!("GET {path}: {e}: {body}"))
+}
+
+/// A fresh parent kind, its CRD installed and removed at the end.
+pub async fn install_kind(ns: &TestNamespace, kind: &str) -> (TestKind, Cleanup) {
+    let test_kind = TestKind::new(kind);
+    let cleanup = Cleanup::crds(&[&test_kind]);
+    test_kind.install(&ns.client).await;
+    (test_kind, cleanup)
+}
+
+pub fn data(cm: &ConfigMap, key: &str) -> Option<String> {
+    cm.data.as_ref().and_then(|d| d.get(key)).cloned()
+}
+
+/// The children of `rule` in `api`'s namespace.
+pub async fn children<K>(api: &Api<K>, rule: &str) -> Vec<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&ListParams::default().labels(&format!("trellis.dev/rule={rule}")))
+        .await
+        .expect("list children")
+        .items
+}
+
+/// Child name → (uid, resourceVersion): what any change or re-creation moves.
+pub async fn fingerprints(cms: &Api<ConfigMap>, rule: &str) -> BTreeMap<String, (String, String)> {
+    children(cms, rule)
+        .await
+        .iter()
+        .map(|cm| {
+            (
+                cm.name_any(),
+                (
+                    cm.uid().unwrap_or_default(),
+                    cm.resource_version().unwrap_or_default(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `names` all exist as children of `rule` carrying `version`.
+pub async fn wait_versions(cms: &Api<ConfigMap>, rule: &str, names: &[&str], version: &str) {
+    crate::support::eventually(&format!("{names:?} at {version}"), WAIT, || async {
+        let found: BTreeMap<String, Option<String>> = children(cms, rule)
+            .await
+            .iter()
+            .map(|cm| (cm.name_any(), data(cm, "version")))
+            .collect();
+        let all = names
+            .iter()
+            .all(|n| found.get(*n).is_some_and(|v| v.as_deref() == Some(version)));
+        if all { Ok(()) } else { Err(found) }
+    })
+    .await
+}
+
+pub fn has_finalizer(obj: &DynamicObject) -> bool {
+    obj.finalizers().iter().any(|f| f == FINALIZER)
+}
