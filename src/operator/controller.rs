@@ -134,7 +134,10 @@ async fn rule_loop(
 
 /// Namespaces a rule watches: its own list intersected with the operator's.
 /// Empty means all.
-fn effective_namespaces(rule: &CompiledRule, operator: &[String]) -> Result<Vec<String>, String> {
+pub(super) fn effective_namespaces(
+    rule: &CompiledRule,
+    operator: &[String],
+) -> Result<Vec<String>, String> {
     let own = &rule.rule.spec.parent.namespaces;
     match (own.is_empty(), operator.is_empty()) {
         (true, _) => Ok(operator.to_vec()),

@@ -210,23 +210,36 @@ async fn reload_loop(
 ) {
     let mut wake =
         crate::reload::watch(&options.rules, options.reload_debounce, options.reload_poll);
-    let mut seen = crate::reload::fingerprint(&options.rules);
+    // Empty, so the first pass re-reads the rules once: they may have changed
+    // between the initial load and the start of the watch.
+    let mut seen = String::new();
+    let mut first = true;
     {
         let mut status = lock(&shared.reload);
         status.rules = supervisor.current().rules.len();
     }
     loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            woke = wake.recv() => if woke.is_none() { return },
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                woke = wake.recv() => if woke.is_none() { return },
+            }
         }
         let now = crate::reload::fingerprint(&options.rules);
         if now == seen {
             continue;
         }
+        let initial = seen.is_empty();
         seen = now;
         let started = std::time::Instant::now();
-        match RuleSet::load(&options.rules, options.limits) {
+        let loaded = RuleSet::load(&options.rules, options.limits);
+        if initial
+            && let Ok(set) = &loaded
+            && crate::reload::diff(supervisor.current(), set).is_empty()
+        {
+            continue;
+        }
+        match loaded {
             Ok(set) => {
                 for w in &set.warnings {
                     warn!("{w}");

@@ -205,18 +205,12 @@ async fn rule_parents(
 /// single `None` for all namespaces. Empty when the rule never ran (its
 /// namespaces and the operator's do not meet).
 fn scopes(rule: &CompiledRule, operator: &[String]) -> Vec<Option<String>> {
-    let own = &rule.rule.spec.parent.namespaces;
-    let namespaces: Vec<String> = match (own.is_empty(), operator.is_empty()) {
-        (true, true) => return vec![None],
-        (true, false) => operator.to_vec(),
-        (false, true) => own.clone(),
-        (false, false) => own
-            .iter()
-            .filter(|n| operator.contains(n))
-            .cloned()
-            .collect(),
-    };
-    namespaces.into_iter().map(Some).collect()
+    match controller::effective_namespaces(rule, operator) {
+        Ok(namespaces) if namespaces.is_empty() => vec![None],
+        Ok(namespaces) => namespaces.into_iter().map(Some).collect(),
+        // Outside the operator's namespaces: the rule never touched anything.
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Lists `kind` in each of `scopes` (a cluster-scoped kind: once, everywhere;
