@@ -56,6 +56,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 
+pub mod operator;
+
 /// The label put on every namespace made by [`namespace`].
 pub const TEST_LABEL: &str = "trellis.dev/test";
 

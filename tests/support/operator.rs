@@ -1,0 +1,423 @@
+//! Running `trellis run` in-process against the test control plane.
+//!
+//! ```ignore
+//! let ns = support::namespace().await;
+//! let app = TestKind::new("App");
+//! let _cleanup = Cleanup::crds(&[&app]);
+//! app.install(&ns.client).await;
+//! let operator = Operator::start(&ns.client, ns.name(), &[&app.rule(RULE)]);
+//! // ... create parents with `app.api(&ns)`, wait with `support::eventually`
+//! operator.stop().await;
+//! ```
+//!
+//! The operator watches only the test's namespace, so tests sharing the
+//! cluster never see each other's parents. Custom kinds live in an API group
+//! of their own per test ([`TestKind`]), so tests may run in parallel; the
+//! [`Cleanup`] guard removes the cluster-scoped objects a test made (CRDs,
+//! ClusterRoles, ...) even when it panics.
+
+use std::fmt::Debug;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::config::KubeConfigOptions;
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::TestNamespace;
+
+/// How long a test waits for the operator to do something it should do.
+pub const WAIT: Duration = Duration::from_secs(30);
+/// How long a test watches for something that must not happen.
+pub const QUIET: Duration = Duration::from_secs(3);
+
+/// A custom kind of one test's own: a CRD in a unique API group, namespaced,
+/// with the status subresource; spec and status take any fields.
+#[derive(Clone)]
+pub struct TestKind {
+    pub group: String,
+    pub kind: String,
+    pub plural: String,
+    pub resource: ApiResource,
+}
+
+impl TestKind {
+    /// A kind named `kind` in a fresh group; its plural is the lowercase kind
+    /// plus `s`, as `trellis rbac` guesses it. Give kinds plain names.
+    pub fn new(kind: &str) -> TestKind {
+        let group = format!("{}.trellis.test", super::unique_name("op"));
+        TestKind::in_group(&group, kind)
+    }
+
+    /// Another kind in the group of `self`.
+    pub fn sibling(&self, kind: &str) -> TestKind {
+        TestKind::in_group(&self.group, kind)
+    }
+
+    /// A kind in a fixed group, for a CRD that stays installed across tests
+    /// and runs (never hand it to [`Cleanup`]). The garbage collector learns
+    /// of new kinds only every 30 s, so a test that needs it to act on a kind
+    /// is quick only with a kind it already knows.
+    pub fn lasting(group: &str, kind: &str) -> TestKind {
+        TestKind::in_group(group, kind)
+    }
+
+    fn in_group(group: &str, kind: &str) -> TestKind {
+        let plural = format!("{}s", kind.to_ascii_lowercase());
+        let gvk = GroupVersionKind::gvk(group, "v1", kind);
+        TestKind {
+            group: group.to_owned(),
+            kind: kind.to_owned(),
+            resource: ApiResource::from_gvk_with_plural(&gvk, &plural),
+            plural,
+        }
+    }
+
+    pub fn api_version(&self) -> String {
+        format!("{}/v1", self.group)
+    }
+
+    pub fn crd_name(&self) -> String {
+        format!("{}.{}", self.plural, self.group)
+    }
+
+    pub fn crd(&self) -> CustomResourceDefinition {
+        let open = json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true });
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": { "name": self.crd_name() },
+            "spec": {
+                "group": self.group,
+                "scope": "Namespaced",
+                "names": {
+                    "plural": self.plural,
+                    "singular": self.kind.to_ascii_lowercase(),
+                    "kind": self.kind,
+                    "listKind": format!("{}List", self.kind),
+                },
+                "versions": [{
+                    "name": "v1",
+                    "served": true,
+                    "storage": true,
+                    "subresources": { "status": {} },
+                    "schema": { "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": { "spec": open, "status": open },
+                    }},
+                }],
+            },
+        }))
+        .expect("valid CRD")
+    }
+
+    /// Applies the CRD and waits until it is Established.
+    pub async fn install(&self, client: &Client) {
+        super::apply_crd(client, &self.crd()).await;
+    }
+
+    pub fn api(&self, ns: &TestNamespace) -> Api<DynamicObject> {
+        Api::namespaced_with(ns.client.clone(), ns.name(), &self.resource)
+    }
+
+    /// Creates an object of this kind with `spec` (and optional annotations).
+    pub async fn create(
+        &self,
+        ns: &TestNamespace,
+        name: &str,
+        spec: Value,
+        annotations: &[(&str, &str)],
+    ) -> DynamicObject {
+        let mut obj = DynamicObject::new(name, &self.resource)
+            .within(ns.name())
+            .data(json!({ "spec": spec }));
+        if !annotations.is_empty() {
+            obj.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+        }
+        self.api(ns)
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {e}", self.kind))
+    }
+
+    /// Merge-patches an object of this kind.
+    pub async fn patch(&self, ns: &TestNamespace, name: &str, patch: Value) -> DynamicObject {
+        self.api(ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("patching {} {name}: {e}", self.kind))
+    }
+
+    /// A rule text with `@API_VERSION@` and `@KIND@` replaced by this kind's.
+    pub fn rule(&self, text: &str) -> String {
+        text.replace("@API_VERSION@", &self.api_version())
+            .replace("@KIND@", &self.kind)
+    }
+}
+
+/// Compiles rule texts (one rule file each), panicking with the diagnostics.
+pub fn rule_set(rules: &[&str]) -> trellis::rules::RuleSet {
+    let dir = tempfile::tempdir().expect("temp dir for rules");
+    for (i, text) in rules.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("rule-{i}.yaml")), text).expect("write rule");
+    }
+    trellis::rules::RuleSet::load(&[dir.path().to_path_buf()], Default::default()).unwrap_or_else(
+        |diags| {
+            let text: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
+            panic!("test rules do not load:\n{}", text.join("\n"))
+        },
+    )
+}
+
+/// `trellis run` in a task of the test's runtime, watching one namespace.
+pub struct Operator {
+    cancel: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Operator {
+    /// Loads `rules` (one rule file each) and starts the operator with `client`,
+    /// watching only `namespace`.
+    pub fn start(client: &Client, namespace: &str, rules: &[&str]) -> Operator {
+        let mut options = trellis::operator::Options::new(vec![], vec![namespace.to_owned()]);
+        options.concurrency = 16;
+        options.instance = "test".into();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(trellis::operator::run_with(
+            options,
+            rule_set(rules),
+            client.clone(),
+            cancel.clone(),
+        ));
+        Operator {
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    /// Cancels the operator and asserts that it exits, cleanly and promptly.
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        let task = self.task.take().expect("operator task");
+        match tokio::time::timeout(WAIT, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => panic!("the operator failed: {e:#}"),
+            Ok(Err(e)) => panic!("the operator task panicked: {e}"),
+            Err(_) => panic!("the operator did not stop within {WAIT:?} of being cancelled"),
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // A test that panicked never called `stop`.
+        self.cancel.cancel();
+    }
+}
+
+/// Cluster-scoped objects a test made, deleted when dropped (also on panic).
+#[derive(Default)]
+pub struct Cleanup {
+    objects: Vec<(ApiResource, String)>,
+}
+
+impl Cleanup {
+    /// Deletes the CRDs of `kinds` at the end (their objects go with them).
+    pub fn crds(kinds: &[&TestKind]) -> Cleanup {
+        let mut cleanup = Cleanup::default();
+        for kind in kinds {
+            cleanup.add::<CustomResourceDefinition>(&kind.crd_name());
+        }
+        cleanup
+    }
+
+    pub fn add<K>(&mut self, name: &str)
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        self.objects
+            .push((ApiResource::erase::<K>(&()), name.to_owned()));
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.objects.is_empty() {
+            return;
+        }
+        let objects = std::mem::take(&mut self.objects);
+        let kubeconfig = super::cluster().kubeconfig.clone();
+        // The test's runtime may be gone or unwinding: use a runtime of our own.
+        let result = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let config =
+                    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                let client = Client::try_from(config).map_err(|e| e.to_string())?;
+                let mut errors = Vec::new();
+                for (resource, name) in objects {
+                    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                    match api.delete(&name, &DeleteParams::background()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => errors.push(format!("{} {name}: {e}", resource.kind)),
+                    }
+                }
+                if errors.is_empty() {
+                    Ok(())
+                } else {
+                    Err(errors.join("; "))
+                }
+            })
+        })
+        .join();
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("[support] cleanup: {e}"),
+            Err(_) => eprintln!("[support] cleanup panicked"),
+        }
+    }
+}
+
+/// A client that acts as `user` (through impersonation by the admin client).
+pub async fn impersonating(user: &str) -> Client {
+    let kubeconfig = super::cluster().kubeconfig.clone();
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("client config");
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).expect("impersonating client")
+}
+
+/// The condition `type_` of an object's `.status.conditions`.
+pub fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    obj.data
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+/// `Ok((status, reason))` of a condition, or `Err` saying it is missing.
+pub fn condition_state(obj: &DynamicObject, type_: &str) -> Result<(String, String), String> {
+    let c = condition(obj, type_).ok_or_else(|| {
+        format!(
+            "no {type_} condition in status {}",
+            obj.data.get("status").unwrap_or(&Value::Null)
+        )
+    })?;
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Ok((s("status"), s("reason")))
+}
+
+/// Polls `api` until the object `name` exists and `check` accepts it.
+pub async fn wait_for<K, T, F>(api: &Api<K>, name: &str, what: &str, check: F) -> T
+where
+    K: Clone + serde::de::DeserializeOwned + Debug,
+    F: Fn(&K) -> Result<T, String>,
+{
+    super::eventually(what, WAIT, || async {
+        match api.get_opt(name).await {
+            Ok(Some(obj)) => check(&obj),
+            Ok(None) => Err(format!("{name} does not exist")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+}
+
+/// Polls `api` until the object `name` exists.
+pub async fn wait_exists<K>(api: &Api<K>, name: &str) -> K
+where
+    K: Clone + serde::de::DeserializeOwned + Debug,
+{
+    wait_for(api, name, &format!("{name} to exist"), |o| Ok(o.clone())).await
+}
+
+/// Polls `api` until the object `name` is gone.
+pub async fn wait_gone<K>(api: &Api<K>, name: &str, timeout: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + Debug,
+{
+    super::eventually(&format!("{name} to be gone"), timeout, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err(format!("{name} still exists")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+}
+
+/// Asserts that the object `name` does not exist.
+pub async fn assert_absent<K>(api: &Api<K>, name: &str, why: &str)
+where
+    K: Clone + serde::de::DeserializeOwned + Debug,
+{
+    let found = api.get_opt(name).await.expect("GET");
+    assert!(found.is_none(), "{name} exists, but {why}: {found:?}");
+}
+
+/// Log lines written while it is installed, on the current thread only (so
+/// use it in a `current_thread` test, where the operator's tasks run too).
+pub struct LogCapture {
+    lines: Arc<Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl LogCapture {
+    pub fn start() -> LogCapture {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("info,trellis=debug")
+            .with_ansi(false)
+            .with_writer(move || CaptureWriter(sink.clone()))
+            .finish();
+        LogCapture {
+            lines,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        let bytes = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+struct CaptureWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for CaptureWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
