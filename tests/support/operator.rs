@@ -89,6 +89,16 @@ impl TestKind {
     }
 
     pub fn crd(&self) -> CustomResourceDefinition {
+        let mut crd = self.crd_without_status_subresource();
+        if let Some(version) = crd.spec.versions.first_mut() {
+            version.subresources =
+                Some(serde_json::from_value(json!({ "status": {} })).expect("subresources"));
+        }
+        crd
+    }
+
+    /// The CRD with status as a plain field: writing it bumps `generation`.
+    pub fn crd_without_status_subresource(&self) -> CustomResourceDefinition {
         let open = json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true });
         serde_json::from_value(json!({
             "apiVersion": "apiextensions.k8s.io/v1",
@@ -107,7 +117,6 @@ impl TestKind {
                     "name": "v1",
                     "served": true,
                     "storage": true,
-                    "subresources": { "status": {} },
                     "schema": { "openAPIV3Schema": {
                         "type": "object",
                         "properties": { "spec": open, "status": open },
