@@ -749,3 +749,210 @@ async fn a_status_field_whose_source_child_is_pruned_is_removed() {
     .await;
     operator.stop().await;
 }
+
+/// Every parent renders the same child name: a mistake the operator must
+/// not turn into parents taking the object from each other.
+const CLASH_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: clash
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: shared
+        data:
+          owner: {{ parent.metadata.name }}
+  status:
+    fields:
+      - path: owner
+        value: "metadata.name"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_belongs_to_another_parent_is_not_taken_over() {
+    let ns = support::namespace().await;
+    let (app, _cleanup, operator) = app_setup(&ns, "App", CLASH_RULE).await;
+    let first = app.create(&ns, "first", json!({}), &[]).await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_exists(&cms, "shared").await;
+
+    app.create(&ns, "second", json!({}), &[]).await;
+    let parents = app.api(&ns);
+    let second = wait_for(
+        &parents,
+        "second",
+        "Synced=False on the second parent",
+        |p| match condition_state(p, "Synced")? {
+            (s, r) if s == "False" => Ok((r, p.clone())),
+            other => Err(format!("Synced is {other:?}")),
+        },
+    )
+    .await;
+    let message = condition(&second.1, "Synced").expect("Synced")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("another parent"),
+        "{}: {message}",
+        second.0
+    );
+    tokio::time::sleep(QUIET).await;
+    let cm = cms.get("shared").await.expect("child");
+    assert_eq!(data(&cm, "owner").as_deref(), Some("first"));
+    assert_eq!(
+        cm.labels().get("trellis.dev/parent-uid"),
+        first.uid().as_ref()
+    );
+    assert_eq!(
+        cm.owner_references().len(),
+        1,
+        "{:?}",
+        cm.owner_references()
+    );
+    assert_eq!(Some(&cm.owner_references()[0].uid), first.uid().as_ref());
+    operator.stop().await;
+}
+
+const CREATE_ONLY_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: secret
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: password
+      apiVersion: v1
+      kind: Secret
+      policy: createOnly
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-password" }}
+        stringData:
+          password: {{ rand_alnum(24) }}
+          user: {{ spec.user }}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_only_child_is_created_once_and_never_updated() {
+    use k8s_openapi::api::core::v1::Secret;
+    let ns = support::namespace().await;
+    let (app, _cleanup, operator) = app_setup(&ns, "Db", CREATE_ONLY_RULE).await;
+    app.create(&ns, "orders", json!({"user": "alice"}), &[])
+        .await;
+    let secrets: Api<Secret> = ns.api();
+    let created = wait_exists(&secrets, "orders-password").await;
+    let value = |s: &Secret, k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let password = value(&created, "password").expect("password");
+    assert_eq!(password.len(), 24);
+
+    // Spec changes and reconciles do not touch it (nor re-roll the password).
+    app.patch(&ns, "orders", json!({"spec": {"user": "bob"}}))
+        .await;
+    wait_for(
+        &app.api(&ns),
+        "orders",
+        "the new generation to be observed",
+        |p| {
+            (p.data["status"].is_null() || p.data["status"]["observedGeneration"] == json!(2))
+                .then_some(())
+                .ok_or_else(|| "not yet".to_owned())
+        },
+    )
+    .await;
+    tokio::time::sleep(QUIET).await;
+    let kept = secrets.get("orders-password").await.expect("secret");
+    assert_eq!(kept.resource_version(), created.resource_version());
+    assert_eq!(value(&kept, "user").as_deref(), Some("alice"));
+
+    // Deleted: created again, from the current spec.
+    secrets
+        .delete("orders-password", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let again = wait_for(
+        &secrets,
+        "orders-password",
+        "the secret to be recreated",
+        |s| {
+            (s.uid() != created.uid())
+                .then(|| s.clone())
+                .ok_or_else(|| "still the old one".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(value(&again, "user").as_deref(), Some("bob"));
+    assert_ne!(value(&again, "password"), Some(password));
+    operator.stop().await;
+}
+
+const RECREATE_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: recreate
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      policy: recreate
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        immutable: true
+        data:
+          version: {{ spec.version }}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreate_child_is_replaced_when_its_rendering_changes() {
+    let ns = support::namespace().await;
+    let (app, _cleanup, operator) = app_setup(&ns, "Rel", RECREATE_RULE).await;
+    app.create(&ns, "v", json!({"version": "1"}), &[]).await;
+    let cms: Api<ConfigMap> = ns.api();
+    let first = wait_exists(&cms, "v").await;
+    assert!(
+        first.annotations().contains_key("trellis.dev/render-hash"),
+        "{:?}",
+        first.annotations()
+    );
+
+    // An immutable ConfigMap cannot be updated: it must be replaced.
+    app.patch(&ns, "v", json!({"spec": {"version": "2"}})).await;
+    let second = wait_for(
+        &cms,
+        "v",
+        "the ConfigMap to be replaced",
+        |cm| match data(cm, "version").as_deref() {
+            Some("2") => Ok(cm.clone()),
+            other => Err(format!("version is {other:?}")),
+        },
+    )
+    .await;
+    assert_ne!(second.uid(), first.uid());
+    assert_ne!(
+        second.annotations().get("trellis.dev/render-hash"),
+        first.annotations().get("trellis.dev/render-hash")
+    );
+    operator.stop().await;
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{
-    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+    DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -23,7 +23,8 @@ use tracing::{debug, info, warn};
 use super::discovery::{Resolved, RuleKinds};
 use super::{FINALIZER, PAUSED_ANNOTATION, Shared};
 use crate::plan::{
-    self, ANNOTATION_RENDER_HASH, Apply, Input, LABEL_CHILD, LABEL_PARENT_UID, ObjectKey, Observed,
+    self, ANNOTATION_RENDER_HASH, Apply, Input, LABEL_CHILD, LABEL_PARENT_UID, LABEL_RULE,
+    ObjectKey, Observed,
 };
 use crate::rules::CompiledRule;
 use crate::rules::model::Policy;
@@ -60,6 +61,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "{key} belongs to another parent ({owner}); it is not taken over: give each parent's child a name of its own"
+    )]
+    Conflict { key: String, owner: String },
     #[error("writing status: {}", brief(.0))]
     Status(#[source] kube::Error),
     #[error("updating finalizers: {}", brief(.0))]
@@ -346,6 +351,37 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
         return Err(Error::Plan(format!("{}: kind not resolved", apply.key)));
     };
     let api = ctx.api_for(kind, apply.key.namespace.as_deref());
+    if live.is_none() {
+        // Not among this parent's cached children: new, not in the cache yet,
+        // or made for another parent (two parents rendering one name), which
+        // a forced apply would silently take over.
+        if let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? {
+            let existing = serde_json::to_value(&existing).unwrap_or_default();
+            if let Some(owner) = other_owner(&existing, &apply.object) {
+                return Err(Error::Conflict {
+                    key: apply.key.to_string(),
+                    owner,
+                });
+            }
+            if apply.policy == Policy::CreateOnly {
+                return Ok(Outcome::Unchanged);
+            }
+        } else if apply.policy == Policy::CreateOnly {
+            // A create, not an apply: should the object appear meanwhile it
+            // is kept as it is (a `rand_alnum` secret is never re-rolled).
+            let object: DynamicObject = serde_json::from_value(apply.object.clone())
+                .map_err(|e| Error::Plan(format!("{}: {e}", apply.key)))?;
+            let params = PostParams {
+                field_manager: Some(ctx.field_manager()),
+                ..PostParams::default()
+            };
+            return match api.create(&params, &object).await {
+                Ok(_) => Ok(Outcome::Created),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Unchanged),
+                Err(source) => Err(fail(source)),
+            };
+        }
+    }
     match (apply.policy, live) {
         (Policy::CreateOnly, Some(_)) => return Ok(Outcome::Unchanged),
         (Policy::Recreate, Some(live)) => {
@@ -399,6 +435,42 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
     } else {
         Outcome::Updated
     })
+}
+
+/// Who else an existing object was made for, when not for the parent (and
+/// rule) of `desired`: another parent's uid label or controller reference,
+/// or another rule's label. Objects trellis did not make are adopted.
+fn other_owner(existing: &Value, desired: &Value) -> Option<String> {
+    let label = |obj: &Value, name: &str| {
+        obj.pointer("/metadata/labels")
+            .and_then(|l| l.get(name))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let uid = label(desired, LABEL_PARENT_UID);
+    let controller = existing
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .and_then(|refs| refs.iter().find(|r| r["controller"] == true));
+    if let Some(owner) = controller
+        && owner["uid"].as_str() != uid.as_deref()
+    {
+        return Some(format!(
+            "{} {}",
+            owner["kind"].as_str().unwrap_or_default(),
+            owner["name"].as_str().unwrap_or_default()
+        ));
+    }
+    match (
+        label(existing, LABEL_PARENT_UID),
+        label(existing, LABEL_RULE),
+    ) {
+        (Some(other), _) if Some(&other) != uid.as_ref() => Some(format!("parent uid {other}")),
+        (_, Some(rule)) if Some(&rule) != label(desired, LABEL_RULE).as_ref() => {
+            Some(format!("rule {rule}"))
+        }
+        _ => None,
+    }
 }
 
 /// Hash of an object without what changes under it without anyone editing
@@ -794,6 +866,36 @@ mod tests {
         // A failed pass keeps the last good values.
         let failed = json!({"kept": "y", "conditions": [{"type": "Synced", "status": "False", "reason": "RenderError"}]});
         assert!(stale_fields(paths(), Some(&current), &failed).is_empty());
+    }
+
+    #[test]
+    fn an_object_made_for_another_parent_or_rule_has_another_owner() {
+        let desired = json!({"metadata": {"labels": {
+            "trellis.dev/rule": "app", "trellis.dev/parent-uid": "u1"}}});
+        let ours = json!({"metadata": {
+            "labels": {"trellis.dev/rule": "app", "trellis.dev/parent-uid": "u1"},
+            "ownerReferences": [{"kind": "App", "name": "a", "uid": "u1", "controller": true}]}});
+        assert_eq!(other_owner(&ours, &desired), None);
+        let unmanaged = json!({"metadata": {"name": "x"}});
+        assert_eq!(other_owner(&unmanaged, &desired), None);
+        let other_parent = json!({"metadata": {
+            "labels": {"trellis.dev/rule": "app", "trellis.dev/parent-uid": "u2"},
+            "ownerReferences": [{"kind": "App", "name": "b", "uid": "u2", "controller": true}]}});
+        assert_eq!(
+            other_owner(&other_parent, &desired).as_deref(),
+            Some("App b")
+        );
+        let unowned = json!({"metadata": {"labels": {"trellis.dev/parent-uid": "u2"}}});
+        assert_eq!(
+            other_owner(&unowned, &desired).as_deref(),
+            Some("parent uid u2")
+        );
+        let other_rule = json!({"metadata": {"labels": {
+            "trellis.dev/rule": "db", "trellis.dev/parent-uid": "u1"}}});
+        assert_eq!(
+            other_owner(&other_rule, &desired).as_deref(),
+            Some("rule db")
+        );
     }
 
     #[test]
