@@ -7,6 +7,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -195,6 +196,38 @@ async fn a_rule_whose_crd_is_installed_later_activates_by_itself() {
     app.create(&ns, "shop", json!({}), &[]).await;
     let cms: Api<ConfigMap> = ns.api();
     wait_exists(&cms, "shop-late").await;
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_whose_crd_is_removed_and_reinstalled_resumes() {
+    let ns = support::namespace().await;
+    let app = TestKind::new("Again");
+    let _cleanup = Cleanup::crds(&[&app]);
+    app.install(&ns.client).await;
+    let operator = Operator::start(&ns.client, ns.name(), &[&config_rule(&app, "again")]);
+    app.create(&ns, "one", json!({}), &[]).await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_exists(&cms, "one-again").await;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
+    crds.delete(&app.crd_name(), &DeleteParams::default())
+        .await
+        .expect("delete CRD");
+    wait_gone(&crds, &app.crd_name(), WAIT).await;
+    app.install(&ns.client).await;
+    app.create(&ns, "two", json!({}), &[]).await;
+    wait_exists(&cms, "two-again").await;
+    wait_for(
+        &app.api(&ns),
+        "two",
+        "Ready=True",
+        |p| match condition_state(p, "Ready")? {
+            (s, _) if s == "True" => Ok(()),
+            other => Err(format!("Ready is {other:?}")),
+        },
+    )
+    .await;
     operator.stop().await;
 }
 
