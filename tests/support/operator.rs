@@ -21,6 +21,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -234,6 +235,25 @@ impl Drop for Operator {
         // A test that panicked never called `stop`.
         self.cancel.cancel();
     }
+}
+
+/// Installs a fresh kind named `kind` and starts the operator with `rule`
+/// for it (see [`TestKind::rule`]), watching the test's namespace.
+pub async fn start_with_new_kind(
+    ns: &TestNamespace,
+    kind: &str,
+    rule: &str,
+) -> (TestKind, Cleanup, Operator) {
+    let kind = TestKind::new(kind);
+    let cleanup = Cleanup::crds(&[&kind]);
+    kind.install(&ns.client).await;
+    let operator = Operator::start(&ns.client, ns.name(), &[&kind.rule(rule)]);
+    (kind, cleanup, operator)
+}
+
+/// `data[key]` of a ConfigMap.
+pub fn config_data(cm: &ConfigMap, key: &str) -> Option<String> {
+    cm.data.as_ref().and_then(|d| d.get(key)).cloned()
 }
 
 /// Cluster-scoped objects a test made, deleted when dropped (also on panic).
