@@ -166,6 +166,13 @@ pub fn scope(gvk: &Gvk) -> Scope {
         .unwrap_or(Scope::Namespaced)
 }
 
+/// Whether a built-in resource (by group and plural) is cluster-scoped.
+pub fn is_cluster_scoped_resource(group: &str, plural: &str) -> bool {
+    KNOWN
+        .iter()
+        .any(|(g, _, p, s)| *g == group && *p == plural && *s == Scope::Cluster)
+}
+
 fn pluralize(singular: &str) -> String {
     let ends = |s: &str| singular.ends_with(s);
     if ends("s") || ends("x") || ends("z") || ends("ch") || ends("sh") {

@@ -104,7 +104,7 @@ async fn rule_loop(
             }
         };
         retry = Duration::from_secs(1);
-        let missing = preflight(&shared.client, &rule, &namespaces).await;
+        let missing = preflight(&shared.client, &rule, &kinds, &namespaces).await;
         if !missing.is_empty() {
             report(
                 &mut last_state,
@@ -162,17 +162,44 @@ pub(super) fn effective_namespaces(
 }
 
 /// Asks the API server, verb by verb, whether trellis may do what the rule
-/// needs; returns what is missing.
-async fn preflight(client: &Client, rule: &CompiledRule, namespaces: &[String]) -> Vec<String> {
+/// needs; returns what is missing. Resource names and scopes come from
+/// discovery where the rule's kinds are concerned, so a CRD's real plural is
+/// asked about, and cluster-scoped resources are asked about cluster-wide.
+async fn preflight(
+    client: &Client,
+    rule: &CompiledRule,
+    kinds: &RuleKinds,
+    namespaces: &[String],
+) -> Vec<String> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+    let namespaced_scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
         namespaces.iter().cloned().map(Some).collect()
     };
+    let resolved: Vec<&Resolved> = std::iter::once(&kinds.parent)
+        .chain(kinds.children.iter())
+        .collect();
     let mut missing = Vec::new();
-    for perm in crate::rbac::rule_permissions(rule) {
-        for ns in &scopes {
+    for mut perm in crate::rbac::rule_permissions(rule) {
+        let known = resolved.iter().find(|r| {
+            r.resource.group == perm.group
+                && (r.resource.plural == perm.resource
+                    || crate::kinds::plural(&r.gvk) == perm.resource)
+        });
+        let cluster_scoped = match known {
+            Some(r) => {
+                perm.resource = r.resource.plural.clone();
+                !r.namespaced
+            }
+            None => crate::kinds::is_cluster_scoped_resource(&perm.group, &perm.resource),
+        };
+        let scopes = if cluster_scoped {
+            &[None][..]
+        } else {
+            &namespaced_scopes[..]
+        };
+        for ns in scopes {
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
                     resource_attributes: Some(ResourceAttributes {
@@ -354,6 +381,7 @@ async fn run_controller(
         kinds,
         shared: shared.clone(),
         children: child_stores,
+        parents: parents.clone(),
         applied: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
         warned: Mutex::new(BTreeSet::new()),

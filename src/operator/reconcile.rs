@@ -37,6 +37,8 @@ pub struct RuleCtx {
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
     pub children: Vec<(Resolved, Store<DynamicObject>)>,
+    /// The parent cache.
+    pub parents: Store<DynamicObject>,
     /// Per child: (hash of what we applied, fingerprint of the object our apply returned).
     pub applied: Mutex<HashMap<ObjectKey, (String, String)>>,
     /// Consecutive failures per parent, for backoff.
@@ -94,6 +96,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl RuleCtx {
     pub fn rule(&self) -> Arc<CompiledRule> {
         self.rules.borrow().clone()
+    }
+
+    /// Forgets bookkeeping about children and parents that are gone, so the
+    /// maps do not grow with churn. Runs only when they look oversized.
+    fn sweep(&self) {
+        let children: usize = self.children.iter().map(|(_, s)| s.state().len()).sum();
+        let mut applied = lock(&self.applied);
+        if applied.len() > 2 * children + 256 {
+            let live: std::collections::HashSet<ObjectKey> = self
+                .children
+                .iter()
+                .flat_map(|(_, store)| store.state())
+                .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+                .filter_map(|v| ObjectKey::of(&v))
+                .collect();
+            applied.retain(|k, _| live.contains(k));
+        }
+        drop(applied);
+        let mut failures = lock(&self.failures);
+        if failures.len() > 256 {
+            let parents: std::collections::HashSet<String> =
+                self.parents.state().iter().map(|p| parent_key(p)).collect();
+            failures.retain(|k, _| parents.contains(k));
+        }
     }
 
     fn field_manager(&self) -> String {
@@ -189,8 +215,15 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
         }
     }
     let _permit = ctx.shared.permits.acquire().await;
+    ctx.sweep();
     let rule = &ctx.rule();
     let key = parent_key(&parent);
+    let uid = parent.uid().unwrap_or_default();
+    // Deletion goes ahead even for a paused parent: holding the finalizer
+    // would leave a delete the user asked for hanging.
+    if parent.meta().deletion_timestamp.is_some() {
+        return finalize(&parent, &ctx, &uid).await;
+    }
     if parent
         .annotations()
         .get(PAUSED_ANNOTATION)
@@ -204,10 +237,6 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
         serde_json::to_value(parent.as_ref()).map_err(|e| Error::Plan(e.to_string()))?;
     if !plan::parent_matches(rule, &parent_json) {
         return Ok(Action::await_change());
-    }
-    let uid = parent.uid().unwrap_or_default();
-    if parent.meta().deletion_timestamp.is_some() {
-        return finalize(&parent, &ctx, &uid).await;
     }
 
     let observed = Observed::from_objects(ctx.observed(&uid));
@@ -396,7 +425,7 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
                         uid: Some(u.to_owned()),
                         resource_version: None,
                     }),
-                    propagation_policy: Some(PropagationPolicy::Foreground),
+                    propagation_policy: Some(PropagationPolicy::Background),
                     ..DeleteParams::default()
                 };
                 api.delete(&apply.key.name, &params)
@@ -760,6 +789,38 @@ async fn set_finalizers(
     Ok(())
 }
 
+/// Whether any child of this parent still exists, by a live list per child
+/// kind (not the cache).
+async fn live_children_remain(
+    ctx: &RuleCtx,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<bool, Error> {
+    let rule = ctx.rule();
+    let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
+    let params = kube::api::ListParams::default().labels(&selector).limit(1);
+    for kind in &ctx.kinds.children {
+        // Children live in the parent's namespace unless the rule lets them out.
+        let anywhere = rule
+            .children
+            .iter()
+            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let namespace = parent.namespace().filter(|_| !anywhere);
+        let api = ctx.api_for(kind, namespace.as_deref());
+        match api.list_metadata(&params).await {
+            Ok(list) if !list.items.is_empty() => return Ok(true),
+            Ok(_) => {}
+            Err(source) => {
+                return Err(Error::Delete {
+                    key: format!("children of kind {}", kind.gvk),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// A parent being deleted: remove children (in reverse dependency order when
 /// asked, one wave per child id), then release the finalizer.
 async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Action, Error> {
@@ -792,6 +853,11 @@ async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Ac
         observed.iter().collect()
     };
     if wave.is_empty() {
+        // The cache may not have seen a child created moments ago: ask the
+        // API server before letting the parent go.
+        if live_children_remain(ctx, parent, uid).await? {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         let rest: Vec<String> = parent
             .finalizers()
             .iter()
