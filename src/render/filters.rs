@@ -1,7 +1,10 @@
-//! Filters beyond minijinja's built-ins (which already include `tojson`).
+//! Filters beyond minijinja's built-ins.
 //!
 //! Every filter refuses an undefined input, so `{{ spec.typo | b64encode }}`
-//! is an error rather than the encoding of an empty string.
+//! is an error rather than the encoding of an empty string. `tojson` replaces
+//! minijinja's own: that one returns markup-safe text, which in a child
+//! template would be inserted raw (adding YAML structure, or breaking the
+//! document when concatenated); ours returns a plain string, like `toyaml`.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -15,6 +18,7 @@ const MAX_RANDOM_LEN: usize = 256;
 const DNS_LABEL_MAX: usize = 63;
 
 pub fn register(env: &mut Environment<'static>) {
+    env.add_filter("tojson", tojson);
     env.add_filter("toyaml", toyaml);
     env.add_filter("b64encode", b64encode);
     env.add_filter("b64decode", b64decode);
@@ -43,6 +47,11 @@ fn string_arg(filter: &str, value: &Value) -> Result<String, Error> {
         Some(s) => s.to_owned(),
         None => value.to_string(),
     })
+}
+
+fn tojson(value: &Value) -> Result<String, Error> {
+    let value = defined("tojson", value)?;
+    serde_json::to_string(value).map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))
 }
 
 fn toyaml(value: &Value) -> Result<String, Error> {

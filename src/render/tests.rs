@@ -275,7 +275,7 @@ mod filters {
     fn tojson_and_toyaml_serialize_values() {
         assert_eq!(
             run("{'a': [1, 'b']} | tojson").unwrap(),
-            r#"{"a": [1, "b"]}"#
+            r#"{"a":[1,"b"]}"#
         );
         let yaml = run("{'a': [1, 'b']} | toyaml").unwrap();
         assert_eq!(
@@ -310,8 +310,21 @@ mod filters {
     }
 
     #[test]
+    fn tojson_in_a_child_template_is_a_string_even_when_concatenated() {
+        let spec = json!({"s": {"a": "x\"\n: y"}});
+        let out = render_yaml(
+            "a: {{ spec.s | tojson }}\nb: {{ 'p-' ~ (spec.s | tojson) }}\nc: {{ (spec.s | tojson) ~ '' }}\n",
+            spec,
+        )
+        .unwrap();
+        assert_eq!(out["a"], r#"{"a":"x\"\n: y"}"#);
+        assert_eq!(out["b"], r#"p-{"a":"x\"\n: y"}"#);
+        assert_eq!(out["c"], out["a"]);
+    }
+
+    #[test]
     fn filters_refuse_missing_values() {
-        for f in ["b64encode", "b64decode", "sha256", "dns_label", "toyaml"] {
+        for f in ["b64encode", "b64decode", "sha256", "dns_label", "toyaml", "tojson"] {
             let err = run(&format!("spec.missing | {f}")).unwrap_err();
             assert!(err.message.contains("missing value"), "{f}: {err}");
         }
