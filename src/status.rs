@@ -216,7 +216,12 @@ mod tests {
     #[test]
     fn long_messages_are_cut_to_the_condition_limit() {
         let long = "é".repeat(MAX_MESSAGE_BYTES);
-        let out = merge_conditions(None, &[Condition::new("Ready", false, "X", long)], None, "t");
+        let out = merge_conditions(
+            None,
+            &[Condition::new("Ready", false, "X", long)],
+            None,
+            "t",
+        );
         let message = out[0]["message"].as_str().unwrap();
         assert!(message.len() <= MAX_MESSAGE_BYTES);
         assert!(message.ends_with('…'));

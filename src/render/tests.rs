@@ -273,10 +273,7 @@ mod filters {
 
     #[test]
     fn tojson_and_toyaml_serialize_values() {
-        assert_eq!(
-            run("{'a': [1, 'b']} | tojson").unwrap(),
-            r#"{"a":[1,"b"]}"#
-        );
+        assert_eq!(run("{'a': [1, 'b']} | tojson").unwrap(), r#"{"a":[1,"b"]}"#);
         let yaml = run("{'a': [1, 'b']} | toyaml").unwrap();
         assert_eq!(
             yaml::parse_value(&yaml, &yaml::Limits::FILES).unwrap(),
@@ -324,7 +321,14 @@ mod filters {
 
     #[test]
     fn filters_refuse_missing_values() {
-        for f in ["b64encode", "b64decode", "sha256", "dns_label", "toyaml", "tojson"] {
+        for f in [
+            "b64encode",
+            "b64decode",
+            "sha256",
+            "dns_label",
+            "toyaml",
+            "tojson",
+        ] {
             let err = run(&format!("spec.missing | {f}")).unwrap_err();
             assert!(err.message.contains("missing value"), "{f}: {err}");
         }
