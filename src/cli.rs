@@ -506,18 +506,12 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::render_document;
-    use crate::rules::{CompiledRule, load_dir};
+    use crate::rules::CompiledRule;
 
     const NOW: &str = "2026-11-29T00:00:00Z";
 
     fn rule(spec: &str) -> Arc<CompiledRule> {
-        let dir = tempfile::tempdir().unwrap();
-        let text = format!(
-            "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n{spec}"
-        );
-        std::fs::write(dir.path().join("rule.yaml"), text).unwrap();
-        let set = load_dir(dir.path()).unwrap_or_else(|d| panic!("{d:#?}"));
-        set.rules[0].clone()
+        crate::rules::testing::rule_with_spec(spec)
     }
 
     /// ConfigMaps `a-one` ← `a-two` ← `a-three`, each behind the one before.

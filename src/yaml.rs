@@ -217,8 +217,7 @@ fn to_yaml_error(err: serde_saphyr::Error) -> YamlError {
     YamlError { line, message }
 }
 
-/// Parses a YAML stream into its documents; empty documents are skipped.
-pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, YamlError> {
+fn check_size(text: &str, limits: &Limits) -> Result<(), YamlError> {
     if text.len() > limits.max_bytes {
         return Err(YamlError {
             line: None,
@@ -229,6 +228,12 @@ pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, Yam
             ),
         });
     }
+    Ok(())
+}
+
+/// Parses a YAML stream into its documents; empty documents are skipped.
+pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, YamlError> {
+    check_size(text, limits)?;
     let nodes: Vec<Option<Node>> =
         serde_saphyr::from_multiple_with_options(text, options(limits)).map_err(to_yaml_error)?;
     Ok(nodes
@@ -249,16 +254,7 @@ pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, Yam
 /// Parses one YAML value (e.g. a rendered child) straight into JSON, without
 /// the line index: this is the hot path of every render.
 pub fn parse_value(text: &str, limits: &Limits) -> Result<Value, YamlError> {
-    if text.len() > limits.max_bytes {
-        return Err(YamlError {
-            line: None,
-            message: format!(
-                "input is {} bytes, more than the limit of {} bytes",
-                text.len(),
-                limits.max_bytes
-            ),
-        });
-    }
+    check_size(text, limits)?;
     let mut docs: Vec<Option<Value>> =
         serde_saphyr::from_multiple_with_options(text, options(limits)).map_err(to_yaml_error)?;
     docs.retain(|d| d.as_ref().is_some_and(|v| !v.is_null()));

@@ -4,19 +4,13 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::kinds;
-use crate::rules::{CompiledRule, load_dir};
+use crate::rules::CompiledRule;
 
 const NOW: &str = "2026-11-29T00:00:00Z";
 const UID: &str = "uid-1";
 
 fn rule(spec: &str) -> Arc<CompiledRule> {
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n{spec}"
-    );
-    std::fs::write(dir.path().join("rule.yaml"), text).unwrap();
-    let set = load_dir(dir.path()).unwrap_or_else(|d| panic!("{d:#?}"));
-    set.rules[0].clone()
+    crate::rules::testing::rule_with_spec(spec)
 }
 
 const PARENT_KIND: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n";

@@ -19,9 +19,10 @@ fn load(dir: &Path) -> RuleSet {
 
 /// The ClusterRole for one rule file's text.
 fn role_for(rule: &str) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("rule.yaml"), rule).unwrap();
-    cluster_role(&load(dir.path()), "trellis")
+    cluster_role(
+        &crate::rules::testing::load_texts(&[("rule.yaml", rule)]),
+        "trellis",
+    )
 }
 
 fn fixture(case: &str) -> PathBuf {

@@ -131,5 +131,33 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, Vec<Diagnostic>> {
     RuleSet::load(&[dir.to_path_buf()], Limits::default())
 }
 
+/// Helpers for the crate's unit tests: rules from text.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+
+    use super::{CompiledRule, RuleSet, load_dir};
+
+    /// Loads rule files given as (file name, text); panics with every diagnostic.
+    pub fn load_texts(files: &[(&str, &str)]) -> RuleSet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).expect("write rule file");
+        }
+        load_dir(dir.path()).unwrap_or_else(|diags| {
+            let lines: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
+            panic!("rule set rejected:\n{}", lines.join("\n"))
+        })
+    }
+
+    /// The rule `app` with the given `spec:` body (indented two spaces).
+    pub fn rule_with_spec(spec: &str) -> Arc<CompiledRule> {
+        let text = format!(
+            "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n{spec}"
+        );
+        load_texts(&[("rule.yaml", &text)]).rules[0].clone()
+    }
+}
+
 #[cfg(test)]
 mod tests;
