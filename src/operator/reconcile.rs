@@ -380,11 +380,15 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
         return Err(Error::Plan(format!("{}: kind not resolved", apply.key)));
     };
     let api = ctx.api_for(kind, apply.key.namespace.as_deref());
+    // Whether the object exists, even where the cache has not caught up:
+    // decides between "created" and "applied" in logs and Events.
+    let mut existed = live.is_some();
     if live.is_none() {
         // Not among this parent's cached children: new, not in the cache yet,
         // or made for another parent (two parents rendering one name), which
         // a forced apply would silently take over.
         if let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? {
+            existed = true;
             let existing = serde_json::to_value(&existing).unwrap_or_default();
             if let Some(owner) = other_owner(&existing, &apply.object) {
                 return Err(Error::Conflict {
@@ -459,10 +463,10 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
             (apply.hash.clone(), fingerprint(&returned)),
         );
     }
-    Ok(if live.is_none() {
-        Outcome::Created
-    } else {
+    Ok(if existed {
         Outcome::Updated
+    } else {
+        Outcome::Created
     })
 }
 
