@@ -373,12 +373,20 @@ pub fn render_document(
             scope_of: &offline_scope(rule),
         },
     );
+    // `createOnly` children that exist are never sent again: show them apart.
+    let (kept, applied): (Vec<_>, Vec<_>) = plan.apply.iter().partition(|a| {
+        a.policy == crate::rules::model::Policy::CreateOnly
+            && observed.objects.contains_key(&a.key)
+    });
     let mut doc = json!({
-        "children": plan.apply.iter().map(|a| a.object.clone()).collect::<Vec<_>>(),
+        "children": applied.iter().map(|a| a.object.clone()).collect::<Vec<_>>(),
         "status": plan.status,
         "pending": plan.pending,
         "rule": rule.name,
     });
+    if !kept.is_empty() {
+        doc["unchanged"] = json!(kept.iter().map(|a| a.key.to_string()).collect::<Vec<_>>());
+    }
     if !plan.delete.is_empty() {
         doc["delete"] = json!(
             plan.delete
