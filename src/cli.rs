@@ -375,8 +375,7 @@ pub fn render_document(
     );
     // `createOnly` children that exist are never sent again: show them apart.
     let (kept, applied): (Vec<_>, Vec<_>) = plan.apply.iter().partition(|a| {
-        a.policy == crate::rules::model::Policy::CreateOnly
-            && observed.objects.contains_key(&a.key)
+        a.policy == crate::rules::model::Policy::CreateOnly && observed.objects.contains_key(&a.key)
     });
     let mut doc = json!({
         "children": applied.iter().map(|a| a.object.clone()).collect::<Vec<_>>(),
