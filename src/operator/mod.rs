@@ -1,6 +1,8 @@
 //! `trellis run`: the operator, the imperative shell around `plan`.
 //!
 //! ```text
+//!  rules dir ──reload (watch + poll, validate)──▶ Supervisor: start / stop / restart / update rules
+//!                                                     │
 //!  RuleSet ──▶ one task per rule ──resolve kinds (discovery)──▶ waiting ◀── CRD watch wakes it
 //!                    │                      └─preflight (SelfSubjectAccessReview)─▶ inactive
 //!                    ▼
