@@ -34,7 +34,7 @@ use trellis::operator::Options;
 use trellis::rules::RuleSet;
 
 use configmap_dir::ConfigMapDir;
-use support::operator::{Cleanup, TestKind};
+use support::operator::install_kind;
 
 const RULE: &str = r#"
 apiVersion: trellis.dev/v1alpha1
@@ -76,9 +76,7 @@ fn main() {
 
 async fn bench(parents: usize) {
     let ns = support::namespace().await;
-    let kind = TestKind::new("Bench");
-    let _cleanup = Cleanup::crds(&[&kind]);
-    kind.install(&ns.client).await;
+    let (kind, _cleanup) = install_kind(&ns, "Bench").await;
     let rule = |version: &str| kind.rule(RULE).replace("@VERSION@", version);
     let mut rules = ConfigMapDir::new(&[("bench.yaml", &rule("v1"))]);
     let dir: PathBuf = rules.path();

@@ -9,14 +9,14 @@
 mod support;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use support::operator::{
     Cleanup, Operator, QUIET, TestKind, WAIT, assert_absent, condition, condition_state,
-    config_data, start_with_new_kind, wait_exists, wait_for, wait_gone,
+    config_data, start_with_new_kind, wait_condition, wait_condition_reason, wait_data, wait_event,
+    wait_exists, wait_for, wait_gone, wait_ready_and_synced,
 };
 
 /// One ConfigMap per parent, and status fields from the spec and the child.
@@ -113,16 +113,7 @@ async fn creating_a_parent_creates_labelled_owned_children_and_writes_status() {
     );
 
     let parents = app.api(&ns);
-    let parent = wait_for(
-        &parents,
-        "shop",
-        "Ready=True on the parent",
-        |p| match condition_state(p, "Ready")? {
-            (s, _) if s == "True" => Ok(p.clone()),
-            other => Err(format!("Ready is {other:?}")),
-        },
-    )
-    .await;
+    let parent = wait_condition(&parents, "shop", "Ready", "True").await;
     let status = &parent.data["status"];
     assert_eq!(status["observedGeneration"], json!(1), "{status}");
     assert_eq!(status["greeting"], "hi", "{status}");
@@ -137,20 +128,9 @@ async fn creating_a_parent_creates_labelled_owned_children_and_writes_status() {
     );
 
     // The creation is told as an Event on the parent.
-    let events: Api<Event> = ns.api();
-    support::eventually("a Created Event on the parent", WAIT, || async {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("Created")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shop")
-            })
-            .map(|_| ())
-            .ok_or_else(|| format!("{} events, none Created for shop", list.items.len()))
+    wait_event(&ns, "a Created Event on the parent", |e| {
+        e.reason.as_deref() == Some("Created")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shop")
     })
     .await;
     operator.stop().await;
@@ -179,14 +159,12 @@ async fn updating_the_parent_spec_updates_children_and_observed_generation() {
         .await;
     let generation = updated.metadata.generation.expect("generation");
     assert_eq!(generation, 2);
-    wait_for(
+    wait_data(
         &cms,
         "shop-config",
         "the ConfigMap to follow the spec",
-        |cm| match config_data(cm, "greeting").as_deref() {
-            Some("bonjour") => Ok(()),
-            other => Err(format!("greeting is {other:?}")),
-        },
+        "greeting",
+        "bonjour",
     )
     .await;
     let parent = wait_for(&parents, "shop", "status for generation 2", |p| {
@@ -265,14 +243,12 @@ async fn include_when_turning_false_and_a_removed_for_each_item_prune_their_chil
     // The remaining items keep their objects (named after the item, not its index).
     let a = cms.get("web-host-a").await.expect("web-host-a");
     assert_eq!(a.uid(), uids[0]);
-    let c = wait_for(
+    let c = wait_data(
         &cms,
         "web-host-c",
         "web-host-c to carry its new index",
-        |cm| match config_data(cm, "index").as_deref() {
-            Some("1") => Ok(cm.clone()),
-            other => Err(format!("index is {other:?}")),
-        },
+        "index",
+        "1",
     )
     .await;
     assert_eq!(c.uid(), uids[2]);
@@ -294,16 +270,7 @@ async fn invalid_spec_sets_synced_false_invalid_spec_and_leaves_children_untouch
         .await;
     let cms: Api<ConfigMap> = ns.api();
     let parents = app.api(&ns);
-    wait_for(
-        &parents,
-        "shop",
-        "Synced=True",
-        |p| match condition_state(p, "Synced")? {
-            (s, _) if s == "True" => Ok(()),
-            other => Err(format!("Synced is {other:?}")),
-        },
-    )
-    .await;
+    wait_condition(&parents, "shop", "Synced", "True").await;
     let before = cms.get("shop-config").await.expect("child");
 
     // Invalid (replicas < 1), and with a greeting that would change the child.
@@ -313,16 +280,7 @@ async fn invalid_spec_sets_synced_false_invalid_spec_and_leaves_children_untouch
         json!({"spec": {"greeting": "changed", "replicas": 0}}),
     )
     .await;
-    let parent = wait_for(
-        &parents,
-        "shop",
-        "Synced=False/InvalidSpec",
-        |p| match condition_state(p, "Synced")? {
-            (s, r) if s == "False" && r == "InvalidSpec" => Ok(p.clone()),
-            other => Err(format!("Synced is {other:?}")),
-        },
-    )
-    .await;
+    let parent = wait_condition_reason(&parents, "shop", "Synced", "False", "InvalidSpec").await;
     let synced = condition(&parent, "Synced").expect("Synced");
     let message = synced["message"].as_str().unwrap_or_default();
     assert!(
@@ -332,19 +290,8 @@ async fn invalid_spec_sets_synced_false_invalid_spec_and_leaves_children_untouch
     assert_eq!(parent.data["status"]["observedGeneration"], json!(2));
     assert_eq!(condition_state(&parent, "Ready").unwrap().0, "False");
 
-    let events: Api<Event> = ns.api();
-    support::eventually("a Warning InvalidSpec Event", WAIT, || async {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("InvalidSpec") && e.type_.as_deref() == Some("Warning")
-            })
-            .map(|_| ())
-            .ok_or_else(|| "no InvalidSpec event yet".to_owned())
+    wait_event(&ns, "a Warning InvalidSpec Event", |e| {
+        e.reason.as_deref() == Some("InvalidSpec") && e.type_.as_deref() == Some("Warning")
     })
     .await;
     tokio::time::sleep(QUIET).await;
@@ -408,16 +355,7 @@ async fn depends_on_holds_back_a_child_until_its_dependency_is_ready() {
     assert_eq!(db.data["spec"]["size"], json!(3));
     let parents = stack.api(&ns);
     let parent =
-        wait_for(
-            &parents,
-            "orders",
-            "Synced=False/DependencyNotReady",
-            |p| match condition_state(p, "Synced")? {
-                (s, r) if s == "False" && r == "DependencyNotReady" => Ok(p.clone()),
-                other => Err(format!("Synced is {other:?}")),
-            },
-        )
-        .await;
+        wait_condition_reason(&parents, "orders", "Synced", "False", "DependencyNotReady").await;
     let synced = condition(&parent, "Synced").expect("Synced");
     let message = synced["message"].as_str().unwrap_or_default();
     assert!(
@@ -448,16 +386,7 @@ async fn depends_on_holds_back_a_child_until_its_dependency_is_ready() {
         .expect("mark the database ready");
     let app = wait_exists(&cms, "orders-app").await;
     assert_eq!(config_data(&app, "database").as_deref(), Some("orders-db"));
-    wait_for(
-        &parents,
-        "orders",
-        "Ready=True and Synced=True",
-        |p| match (condition_state(p, "Ready")?, condition_state(p, "Synced")?) {
-            ((r, _), (s, _)) if r == "True" && s == "True" => Ok(()),
-            other => Err(format!("Ready, Synced: {other:?}")),
-        },
-    )
-    .await;
+    wait_ready_and_synced(&parents, "orders").await;
     operator.stop().await;
 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use support::operator::{
-    QUIET, condition, condition_state, config_data, start_with_new_kind, wait_exists, wait_for,
+    QUIET, condition, condition_state, config_data, start_with_new_kind, wait_condition, wait_data,
+    wait_exists, wait_for, wait_recreated,
 };
 
 const DRIFT_RULE: &str = r#"
@@ -66,11 +67,12 @@ async fn drifted_children_are_restored_and_fields_the_template_omits_are_left_al
     cms.delete("api", &DeleteParams::default())
         .await
         .expect("delete child");
-    wait_for(&cms, "api", "the deleted ConfigMap to be recreated", |cm| {
-        (cm.uid() != original.uid())
-            .then_some(())
-            .ok_or_else(|| "still the old object".to_owned())
-    })
+    wait_recreated(
+        &cms,
+        "api",
+        "the deleted ConfigMap to be recreated",
+        &original,
+    )
     .await;
 
     // A field the template sets is restored; a label it does not set stays.
@@ -78,16 +80,7 @@ async fn drifted_children_are_restored_and_fields_the_template_omits_are_left_al
     cms.patch("api", &PatchParams::default(), &Patch::Merge(&edit))
         .await
         .expect("edit child");
-    let restored = wait_for(
-        &cms,
-        "api",
-        "data.mode to be restored",
-        |cm| match config_data(cm, "mode").as_deref() {
-            Some("fast") => Ok(cm.clone()),
-            other => Err(format!("mode is {other:?}")),
-        },
-    )
-    .await;
+    let restored = wait_data(&cms, "api", "data.mode to be restored", "mode", "fast").await;
     assert_eq!(
         restored.labels().get("added-by").map(String::as_str),
         Some("someone")
@@ -157,25 +150,13 @@ async fn a_child_that_belongs_to_another_parent_is_not_taken_over() {
 
     app.create(&ns, "second", json!({}), &[]).await;
     let parents = app.api(&ns);
-    let second = wait_for(
-        &parents,
-        "second",
-        "Synced=False on the second parent",
-        |p| match condition_state(p, "Synced")? {
-            (s, r) if s == "False" => Ok((r, p.clone())),
-            other => Err(format!("Synced is {other:?}")),
-        },
-    )
-    .await;
-    let message = condition(&second.1, "Synced").expect("Synced")["message"]
+    let second = wait_condition(&parents, "second", "Synced", "False").await;
+    let (_, reason) = condition_state(&second, "Synced").expect("Synced");
+    let message = condition(&second, "Synced").expect("Synced")["message"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    assert!(
-        message.contains("another parent"),
-        "{}: {message}",
-        second.0
-    );
+    assert!(message.contains("another parent"), "{reason}: {message}");
     tokio::time::sleep(QUIET).await;
     let cm = cms.get("shared").await.expect("child");
     assert_eq!(config_data(&cm, "owner").as_deref(), Some("first"));
@@ -256,15 +237,11 @@ async fn a_create_only_child_is_created_once_and_never_updated() {
         .delete("orders-password", &DeleteParams::default())
         .await
         .expect("delete");
-    let again = wait_for(
+    let again = wait_recreated(
         &secrets,
         "orders-password",
         "the secret to be recreated",
-        |s| {
-            (s.uid() != created.uid())
-                .then(|| s.clone())
-                .ok_or_else(|| "still the old one".to_owned())
-        },
+        &created,
     )
     .await;
     assert_eq!(value(&again, "user").as_deref(), Some("bob"));
@@ -309,16 +286,7 @@ async fn a_recreate_child_is_replaced_when_its_rendering_changes() {
 
     // An immutable ConfigMap cannot be updated: it must be replaced.
     app.patch(&ns, "v", json!({"spec": {"version": "2"}})).await;
-    let second = wait_for(
-        &cms,
-        "v",
-        "the ConfigMap to be replaced",
-        |cm| match config_data(cm, "version").as_deref() {
-            Some("2") => Ok(cm.clone()),
-            other => Err(format!("version is {other:?}")),
-        },
-    )
-    .await;
+    let second = wait_data(&cms, "v", "the ConfigMap to be replaced", "version", "2").await;
     assert_ne!(second.uid(), first.uid());
     assert_ne!(
         second.annotations().get("trellis.dev/render-hash"),

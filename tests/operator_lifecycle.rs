@@ -14,10 +14,9 @@ use serde_json::{Value, json};
 
 use support::operator::{
     Cleanup, LogCapture, Operator, QUIET, TestKind, WAIT, assert_absent, condition_state,
-    impersonating, rule_set, wait_exists, wait_for, wait_gone,
+    impersonating, install_kind, rule_set, wait_condition, wait_exists, wait_finalizer, wait_for,
+    wait_gone,
 };
-
-const FINALIZER: &str = "trellis.dev/cleanup";
 
 /// One ConfigMap per parent; `@NAME@` is the rule's name.
 const CONFIG_RULE: &str = r#"
@@ -117,11 +116,9 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordered_deletion_removes_a_cluster_scoped_child_behind_a_finalizer() {
     let ns = support::namespace().await;
-    let app = TestKind::new("Team");
+    let (app, mut cleanup) = install_kind(&ns, "Team").await;
     let role_name = support::unique_name("trellis-test-team");
-    let mut cleanup = Cleanup::crds(&[&app]);
     cleanup.add::<ClusterRole>(&role_name);
-    app.install(&ns.client).await;
     let operator = Operator::start(&ns.client, ns.name(), &[&app.rule(TEARDOWN_RULE)]);
     let parent = app
         .create(&ns, "blue", json!({"roleName": role_name}), &[])
@@ -141,14 +138,7 @@ async fn ordered_deletion_removes_a_cluster_scoped_child_behind_a_finalizer() {
     );
     wait_exists(&cms, "blue").await;
     let parents = app.api(&ns);
-    wait_for(&parents, "blue", "the cleanup finalizer", |p| {
-        p.finalizers()
-            .iter()
-            .any(|f| f == FINALIZER)
-            .then_some(())
-            .ok_or(format!("finalizers {:?}", p.finalizers()))
-    })
-    .await;
+    wait_finalizer(&parents, "blue").await;
 
     parents
         .delete("blue", &DeleteParams::background())
@@ -202,9 +192,7 @@ async fn a_rule_whose_crd_is_installed_later_activates_by_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_whose_crd_is_removed_and_reinstalled_resumes() {
     let ns = support::namespace().await;
-    let app = TestKind::new("Again");
-    let _cleanup = Cleanup::crds(&[&app]);
-    app.install(&ns.client).await;
+    let (app, _cleanup) = install_kind(&ns, "Again").await;
     let operator = Operator::start(&ns.client, ns.name(), &[&config_rule(&app, "again")]);
     app.create(&ns, "one", json!({}), &[]).await;
     let cms: Api<ConfigMap> = ns.api();
@@ -218,16 +206,7 @@ async fn a_rule_whose_crd_is_removed_and_reinstalled_resumes() {
     app.install(&ns.client).await;
     app.create(&ns, "two", json!({}), &[]).await;
     wait_exists(&cms, "two-again").await;
-    wait_for(
-        &app.api(&ns),
-        "two",
-        "Ready=True",
-        |p| match condition_state(p, "Ready")? {
-            (s, _) if s == "True" => Ok(()),
-            other => Err(format!("Ready is {other:?}")),
-        },
-    )
-    .await;
+    wait_condition(&app.api(&ns), "two", "Ready", "True").await;
     operator.stop().await;
 }
 
@@ -343,25 +322,14 @@ fn forbidden_lines(logs: &LogCapture) -> Vec<String> {
 async fn a_service_account_with_the_role_trellis_rbac_prints_runs_the_rule() {
     let logs = LogCapture::start();
     let ns = support::namespace().await;
-    let app = TestKind::new("App");
-    let mut cleanup = Cleanup::crds(&[&app]);
-    app.install(&ns.client).await;
+    let (app, mut cleanup) = install_kind(&ns, "App").await;
     let rule = config_rule(&app, "rbac");
     let client = service_account_client(&ns, &rule, None, &mut cleanup).await;
     let operator = Operator::start(&client, ns.name(), &[&rule]);
     app.create(&ns, "shop", json!({}), &[]).await;
     let cms: Api<ConfigMap> = ns.api();
     wait_exists(&cms, "shop-rbac").await;
-    wait_for(
-        &app.api(&ns),
-        "shop",
-        "Ready=True",
-        |p| match condition_state(p, "Ready")? {
-            (s, _) if s == "True" => Ok(()),
-            other => Err(format!("Ready is {other:?}")),
-        },
-    )
-    .await;
+    wait_condition(&app.api(&ns), "shop", "Ready", "True").await;
     operator.stop().await;
     assert_eq!(forbidden_lines(&logs), Vec::<String>::new());
 }
@@ -370,9 +338,7 @@ async fn a_service_account_with_the_role_trellis_rbac_prints_runs_the_rule() {
 async fn a_rule_missing_a_permission_stays_inactive_without_a_storm_of_403s() {
     let logs = LogCapture::start();
     let ns = support::namespace().await;
-    let app = TestKind::new("App");
-    let mut cleanup = Cleanup::crds(&[&app]);
-    app.install(&ns.client).await;
+    let (app, mut cleanup) = install_kind(&ns, "App").await;
     let rule = config_rule(&app, "limited");
     let client = service_account_client(&ns, &rule, Some("patch"), &mut cleanup).await;
     let operator = Operator::start(&client, ns.name(), &[&rule]);

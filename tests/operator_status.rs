@@ -9,8 +9,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use support::operator::{
-    Cleanup, Operator, QUIET, TestKind, WAIT, condition, condition_state, config_data,
-    start_with_new_kind, wait_for, wait_gone,
+    Cleanup, Operator, QUIET, TestKind, WAIT, condition, start_with_new_kind, wait_condition,
+    wait_data, wait_for, wait_gone, wait_ready_and_synced,
 };
 
 /// One ConfigMap per parent, and status fields from the spec and the child.
@@ -49,13 +49,7 @@ async fn unchanged_status_is_not_written_again() {
     app.create(&ns, "shop", json!({"greeting": "hi"}), &[])
         .await;
     let parents = app.api(&ns);
-    wait_for(&parents, "shop", "Ready=True and Synced=True", |p| {
-        match (condition_state(p, "Ready")?, condition_state(p, "Synced")?) {
-            ((r, _), (s, _)) if r == "True" && s == "True" => Ok(()),
-            other => Err(format!("Ready, Synced: {other:?}")),
-        }
-    })
-    .await;
+    wait_ready_and_synced(&parents, "shop").await;
     // Let the reconciles that the status write itself triggered settle.
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let before = parents.get("shop").await.expect("parent");
@@ -66,14 +60,12 @@ async fn unchanged_status_is_not_written_again() {
     cms.patch("shop-config", &PatchParams::default(), &Patch::Merge(&edit))
         .await
         .expect("edit child");
-    wait_for(
+    wait_data(
         &cms,
         "shop-config",
         "the child to be restored",
-        |cm| match config_data(cm, "greeting").as_deref() {
-            Some("hi") => Ok(()),
-            other => Err(format!("greeting is {other:?}")),
-        },
+        "greeting",
+        "hi",
     )
     .await;
     // And resyncs every second.
@@ -99,13 +91,7 @@ async fn status_of_a_kind_without_status_subresource_is_written_once_and_settles
     app.create(&ns, "shop", json!({"greeting": "hi"}), &[])
         .await;
     let parents = app.api(&ns);
-    wait_for(&parents, "shop", "Ready=True", |p| {
-        match condition_state(p, "Ready")? {
-            (s, _) if s == "True" => Ok(()),
-            other => Err(format!("Ready is {other:?}")),
-        }
-    })
-    .await;
+    wait_condition(&parents, "shop", "Ready", "True").await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let before = parents.get("shop").await.expect("parent");
     assert_eq!(before.data["status"]["greeting"], "hi");

@@ -27,12 +27,12 @@ use serde_json::json;
 use trellis::operator::FINALIZER;
 
 use configmap_dir::ConfigMapDir;
-use reloading::{
-    Reloading, children, config_rule, data, fingerprints, has_finalizer, install_kind,
-    wait_versions,
-};
+use reloading::{Reloading, children, config_rule, fingerprints, wait_versions};
 use support::TestNamespace;
-use support::operator::{QUIET, TestKind, WAIT, wait_exists, wait_for, wait_gone};
+use support::operator::{
+    QUIET, TestKind, WAIT, config_data, has_finalizer, install_kind, wait_exists, wait_finalizer,
+    wait_finalizer_released, wait_gone,
+};
 
 /// A child of another kind, appended to [`CONFIG_RULE`]'s children.
 const SECRET_CHILD: &str = r#"    - id: secret
@@ -68,7 +68,7 @@ async fn a_template_edit_reaches_existing_children() {
     let swapped = rules.update(&[("app.yaml", &config_rule(&app, &rule, "v2"))]);
     let latency = loop {
         let cm = cms.get("shop-config").await.expect("GET shop-config");
-        if data(&cm, "version").as_deref() == Some("v2") {
+        if config_data(&cm, "version").as_deref() == Some("v2") {
             break swapped.elapsed();
         }
         assert!(
@@ -81,7 +81,7 @@ async fn a_template_edit_reaches_existing_children() {
     eprintln!("reload latency (..data swap to child showing the new template): {latency:?}");
     wait_versions(&cms, &rule, &["shop-config", "shop-extra"], "v2").await;
     let cm = cms.get("shop-config").await.expect("GET shop-config");
-    assert_eq!(data(&cm, "greeting").as_deref(), Some("hi"));
+    assert_eq!(config_data(&cm, "greeting").as_deref(), Some("hi"));
     let reload = operator
         .wait_reload("one successful reload", |r| r["successes"] == 1)
         .await;
@@ -118,7 +118,7 @@ async fn a_new_rule_file_starts_managing_its_kind() {
     ]);
     wait_versions(&cms, &db_rule, &["orders-config", "orders-extra"], "v1").await;
     let cm = cms.get("orders-config").await.expect("GET orders-config");
-    assert_eq!(data(&cm, "greeting").as_deref(), Some("rows"));
+    assert_eq!(config_data(&cm, "greeting").as_deref(), Some("rows"));
     let owner = &cm.owner_references()[0];
     assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Db", "orders"));
     let reload = operator
@@ -155,12 +155,7 @@ async fn remove_finalized_rule(
     )
     .await;
     for name in ["a", "b"] {
-        wait_for(&app.api(ns), name, "trellis's finalizer", |p| {
-            has_finalizer(p)
-                .then_some(())
-                .ok_or_else(|| "no finalizer yet".to_owned())
-        })
-        .await;
+        wait_finalizer(&app.api(ns), name).await;
     }
     let before = fingerprints(&cms, &rule).await;
 
@@ -176,12 +171,7 @@ async fn remove_finalized_rule(
 async fn wait_finalizers_released(ns: &TestNamespace, app: &TestKind) {
     let parents = app.api(ns);
     for name in ["a", "b"] {
-        wait_for(&parents, name, "the finalizer released", |p| {
-            (!has_finalizer(p))
-                .then_some(())
-                .ok_or(format!("finalizers {:?}", p.finalizers()))
-        })
-        .await;
+        wait_finalizer_released(&parents, name).await;
     }
 }
 
@@ -313,12 +303,7 @@ async fn a_removed_rule_cleans_up_only_in_the_operators_namespaces() {
         .wait_reload("the rule's removal", |r| r["successes"] == 1)
         .await;
     wait_gone(&cms, "mine-config", WAIT).await;
-    wait_for(&app.api(&ns), "mine", "the finalizer released", |p| {
-        (!has_finalizer(p))
-            .then_some(())
-            .ok_or_else(|| "finalizer still set".to_owned())
-    })
-    .await;
+    wait_finalizer_released(&app.api(&ns), "mine").await;
     tokio::time::sleep(QUIET).await;
     let child_left = other_cms.get_opt("theirs-config").await.expect("GET");
     let parent_after = app.api(&other).get("theirs").await.expect("GET theirs");
@@ -355,23 +340,13 @@ async fn a_rule_moved_to_another_parent_kind_lets_go_of_the_old_kinds_parents() 
         .await;
     let cms: Api<ConfigMap> = ns.api();
     wait_versions(&cms, &rule, &["old-config", "old-extra"], "v1").await;
-    wait_for(&app.api(&ns), "old", "trellis's finalizer", |p| {
-        has_finalizer(p)
-            .then_some(())
-            .ok_or_else(|| "no finalizer yet".to_owned())
-    })
-    .await;
+    wait_finalizer(&app.api(&ns), "old").await;
 
     rules.update(&[("app.yaml", &finalized_rule(&site, &rule, "delete"))]);
     wait_versions(&cms, &rule, &["new-config", "new-extra"], "v1").await;
     wait_gone(&cms, "old-config", WAIT).await;
     wait_gone(&cms, "old-extra", WAIT).await;
-    wait_for(&app.api(&ns), "old", "the finalizer released", |p| {
-        (!has_finalizer(p))
-            .then_some(())
-            .ok_or_else(|| "finalizer still set".to_owned())
-    })
-    .await;
+    wait_finalizer_released(&app.api(&ns), "old").await;
     operator.stop().await;
 }
 

@@ -14,8 +14,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use configmap_dir::ConfigMapDir;
-use reloading::{Reloading, config_rule, data, fingerprints, install_kind, wait_versions};
-use support::operator::{QUIET, TestKind, wait_for};
+use reloading::{Reloading, config_rule, fingerprints, wait_versions};
+use support::operator::{QUIET, TestKind, config_data, install_kind, wait_for};
 
 /// A good rule set with two converged parents; then `bad` (files of a new,
 /// broken set, in which the good rule moved to `v2`) is swapped in. The
@@ -58,7 +58,7 @@ async fn rejected_change_changes_nothing(
         .expect("delete a-config");
     wait_for(&cms, "a-config", "a-config re-created at v1", |cm| {
         let fresh = cm.uid() != Some(old_uid.clone());
-        let v1 = data(cm, "version").as_deref() == Some("v1");
+        let v1 = config_data(cm, "version").as_deref() == Some("v1");
         (fresh && v1).then_some(()).ok_or(format!("{:?}", cm.data))
     })
     .await;
@@ -71,8 +71,8 @@ async fn rejected_change_changes_nothing(
         .await
         .expect("patch parent a");
     wait_for(&cms, "a-config", "a-config following the parent", |cm| {
-        let follows = data(cm, "greeting").as_deref() == Some("hello again");
-        let v1 = data(cm, "version").as_deref() == Some("v1");
+        let follows = config_data(cm, "greeting").as_deref() == Some("hello again");
+        let v1 = config_data(cm, "version").as_deref() == Some("v1");
         (follows && v1)
             .then_some(())
             .ok_or(format!("{:?}", cm.data))

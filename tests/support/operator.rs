@@ -22,15 +22,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::config::KubeConfigOptions;
-use kube::{Client, Config};
+use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use trellis::operator::FINALIZER;
 
 use super::TestNamespace;
 
@@ -237,6 +240,14 @@ impl Drop for Operator {
     }
 }
 
+/// A fresh parent kind, its CRD installed and removed at the end.
+pub async fn install_kind(ns: &TestNamespace, kind: &str) -> (TestKind, Cleanup) {
+    let test_kind = TestKind::new(kind);
+    let cleanup = Cleanup::crds(&[&test_kind]);
+    test_kind.install(&ns.client).await;
+    (test_kind, cleanup)
+}
+
 /// Installs a fresh kind named `kind` and starts the operator with `rule`
 /// for it (see [`TestKind::rule`]), watching the test's namespace.
 pub async fn start_with_new_kind(
@@ -244,9 +255,7 @@ pub async fn start_with_new_kind(
     kind: &str,
     rule: &str,
 ) -> (TestKind, Cleanup, Operator) {
-    let kind = TestKind::new(kind);
-    let cleanup = Cleanup::crds(&[&kind]);
-    kind.install(&ns.client).await;
+    let (kind, cleanup) = install_kind(ns, kind).await;
     let operator = Operator::start(&ns.client, ns.name(), &[&kind.rule(rule)]);
     (kind, cleanup, operator)
 }
@@ -391,6 +400,122 @@ where
             Ok(Some(_)) => Err(format!("{name} still exists")),
             Err(e) => Err(e.to_string()),
         }
+    })
+    .await
+}
+
+/// Polls until the object `name` exists with `data[key]` equal to `value`.
+pub async fn wait_data(
+    api: &Api<ConfigMap>,
+    name: &str,
+    what: &str,
+    key: &str,
+    value: &str,
+) -> ConfigMap {
+    wait_for(api, name, what, |cm| {
+        match config_data(cm, key).as_deref() {
+            Some(v) if v == value => Ok(cm.clone()),
+            other => Err(format!("{key} is {other:?}")),
+        }
+    })
+    .await
+}
+
+/// Polls until the object `name` exists as another object than `old` (it
+/// was deleted and made again); returns the new one.
+pub async fn wait_recreated<K>(api: &Api<K>, name: &str, what: &str, old: &K) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Debug,
+{
+    wait_for(api, name, what, |obj| {
+        (obj.uid() != old.uid())
+            .then(|| obj.clone())
+            .ok_or_else(|| "still the old object".to_owned())
+    })
+    .await
+}
+
+/// Polls until the parent `name` has the condition `type_` at `status`.
+pub async fn wait_condition(
+    parents: &Api<DynamicObject>,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> DynamicObject {
+    let what = format!("{type_}={status}");
+    wait_for(parents, name, &what, |p| match condition_state(p, type_)? {
+        (s, _) if s == status => Ok(p.clone()),
+        other => Err(format!("{type_} is {other:?}")),
+    })
+    .await
+}
+
+/// Polls until the parent `name` has the condition `type_` at `status` for
+/// `reason`.
+pub async fn wait_condition_reason(
+    parents: &Api<DynamicObject>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> DynamicObject {
+    let what = format!("{type_}={status}/{reason}");
+    wait_for(parents, name, &what, |p| match condition_state(p, type_)? {
+        (s, r) if s == status && r == reason => Ok(p.clone()),
+        other => Err(format!("{type_} is {other:?}")),
+    })
+    .await
+}
+
+/// Polls until the parent `name` is `Ready=True` and `Synced=True` at once.
+pub async fn wait_ready_and_synced(parents: &Api<DynamicObject>, name: &str) {
+    wait_for(parents, name, "Ready=True and Synced=True", |p| {
+        match (condition_state(p, "Ready")?, condition_state(p, "Synced")?) {
+            ((r, _), (s, _)) if r == "True" && s == "True" => Ok(()),
+            other => Err(format!("Ready, Synced: {other:?}")),
+        }
+    })
+    .await
+}
+
+/// Whether `obj` carries trellis's finalizer.
+pub fn has_finalizer(obj: &DynamicObject) -> bool {
+    obj.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Polls until the parent `name` carries trellis's finalizer.
+pub async fn wait_finalizer(parents: &Api<DynamicObject>, name: &str) {
+    wait_for(parents, name, "trellis's finalizer", |p| {
+        has_finalizer(p)
+            .then_some(())
+            .ok_or(format!("finalizers {:?}", p.finalizers()))
+    })
+    .await
+}
+
+/// Polls until the parent `name` no longer carries trellis's finalizer.
+pub async fn wait_finalizer_released(parents: &Api<DynamicObject>, name: &str) {
+    wait_for(parents, name, "the finalizer released", |p| {
+        (!has_finalizer(p))
+            .then_some(())
+            .ok_or(format!("finalizers {:?}", p.finalizers()))
+    })
+    .await
+}
+
+/// Polls the namespace's Events until one satisfies `matches`.
+pub async fn wait_event(ns: &TestNamespace, what: &str, matches: impl Fn(&Event) -> bool) {
+    let events: Api<Event> = ns.api();
+    super::eventually(what, WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .any(&matches)
+            .then_some(())
+            .ok_or_else(|| format!("{} events, none matching", list.items.len()))
     })
     .await
 }

@@ -11,18 +11,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use trellis::operator::{FINALIZER, Options};
+use trellis::operator::Options;
 use trellis::rules::RuleSet;
 
 use crate::configmap_dir::ConfigMapDir;
-use crate::support::TestNamespace;
-use crate::support::operator::{Cleanup, TestKind, WAIT};
+use crate::support::operator::{TestKind, WAIT, config_data};
 
 /// Two ConfigMaps per parent. `@VERSION@` is written into each child's
 /// `data.version`, so a child shows which rule text rendered it.
@@ -168,18 +167,6 @@ pub async fn http_get_json(addr: SocketAddr, path: &str) -> Result<Value, String
     serde_json::from_str(body).map_err(|e| format!("GET {path}: {e}: {body}"))
 }
 
-/// A fresh parent kind, its CRD installed and removed at the end.
-pub async fn install_kind(ns: &TestNamespace, kind: &str) -> (TestKind, Cleanup) {
-    let test_kind = TestKind::new(kind);
-    let cleanup = Cleanup::crds(&[&test_kind]);
-    test_kind.install(&ns.client).await;
-    (test_kind, cleanup)
-}
-
-pub fn data(cm: &ConfigMap, key: &str) -> Option<String> {
-    cm.data.as_ref().and_then(|d| d.get(key)).cloned()
-}
-
 /// The children of `rule` in `api`'s namespace.
 pub async fn children<K>(api: &Api<K>, rule: &str) -> Vec<K>
 where
@@ -214,7 +201,7 @@ pub async fn wait_versions(cms: &Api<ConfigMap>, rule: &str, names: &[&str], ver
         let found: BTreeMap<String, Option<String>> = children(cms, rule)
             .await
             .iter()
-            .map(|cm| (cm.name_any(), data(cm, "version")))
+            .map(|cm| (cm.name_any(), config_data(cm, "version")))
             .collect();
         let all = names
             .iter()
@@ -222,8 +209,4 @@ pub async fn wait_versions(cms: &Api<ConfigMap>, rule: &str, names: &[&str], ver
         if all { Ok(()) } else { Err(found) }
     })
     .await
-}
-
-pub fn has_finalizer(obj: &DynamicObject) -> bool {
-    obj.finalizers().iter().any(|f| f == FINALIZER)
 }
