@@ -37,18 +37,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::core::{ObjectList, PartialObjectMeta};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+
+use support::operator::{Cleanup, TestKind};
 
 const RULE: &str = "load";
 const KIND: &str = "LoadApp";
-const PLURAL: &str = "loadapps";
 const POLL: Duration = Duration::from_millis(200);
 const CREATE_CONCURRENCY: usize = 32;
 
@@ -180,36 +178,6 @@ impl Drop for Operator {
     }
 }
 
-/// Deletes the CRD when dropped (also on panic), from a thread with a
-/// runtime of its own, as `support::TestNamespace` does for namespaces.
-struct CrdGuard(String);
-
-impl Drop for CrdGuard {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        let result = std::thread::spawn(move || -> Result<(), String> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(async {
-                let crds: Api<CustomResourceDefinition> = Api::all(support::client().await);
-                match crds.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                }
-            })
-        })
-        .join();
-        match result {
-            Ok(Ok(())) => eprintln!("[load] deleted CRD {}", self.0),
-            Ok(Err(e)) => eprintln!("[load] could not delete CRD {}: {e}", self.0),
-            Err(_) => eprintln!("[load] CRD {} cleanup panicked", self.0),
-        }
-    }
-}
-
 fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(unreadable: {e})"));
     let all: Vec<&str> = text.lines().collect();
@@ -311,33 +279,6 @@ fn cpu_ticks_of(pids: &[(String, u32)]) -> Vec<u64> {
     pids.iter()
         .map(|(_, pid)| proc_cpu_ticks(*pid).unwrap_or(0))
         .collect()
-}
-
-fn crd(group: &str) -> CustomResourceDefinition {
-    serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{PLURAL}.{group}")},
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": {"kind": KIND, "plural": PLURAL, "singular": "loadapp", "listKind": "LoadAppList"},
-            "versions": [{
-                "name": "v1",
-                "served": true,
-                "storage": true,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
-                    }
-                }}
-            }]
-        }
-    }))
-    .expect("CRD manifest")
 }
 
 /// The rule under load: three small children per parent and status fields
@@ -587,39 +528,19 @@ fn summarize_log(path: &Path) -> String {
 }
 
 async fn bench(binary: &Path, n: usize, timeout: Duration) {
-    let client = support::client().await;
     let cluster = support::cluster();
 
     // A fresh namespace, deleted when `ns` drops (also on panic).
-    let ns_name = support::unique_name("bench-load");
-    let ns_obj = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns_name.clone()),
-            labels: Some([(support::TEST_LABEL.to_string(), "true".to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns_obj)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {ns_name}: {e}"));
-    let ns = support::TestNamespace {
-        client: client.clone(),
-        name: ns_name.clone(),
-    };
+    let ns = support::namespace_for("bench-load").await;
+    let client = ns.client.clone();
+    let ns_name = ns.name.clone();
 
     let group = format!("{}.bench.trellis.test", support::unique_name("load"));
-    let crd = crd(&group);
-    let crd_guard = CrdGuard(crd.meta().name.clone().expect("CRD name"));
-    support::apply_crd(&client, &crd).await;
-    let resource = ApiResource {
-        group: group.clone(),
-        version: "v1".into(),
-        api_version: format!("{group}/v1"),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
-    };
+    let kind = TestKind::in_group(&group, KIND);
+    // Deletes the CRD when dropped (also on panic).
+    let crd_cleanup = Cleanup::crds(&[&kind]);
+    kind.install(&client).await;
+    let resource = kind.resource.clone();
 
     // The probe parent exists before the operator starts: the first write of
     // a new CRD's objects can be slow (the API server warming up), and that
@@ -896,7 +817,10 @@ async fn bench(binary: &Path, n: usize, timeout: Duration) {
     // Cleanup: the operator is gone; delete the namespace, then the CRD.
     drop(operator);
     drop(ns);
-    drop(crd_guard);
+    drop(crd_cleanup);
     drop(dir);
-    eprintln!("[load] deleted namespace {ns_name}");
+    eprintln!(
+        "[load] deleted namespace {ns_name} and CRD {}",
+        kind.crd_name()
+    );
 }

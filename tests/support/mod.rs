@@ -277,7 +277,6 @@ impl Drop for TestNamespace {
 
 /// A fresh namespace for the calling test, named after it.
 pub async fn namespace() -> TestNamespace {
-    let client = client().await;
     let test = std::thread::current()
         .name()
         .unwrap_or("test")
@@ -285,12 +284,18 @@ pub async fn namespace() -> TestNamespace {
         .next()
         .unwrap_or("test")
         .to_string();
-    let name = unique_name(&test);
+    namespace_for(&test).await
+}
+
+/// A fresh namespace for `test`, named after it.
+pub async fn namespace_for(test: &str) -> TestNamespace {
+    let client = client().await;
+    let name = unique_name(test);
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             labels: Some([(TEST_LABEL.to_string(), "true".to_string())].into()),
-            annotations: Some([("trellis.dev/test-name".to_string(), test.clone())].into()),
+            annotations: Some([("trellis.dev/test-name".to_string(), test.to_string())].into()),
             ..ObjectMeta::default()
         },
         ..Namespace::default()

@@ -73,7 +73,8 @@ impl TestKind {
         TestKind::in_group(group, kind)
     }
 
-    fn in_group(group: &str, kind: &str) -> TestKind {
+    /// A kind named `kind` in `group`.
+    pub fn in_group(group: &str, kind: &str) -> TestKind {
         let plural = format!("{}s", kind.to_ascii_lowercase());
         let gvk = GroupVersionKind::gvk(group, "v1", kind);
         TestKind {
@@ -207,10 +208,19 @@ impl Operator {
         let mut options = trellis::operator::Options::new(vec![], vec![namespace.to_owned()]);
         options.concurrency = 16;
         options.instance = "test".into();
+        Operator::spawn(options, rule_set(rules), client)
+    }
+
+    /// Starts the operator on `rules` with `options` and `client`.
+    pub fn spawn(
+        options: trellis::operator::Options,
+        rules: trellis::rules::RuleSet,
+        client: &Client,
+    ) -> Operator {
         let cancel = CancellationToken::new();
         let task = tokio::spawn(trellis::operator::run_with(
             options,
-            rule_set(rules),
+            rules,
             client.clone(),
             cancel.clone(),
         ));

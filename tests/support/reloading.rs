@@ -15,13 +15,11 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use trellis::operator::Options;
 use trellis::rules::RuleSet;
 
 use crate::configmap_dir::ConfigMapDir;
-use crate::support::operator::{TestKind, WAIT, config_data};
+use crate::support::operator::{Operator, TestKind, WAIT, config_data};
 
 /// Two ConfigMaps per parent. `@VERSION@` is written into each child's
 /// `data.version`, so a child shows which rule text rendered it.
@@ -63,8 +61,7 @@ pub fn config_rule(kind: &TestKind, rule: &str, version: &str) -> String {
 
 /// `trellis run` in a task of the test's runtime, reloading `rules`.
 pub struct Reloading {
-    cancel: CancellationToken,
-    task: Option<JoinHandle<anyhow::Result<()>>>,
+    operator: Operator,
     /// Where `/status` is served.
     addr: SocketAddr,
 }
@@ -87,16 +84,8 @@ impl Reloading {
             metrics_addr: Some(addr),
             ..Options::new(vec![dir], vec![namespace.to_owned()])
         };
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(trellis::operator::run_with(
-            options,
-            set,
-            client.clone(),
-            cancel.clone(),
-        ));
         Reloading {
-            cancel,
-            task: Some(task),
+            operator: Operator::spawn(options, set, client),
             addr,
         }
     }
@@ -116,22 +105,8 @@ impl Reloading {
     }
 
     /// Cancels the operator and asserts that it exits, cleanly and promptly.
-    pub async fn stop(mut self) {
-        self.cancel.cancel();
-        let task = self.task.take().expect("operator task");
-        match tokio::time::timeout(WAIT, task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => panic!("the operator failed: {e:#}"),
-            Ok(Err(e)) => panic!("the operator task panicked: {e}"),
-            Err(_) => panic!("the operator did not stop within {WAIT:?} of being cancelled"),
-        }
-    }
-}
-
-impl Drop for Reloading {
-    fn drop(&mut self) {
-        // A test that panicked never called `stop`.
-        self.cancel.cancel();
+    pub async fn stop(self) {
+        self.operator.stop().await;
     }
 }
 
