@@ -148,7 +148,8 @@ pub enum Change {
     Start,
     /// Gone: stop its watches and apply its `onRuleRemoved`.
     Stop,
-    /// Parent kind, namespaces, selector or child kinds changed: new watches.
+    /// Parent kind, namespaces, selector, child kinds or the permissions
+    /// the rule needs changed: new watches (and a new preflight).
     Restart,
     /// Templates, children, status or settings changed: keep watches,
     /// re-reconcile every parent.
@@ -179,8 +180,17 @@ pub fn diff(old: &RuleSet, new: &RuleSet) -> BTreeMap<String, Change> {
     changes
 }
 
-/// Whether the set of watches a rule needs changed.
+/// Whether the watches a rule needs, or the permissions it needs (a policy
+/// change can add a verb, which only a new preflight checks), changed.
 fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
+    let permissions = |r: &CompiledRule| {
+        let mut p: Vec<String> = crate::rbac::rule_permissions(r)
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        p.sort();
+        p
+    };
     let child_kinds = |r: &CompiledRule| {
         let mut kinds: Vec<(String, bool)> = r
             .children
@@ -191,7 +201,9 @@ fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
         kinds.dedup();
         kinds
     };
-    a.rule.spec.parent != b.rule.spec.parent || child_kinds(a) != child_kinds(b)
+    a.rule.spec.parent != b.rule.spec.parent
+        || child_kinds(a) != child_kinds(b)
+        || permissions(a) != permissions(b)
 }
 
 #[cfg(test)]
@@ -251,6 +263,24 @@ mod tests {
             + "    - id: s\n      apiVersion: v1\n      kind: Secret\n      template: 'metadata: {name: s}'\n";
         fs::write(dir.path().join("r.yaml"), body).unwrap();
         let new = load_dir(dir.path()).unwrap();
+        assert_eq!(diff(&old, &new)["r"], Change::Restart);
+    }
+
+    #[test]
+    fn a_policy_change_that_needs_new_verbs_restarts() {
+        let old = set(&[("r", "A", "x")]);
+        let dir = tempfile::tempdir().unwrap();
+        let body = RULE
+            .replace("NAME", "r")
+            .replace("KIND", "A")
+            .replace("TEXT", "x")
+            .replace(
+                "      kind: ConfigMap\n",
+                "      kind: ConfigMap\n      policy: createOnly\n",
+            );
+        fs::write(dir.path().join("r.yaml"), body).unwrap();
+        let new = load_dir(dir.path()).unwrap();
+        // createOnly needs no `patch`: the preflight must run again.
         assert_eq!(diff(&old, &new)["r"], Change::Restart);
     }
 
