@@ -101,17 +101,25 @@ impl RuleCtx {
     /// Forgets bookkeeping about children and parents that are gone, so the
     /// maps do not grow with churn. Runs only when they look oversized.
     fn sweep(&self) {
-        let children: usize = self.children.iter().map(|(_, s)| s.state().len()).sum();
         let mut applied = lock(&self.applied);
-        if applied.len() > 2 * children + 256 {
-            let live: std::collections::HashSet<ObjectKey> = self
-                .children
-                .iter()
-                .flat_map(|(_, store)| store.state())
-                .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
-                .filter_map(|v| ObjectKey::of(&v))
-                .collect();
-            applied.retain(|k, _| live.contains(k));
+        // Cheap test first: counting the caches clones their indexes.
+        if applied.len() > 256 {
+            let children: usize = self.children.iter().map(|(_, s)| s.state().len()).sum();
+            if applied.len() > 2 * children + 256 {
+                let live: std::collections::HashSet<ObjectKey> = self
+                    .children
+                    .iter()
+                    .flat_map(|(kind, store)| {
+                        store.state().into_iter().map(|o| ObjectKey {
+                            group: kind.gvk.group.clone(),
+                            kind: kind.gvk.kind.clone(),
+                            namespace: o.namespace(),
+                            name: o.name_any(),
+                        })
+                    })
+                    .collect();
+                applied.retain(|k, _| live.contains(k));
+            }
         }
         drop(applied);
         let mut failures = lock(&self.failures);
