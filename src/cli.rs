@@ -51,6 +51,64 @@ impl RenderLimits {
     }
 }
 
+/// `trellis run --leader-elect` and its timings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Leader election")]
+pub struct LeaderElection {
+    /// Run as one of several replicas: only the holder of a coordination.k8s.io Lease writes;
+    /// the others keep warm caches, write nothing, and take over when the leader goes
+    /// (SIGTERM releases the Lease, so a successor takes over at once)
+    #[arg(long, env = "TRELLIS_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the Lease
+    #[arg(
+        long,
+        default_value = "trellis",
+        value_name = "NAME",
+        env = "TRELLIS_LEADER_ELECT_LEASE_NAME"
+    )]
+    pub leader_elect_lease_name: String,
+    /// Namespace of the Lease [default: $POD_NAMESPACE, else the Pod's service account namespace]
+    #[arg(long, value_name = "NS", env = "TRELLIS_LEADER_ELECT_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+    /// How long the Lease holds without renewal before another replica may take it (whole seconds)
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub leader_elect_lease_duration: std::time::Duration,
+    /// A leader that could not renew for this long stops writing (shorter than the lease duration)
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub leader_elect_renew_deadline: std::time::Duration,
+    /// How often the leader renews, and a failed attempt is retried (whole seconds)
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub leader_elect_retry_period: std::time::Duration,
+}
+
+impl LeaderElection {
+    /// The election's settings; `None` without `--leader-elect`; an error
+    /// naming the flag when a value cannot work.
+    pub fn settings(&self) -> Result<Option<crate::operator::leader::Settings>, String> {
+        use crate::operator::leader;
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = match &self.leader_elect_namespace {
+            Some(ns) if !ns.trim().is_empty() => ns.trim().to_owned(),
+            _ => leader::namespace_from_environment()?,
+        };
+        let settings = leader::Settings {
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+            ..leader::Settings::new(
+                &self.leader_elect_lease_name,
+                &namespace,
+                &leader::identity(),
+            )
+        };
+        settings.validate()?;
+        Ok(Some(settings))
+    }
+}
+
 /// A socket address, or none (`off`).
 #[derive(Debug, Clone, Copy)]
 pub struct ListenAddr(pub Option<std::net::SocketAddr>);
@@ -154,6 +212,8 @@ pub enum Command {
         reload_poll: std::time::Duration,
         #[command(flatten)]
         limits: RenderLimits,
+        #[command(flatten)]
+        leader: LeaderElection,
     },
     /// Lint a rule set; exit 1 with file:line messages on any error
     Check {

@@ -14,8 +14,16 @@ fn main() -> ExitCode {
             metrics_addr,
             reload_poll,
             limits,
+            leader,
         } => cli::run(
             trellis::operator::Options {
+                leader_election: match leader.settings() {
+                    Ok(settings) => settings,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
                 concurrency,
                 metrics_addr: metrics_addr.0,
                 reload_poll,

@@ -1,6 +1,7 @@
 //! Metrics (Prometheus text format) and the HTTP endpoints of `trellis run`:
 //! `/metrics`, `/healthz`, `/readyz` and `/status` (rule states and the last
-//! reload's outcome, as JSON — where a rejected rule change explains itself).
+//! reload's outcome, as JSON — where a rejected rule change explains itself;
+//! and the leader election's state).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -55,6 +56,8 @@ pub struct Metrics {
     pub reloads: Family<OutcomeLabel, Counter>,
     pub reload_ok: Gauge,
     pub rules_running: Gauge,
+    /// 1 while this replica may write (always, without leader election).
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -105,6 +108,13 @@ impl Default for Metrics {
             "Rules whose watches are running",
             rules_running.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and writes (always 1 without --leader-elect)",
+            leader.clone(),
+        );
+        leader.set(1);
         Metrics {
             registry,
             reconciles,
@@ -114,6 +124,7 @@ impl Default for Metrics {
             reloads,
             reload_ok,
             rules_running,
+            leader,
         }
     }
 }
@@ -142,6 +153,7 @@ pub struct Observability {
     pub metrics: Arc<Metrics>,
     pub reload: Arc<Mutex<ReloadStatus>>,
     pub rules: Arc<Mutex<BTreeMap<String, RuleState>>>,
+    pub leader: Arc<Mutex<crate::operator::leader::LeaderStatus>>,
 }
 
 fn state_json(state: &RuleState) -> serde_json::Value {
@@ -178,18 +190,30 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
             "failures": reload.failures,
         },
         "rules": rules,
+        "leader": crate::operator::lock(&obs.leader).to_json(),
     }))
 }
 
 /// Ready once the operator runs; a rejected rule change keeps it ready (the
-/// previous rules still work) but says so.
+/// previous rules still work) but says so. A standby is ready too: its
+/// caches are warm and it can take over at once, so a rolling update and a
+/// PodDisruptionBudget count it.
 async fn readyz(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     let reload = crate::operator::lock(&obs.reload).clone();
+    let leader = crate::operator::lock(&obs.leader).clone();
+    let role = if leader.enabled && !leader.leader {
+        format!(
+            " (standby; leader: {})",
+            leader.holder.as_deref().unwrap_or("none yet")
+        )
+    } else {
+        String::new()
+    };
     match reload.error {
-        None => (StatusCode::OK, "ok\n".to_owned()),
+        None => (StatusCode::OK, format!("ok{role}\n")),
         Some(err) => (
             StatusCode::OK,
-            format!("ok (last rule change rejected; previous rules in force):\n{err}\n"),
+            format!("ok{role} (last rule change rejected; previous rules in force):\n{err}\n"),
         ),
     }
 }
@@ -245,5 +269,8 @@ mod tests {
             text.contains("trellis_rule_reload_last_success 1"),
             "{text}"
         );
+        assert!(text.contains("trellis_leader 1"), "{text}");
+        m.leader.set(0);
+        assert!(m.encode().contains("trellis_leader 0"));
     }
 }

@@ -389,6 +389,8 @@ async fn run_controller(
     let concurrency = u16::try_from(shared.permits.available_permits()).unwrap_or(u16::MAX);
     controller
         .reconcile_all_on(reloaded)
+        // Taking over as leader: every parent, at once.
+        .reconcile_all_on(shared.gate.became_leader())
         .with_config(Config::default().concurrency(concurrency))
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile::reconcile_measured, error_policy, ctx)

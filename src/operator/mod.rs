@@ -13,10 +13,13 @@
 //! ```
 //!
 //! Each rule runs on its own, so a rule whose CRD is missing, or which lacks
-//! a permission, never holds up the others.
+//! a permission, never holds up the others. With `--leader-elect` every write
+//! goes through one gate ([`leader::Gate`]), open only on the replica that
+//! holds the Lease; the others run the same watches and write nothing.
 
 mod controller;
 pub mod discovery;
+pub mod leader;
 mod reconcile;
 mod supervisor;
 
@@ -61,6 +64,8 @@ pub struct Options {
     pub reload_poll: Duration,
     /// Where `/metrics`, `/healthz`, `/readyz` and `/status` are served.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `--leader-elect`: only the Lease holder writes. `None`: always writes.
+    pub leader_election: Option<leader::Settings>,
 }
 
 impl Options {
@@ -75,6 +80,7 @@ impl Options {
             reload_debounce: Duration::from_millis(500),
             reload_poll: Duration::from_secs(30),
             metrics_addr: None,
+            leader_election: None,
         }
     }
 }
@@ -93,6 +99,8 @@ pub struct Shared {
     /// Each rule's state, for `/status`.
     pub rule_states: Arc<std::sync::Mutex<std::collections::BTreeMap<String, RuleState>>>,
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// Whether this replica may write (always, without leader election).
+    pub gate: leader::Gate,
 }
 
 impl Shared {
@@ -147,6 +155,13 @@ pub async fn run_with(
             instance: Some(options.instance.clone()),
         },
     );
+    if let Some(settings) = &options.leader_election {
+        settings.validate().map_err(|e| anyhow::anyhow!(e))?;
+    }
+    let gate = match options.leader_election {
+        Some(_) => leader::Gate::closed(),
+        None => leader::Gate::open(),
+    };
     let shared = Arc::new(Shared {
         client: client.clone(),
         recorder,
@@ -156,12 +171,25 @@ pub async fn run_with(
         reload: Arc::default(),
         rule_states: Arc::default(),
         metrics: Arc::default(),
+        gate: gate.clone(),
+    });
+    let leader_status = Arc::new(std::sync::Mutex::new(leader::LeaderStatus::default()));
+    let elector = options.leader_election.clone().map(|settings| {
+        leader::Elector::start(
+            client.clone(),
+            settings,
+            gate.clone(),
+            shared.metrics.clone(),
+            leader_status.clone(),
+            shutdown.clone(),
+        )
     });
     if let Some(addr) = options.metrics_addr {
         let obs = Arc::new(crate::telemetry::Observability {
             metrics: shared.metrics.clone(),
             reload: shared.reload.clone(),
             rules: shared.rule_states.clone(),
+            leader: leader_status.clone(),
         });
         tokio::spawn(crate::telemetry::serve(addr, obs, shutdown.clone()));
     }
@@ -173,6 +201,7 @@ pub async fn run_with(
             options.namespaces.join(",")
         },
         concurrency = options.concurrency,
+        leader_election = options.leader_election.is_some(),
         "trellis starting"
     );
 
@@ -185,7 +214,20 @@ pub async fn run_with(
         reload_loop(&options, &shared, &mut supervisor, &shutdown).await;
     }
     info!("shutting down: finishing in-flight reconciles");
-    supervisor.join().await;
+    match elector {
+        None => supervisor.join().await,
+        Some(elector) => {
+            // The gate closed with the shutdown, so in-flight reconciles end
+            // at their next write; the Lease is handed on once they have (or
+            // after a short wait: a successor must not wait on a slow pass).
+            let mut join = tokio::spawn(supervisor.join());
+            let drained = tokio::time::timeout(Duration::from_secs(1), &mut join).await;
+            elector.release().await;
+            if drained.is_err() && join.await.is_err() {
+                warn!("a rule task ended abnormally");
+            }
+        }
+    }
     crd_task.abort();
     info!("trellis stopped");
     Ok(())

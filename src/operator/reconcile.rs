@@ -71,6 +71,9 @@ pub enum Error {
     Status(#[source] kube::Error),
     #[error("updating finalizers: {}", brief(.0))]
     Finalizer(#[source] kube::Error),
+    /// The gate closed (leadership lost or shutdown): the pass stops writing.
+    #[error(transparent)]
+    NotLeader(#[from] super::leader::NotLeader),
 }
 
 /// The API server's own message, without the debug dump around it.
@@ -169,6 +172,9 @@ impl RuleCtx {
     }
 
     async fn event(&self, parent: &DynamicObject, type_: EventType, reason: &str, note: String) {
+        if !self.shared.gate.may_write() {
+            return;
+        }
         let reference = parent.object_ref(&self.kinds.parent.resource);
         let event = Event {
             type_,
@@ -197,7 +203,12 @@ pub async fn reconcile_measured(
 ) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let rule = ctx.rule().name.clone();
-    let result = reconcile(parent, ctx.clone()).await;
+    let result = match reconcile(parent, ctx.clone()).await {
+        // A standby (or a leader that just lost the Lease) leaves the pass
+        // to the leader, which reconciles every parent on taking over.
+        Err(Error::NotLeader(_)) => return Ok(Action::await_change()),
+        other => other,
+    };
     let metrics = &ctx.shared.metrics;
     metrics
         .reconcile_seconds
@@ -215,6 +226,7 @@ pub async fn reconcile_measured(
 }
 
 pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
+    ctx.shared.gate.check()?;
     // Planning on a half-filled cache would re-create what exists (and
     // re-roll `createOnly` secrets): wait until every child kind is listed.
     for (_, store) in &ctx.children {
@@ -270,6 +282,9 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
     for apply in &plan.apply {
         let live = observed.objects.get(&apply.key);
         let result = apply_child(&ctx, apply, live).await;
+        if let Err(Error::NotLeader(not)) = result {
+            return Err(not.into());
+        }
         let op = match &result {
             Ok(Outcome::Unchanged) => "unchanged",
             Ok(Outcome::Created) => "create",
@@ -314,6 +329,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
                 propagation_policy: Some(PropagationPolicy::Background),
                 ..DeleteParams::default()
             };
+            ctx.shared.gate.check()?;
             match api.delete(&delete.key.name, &params).await {
                 Ok(_) => {
                     ctx.shared.metrics.child_op(&rule.name, "delete");
@@ -416,6 +432,7 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
                 field_manager: Some(ctx.field_manager()),
                 ..PostParams::default()
             };
+            ctx.shared.gate.check()?;
             return match api.create(&params, &object).await {
                 Ok(_) => Ok(Outcome::Created),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Unchanged),
@@ -440,6 +457,7 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
                     propagation_policy: Some(PropagationPolicy::Background),
                     ..DeleteParams::default()
                 };
+                ctx.shared.gate.check()?;
                 api.delete(&apply.key.name, &params)
                     .await
                     .map_err(|source| Error::Delete {
@@ -461,6 +479,7 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
     }
 
     let params = PatchParams::apply(&ctx.field_manager()).force();
+    ctx.shared.gate.check()?;
     let result = api
         .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
         .await
@@ -735,6 +754,7 @@ async fn write_status(
     }
     let api = ctx.parent_api(parent);
     let name = parent.name_any();
+    ctx.shared.gate.check()?;
     let result = if ctx.kinds.parent.status_subresource {
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -783,6 +803,7 @@ async fn set_finalizers(
     parent: &DynamicObject,
     finalizers: Vec<String>,
 ) -> Result<(), Error> {
+    ctx.shared.gate.check()?;
     // resourceVersion makes this a compare-and-swap: other finalizers are never lost.
     let patch = json!({
         "metadata": {
@@ -902,6 +923,7 @@ async fn finalize(parent: &DynamicObject, ctx: &RuleCtx, uid: &str) -> Result<Ac
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
+        ctx.shared.gate.check()?;
         match api.delete(&key.name, &params).await {
             Ok(_) => {
                 info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)")

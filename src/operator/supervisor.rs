@@ -258,6 +258,10 @@ async fn delete_children(
     if uids.is_empty() {
         return;
     }
+    if !shared.gate.may_write() {
+        info!(rule = %rule.name, "not the leader: cleanup ({reason}) left to the leader");
+        return;
+    }
     let selector = ListParams::default().labels(&format!("{LABEL_RULE}={}", rule.name));
     for kind in kinds {
         // Children the rule may place anywhere are looked for everywhere.
@@ -283,6 +287,9 @@ async fn delete_children(
                 .is_some_and(|uid| uids.contains(uid))
         });
         for child in theirs {
+            if shared.gate.check().is_err() {
+                return;
+            }
             let params = DeleteParams {
                 propagation_policy: Some(PropagationPolicy::Background),
                 preconditions: child.uid().map(|uid| Preconditions {
@@ -320,6 +327,10 @@ async fn release_finalizer(
     let mut current = parent.clone();
     for _ in 0..5 {
         if !current.finalizers().iter().any(|f| f == FINALIZER) {
+            return;
+        }
+        if !shared.gate.may_write() {
+            info!(rule = %rule.name, parent = %name, "not the leader: finalizer left to the leader");
             return;
         }
         let rest: Vec<&String> = current
