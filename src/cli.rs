@@ -253,6 +253,12 @@ pub enum Command {
     },
     /// Print the JSON Schema of the rule format
     Schema,
+    /// Print the CustomResourceDefinitions of the rules that set `crd:`
+    Crd {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+    },
 }
 
 /// Prints diagnostics; returns whether the set has errors.
@@ -557,6 +563,40 @@ pub fn rbac(dirs: &[PathBuf], name: &str) -> ExitCode {
     match yaml::to_string(&role) {
         Ok(text) => {
             println!("{}", text.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The YAML stream `trellis crd` prints: one document per rule with `crd:`,
+/// in rule-name order.
+pub fn crd_documents(set: &RuleSet) -> Result<String, String> {
+    let mut out = String::new();
+    for crd in set.rules.iter().filter_map(|r| r.crd.as_ref()) {
+        if !out.is_empty() {
+            out.push_str("---\n");
+        }
+        out.push_str(&yaml::to_string(crd)?);
+    }
+    Ok(out)
+}
+
+pub fn crd(dirs: &[PathBuf]) -> ExitCode {
+    let set = match load(dirs, Limits::default()) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    if !set.rules.iter().any(|r| r.crd.is_some()) {
+        eprintln!("note: no rule sets `crd:`; nothing to print");
+        return ExitCode::SUCCESS;
+    }
+    match crd_documents(&set) {
+        Ok(text) => {
+            print!("{text}");
             ExitCode::SUCCESS
         }
         Err(e) => {

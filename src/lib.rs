@@ -9,6 +9,7 @@
 //! share this library; `plan` is the only place that decides anything.
 
 pub mod cli;
+pub mod crd;
 pub mod kinds;
 pub mod operator;
 pub mod plan;

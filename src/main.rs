@@ -53,5 +53,6 @@ fn main() -> ExitCode {
         ),
         Command::Rbac { rules, name } => cli::rbac(&rules, &name),
         Command::Schema => cli::schema(),
+        Command::Crd { rules } => cli::crd(&rules),
     }
 }

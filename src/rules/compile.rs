@@ -42,6 +42,8 @@ pub struct CompiledRule {
     pub resync: Option<Duration>,
     /// Child id → template text, as loaded (inline or from `templateFile`).
     pub templates: BTreeMap<String, String>,
+    /// The parent's CustomResourceDefinition, generated when the rule sets `crd:`.
+    pub crd: Option<Value>,
 }
 
 impl CompiledRule {
@@ -548,6 +550,15 @@ pub(super) fn compile(
         None => (Vec::new(), Vec::new()),
     };
 
+    let (crd, findings) = crate::crd::generate(&rule);
+    for f in findings {
+        if f.error {
+            ck.error(&f.field, f.message);
+        } else {
+            ck.warning(&f.field, f.message);
+        }
+    }
+
     if ck.errors > 0 {
         return None;
     }
@@ -569,6 +580,7 @@ pub(super) fn compile(
         conditions,
         resync,
         templates,
+        crd,
         file: doc.file,
         lines: doc.lines,
         rule,
