@@ -29,6 +29,17 @@
 //! If the control plane cannot be built or started, every test that asks for
 //! it panics with the reason and the component logs' tails; nothing is skipped.
 //!
+//! # The node
+//!
+//! The shared control plane is started with one real node (`cluster up
+//! --node`: containerd, kubelet, kube-proxy, kube-scheduler; see
+//! `tests/cluster/README.md`), so Pods run. Only one node can exist per
+//! machine: set `TRELLIS_TEST_NO_NODE=1` to start the shared control plane
+//! without one (when another worktree's cluster has it). If no node is
+//! possible (not root, packages missing, another worktree's node), the control
+//! plane starts without one and says why; tests that need a node call
+//! [`node::node`], which panics with that reason: they fail, never skip.
+//!
 //! # Isolation
 //!
 //! Each test gets its own namespace ([`namespace`]), named after the test and
@@ -56,6 +67,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 
+pub mod node;
 pub mod operator;
 
 /// The label put on every namespace made by [`namespace`].
@@ -87,6 +99,10 @@ pub struct Cluster {
     pub source: String,
     /// True for the local control plane built from `tests/cluster`.
     pub local: bool,
+    /// The local control plane's state directory, when `local`.
+    pub dir: Option<PathBuf>,
+    /// `Ok` when the cluster has the local node; otherwise why not.
+    pub node: Result<(), String>,
 }
 
 /// The cluster for this test binary; starts (or reuses) it on first call.
@@ -110,6 +126,8 @@ fn find_or_start_cluster() -> Result<Cluster, String> {
             source: format!("TRELLIS_TEST_KUBECONFIG={}", path.display()),
             kubeconfig_path: Some(path),
             local: false,
+            dir: None,
+            node: Err("TRELLIS_TEST_KUBECONFIG: not the local control plane".into()),
         });
     }
     if std::env::var("TRELLIS_TEST_USE_KUBECONFIG").as_deref() == Ok("1") {
@@ -120,6 +138,8 @@ fn find_or_start_cluster() -> Result<Cluster, String> {
             kubeconfig_path: None,
             source: "KUBECONFIG (TRELLIS_TEST_USE_KUBECONFIG=1)".into(),
             local: false,
+            dir: None,
+            node: Err("TRELLIS_TEST_USE_KUBECONFIG=1: not the local control plane".into()),
         });
     }
     start_local_cluster()
@@ -158,12 +178,23 @@ fn start_local_cluster() -> Result<Cluster, String> {
                 script.display()
             ));
         }
-        let out = Command::new(&script)
-            .arg("up")
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running {} up: {e}", script.display()))?;
+        let want_node = std::env::var("TRELLIS_TEST_NO_NODE").as_deref() != Ok("1");
+        let no_node_reason = dir.join("no-node-reason");
+        let _ = std::fs::remove_file(&no_node_reason);
+        let mut out = cluster_up(&script, &dir, want_node)?;
+        if want_node && out.status.code() == Some(3) {
+            // No node is possible here (exit 3: nothing was started): go on
+            // without one; tests that need it fail with this reason.
+            let reason = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            let _ = writeln!(
+                std::io::stderr(),
+                "[support] starting the control plane without a node: {reason}"
+            );
+            out = cluster_up(&script, &dir, false)?;
+            let _ = std::fs::write(&no_node_reason, &reason);
+        } else if !want_node {
+            let _ = std::fs::write(&no_node_reason, "TRELLIS_TEST_NO_NODE=1 is set");
+        }
         if !out.status.success() {
             return Err(format!(
                 "`{} up {}` failed ({}):\n{}{}",
@@ -189,12 +220,34 @@ fn start_local_cluster() -> Result<Cluster, String> {
     let path = dir.join("kubeconfig");
     let kubeconfig =
         Kubeconfig::read_from(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let node = if dir.join("node/up").is_file() {
+        Ok(())
+    } else {
+        let why = std::fs::read_to_string(dir.join("no-node-reason"))
+            .unwrap_or_else(|_| "it was started without one".into());
+        Err(format!(
+            "the shared control plane in {} has no node: {why} (restart it with `{} down {0}`)",
+            dir.display(),
+            script.display()
+        ))
+    };
     Ok(Cluster {
         kubeconfig,
         source: format!("local control plane in {}", dir.display()),
         kubeconfig_path: Some(path),
         local: true,
+        dir: Some(dir),
+        node,
     })
+}
+
+/// `cluster up DIR [--node]`, its output captured.
+fn cluster_up(script: &Path, dir: &Path, node: bool) -> Result<std::process::Output, String> {
+    let mut cmd = Command::new(script);
+    cmd.arg("up").arg(dir).stdin(Stdio::null());
+    cmd.arg(if node { "--node" } else { "--no-node" });
+    cmd.output()
+        .map_err(|e| format!("running {} up: {e}", script.display()))
 }
 
 /// A client for the test cluster with cluster-admin rights.
