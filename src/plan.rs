@@ -298,6 +298,19 @@ impl ParentInfo {
     }
 }
 
+/// The pass for a parent the operator could not decode (`why`): no child is
+/// rendered, applied or pruned; the status says why, with reason `Undecodable`.
+pub fn undecodable(rule: &CompiledRule, input: &Input, why: &str) -> Plan {
+    let info = ParentInfo::of(input.parent);
+    let mut plan = Plan {
+        errors: vec![why.to_owned()],
+        failure_reason: Some("Undecodable"),
+        ..Plan::default()
+    };
+    plan.status = status_for_failure(rule, input, &info, &plan);
+    plan
+}
+
 /// Decides one reconcile pass. Never fails: problems become `errors`, a
 /// `Synced=False` condition and an empty prune set.
 pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {

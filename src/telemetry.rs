@@ -58,6 +58,21 @@ pub struct Metrics {
     pub rules_running: Gauge,
     /// 1 while this replica may write (always, without leader election).
     pub leader: Gauge,
+    pub parents_in_backoff: Family<RuleLabel, Gauge>,
+    pub api_errors: Family<ApiErrorLabel, Counter>,
+    pub undecodable: Family<KindLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiErrorLabel {
+    pub rule: String,
+    /// HTTP status code, or `transport` when no response came back.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
 }
 
 impl Default for Metrics {
@@ -115,7 +130,28 @@ impl Default for Metrics {
             leader.clone(),
         );
         leader.set(1);
+        let parents_in_backoff = Family::<RuleLabel, Gauge>::default();
+        registry.register(
+            "parents_in_backoff",
+            "Parents whose last pass failed, waiting out their backoff",
+            parents_in_backoff.clone(),
+        );
+        let api_errors = Family::<ApiErrorLabel, Counter>::default();
+        registry.register(
+            "api_errors",
+            "Failed API requests by rule and HTTP status code",
+            api_errors.clone(),
+        );
+        let undecodable = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "undecodable_objects",
+            "Objects skipped because they could not be decoded (too deep, malformed)",
+            undecodable.clone(),
+        );
         Metrics {
+            parents_in_backoff,
+            api_errors,
+            undecodable,
             registry,
             reconciles,
             reconcile_seconds,

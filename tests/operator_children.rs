@@ -10,8 +10,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use support::operator::{
-    QUIET, condition, condition_state, config_data, start_with_new_kind, wait_condition, wait_data,
-    wait_exists, wait_for, wait_recreated,
+    QUIET, WAIT, condition, condition_state, config_data, start_with_new_kind, wait_condition,
+    wait_condition_reason, wait_data, wait_event, wait_exists, wait_for, wait_gone, wait_recreated,
 };
 
 const DRIFT_RULE: &str = r#"
@@ -156,7 +156,10 @@ async fn a_child_that_belongs_to_another_parent_is_not_taken_over() {
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    assert!(message.contains("another parent"), "{reason}: {message}");
+    assert!(
+        message.contains("belongs to App first"),
+        "{reason}: {message}"
+    );
     tokio::time::sleep(QUIET).await;
     let cm = cms.get("shared").await.expect("child");
     assert_eq!(config_data(&cm, "owner").as_deref(), Some("first"));
@@ -291,6 +294,113 @@ async fn a_recreate_child_is_replaced_when_its_rendering_changes() {
     assert_ne!(
         second.annotations().get("trellis.dev/render-hash"),
         first.annotations().get("trellis.dev/render-hash")
+    );
+    operator.stop().await;
+}
+
+/// A parent author names an object someone else made: it must never be
+/// written, re-labelled or handed to the garbage collector.
+const VICTIM_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: grab
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ spec.name }}
+        data:
+          owner: {{ parent.metadata.name }}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_someone_else_made_is_never_adopted_and_survives_the_parent() {
+    let ns = support::namespace().await;
+    let cms: Api<ConfigMap> = ns.api();
+    let victim: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "victim"},
+        "data": {"owner": "payroll"},
+    }))
+    .expect("configmap");
+    let victim = cms
+        .create(&kube::api::PostParams::default(), &victim)
+        .await
+        .expect("create victim");
+    let (app, _cleanup, operator) = start_with_new_kind(&ns, "App", VICTIM_RULE).await;
+    app.create(&ns, "thief", json!({"name": "victim"}), &[])
+        .await;
+    let parents = app.api(&ns);
+    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
+    let message = condition(&thief, "Synced").expect("Synced")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("victim") && message.contains("not created by trellis"),
+        "{message}"
+    );
+    wait_event(&ns, "an ApplyError Event naming the victim", |e| {
+        e.reason.as_deref() == Some("ApplyError")
+            && e.note.as_deref().unwrap_or_default().contains("victim")
+    })
+    .await;
+    tokio::time::sleep(QUIET).await;
+    let now = cms.get("victim").await.expect("victim");
+    assert_eq!(
+        now.metadata.resource_version, victim.metadata.resource_version,
+        "the victim was written: {now:?}"
+    );
+    parents
+        .delete("thief", &Default::default())
+        .await
+        .expect("delete parent");
+    wait_gone(&parents, "thief", WAIT).await;
+    tokio::time::sleep(QUIET).await;
+    let now = cms
+        .get("victim")
+        .await
+        .expect("the victim outlives the parent");
+    assert_eq!(config_data(&now, "owner").as_deref(), Some("payroll"));
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_with_adopt_takes_over_an_unowned_object() {
+    let ns = support::namespace().await;
+    let cms: Api<ConfigMap> = ns.api();
+    let orphan: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "orphan"},
+        "data": {"owner": "nobody"},
+    }))
+    .expect("configmap");
+    cms.create(&kube::api::PostParams::default(), &orphan)
+        .await
+        .expect("create orphan");
+    let rule = VICTIM_RULE.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      adopt: true\n",
+    );
+    assert!(rule.contains("adopt: true"));
+    let (app, _cleanup, operator) = start_with_new_kind(&ns, "App", &rule).await;
+    app.create(&ns, "heir", json!({"name": "orphan"}), &[])
+        .await;
+    let cm = wait_data(&cms, "orphan", "adopted data", "owner", "heir").await;
+    assert_eq!(
+        cm.labels().get("trellis.dev/rule").map(String::as_str),
+        Some("grab")
+    );
+    assert_eq!(
+        cm.owner_references().len(),
+        1,
+        "{:?}",
+        cm.owner_references()
     );
     operator.stop().await;
 }

@@ -25,9 +25,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::Shared;
+use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
 use super::reconcile::{self, RuleCtx};
-use super::{Shared, backoff};
+use super::retry::{Failures, WatchBackoff};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::rules::CompiledRule;
 use crate::rules::model::{LabelSelector, SelectorOperator};
@@ -288,26 +290,39 @@ fn trim(
 }
 
 /// A cache of one kind: a watch (one namespace, or all and filtered) feeding a store.
-fn cached_watch(
+fn cached_watch<K>(
     client: &Client,
     kind: &Resolved,
     namespaces: &[String],
     config: watcher::Config,
+    relisted: tokio::sync::mpsc::UnboundedSender<()>,
+    trim: impl FnMut(&mut K) + Send + 'static,
 ) -> (
-    Store<DynamicObject>,
-    impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
-) {
+    Store<K>,
+    impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<
+            DynamicType = kube::discovery::ApiResource,
+            Scope = kube::core::DynamicResourceScope,
+        > + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let writer = Writer::new(kind.resource.clone());
     let store = writer.as_reader();
-    let api: Api<DynamicObject> = match (kind.namespaced, namespaces) {
+    let api: Api<K> = match (kind.namespaced, namespaces) {
         (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
         _ => Api::all_with(client.clone(), &kind.resource),
     };
     let keep: Option<BTreeSet<String>> =
         (kind.namespaced && namespaces.len() > 1).then(|| namespaces.iter().cloned().collect());
     let stream = watcher(api, config)
-        .default_backoff()
-        .modify(trim(&kind.resource))
+        .backoff(WatchBackoff::default())
+        .modify(trim)
         .filter(move |event| {
             let pass = match (&keep, event) {
                 (
@@ -322,8 +337,55 @@ fn cached_watch(
             };
             future::ready(pass)
         })
-        .reflect(writer);
+        .reflect(writer)
+        .inspect(relist_signal(relisted));
     (store, stream)
+}
+
+/// Signals every relist after the first. A relist (after a 410 Gone, say)
+/// replaces the cache but reports no deletions, so a child deleted while the
+/// watch was down would only come back at the next resync: the rule's
+/// parents are all re-reconciled instead.
+fn relist_signal<K, E>(
+    relisted: tokio::sync::mpsc::UnboundedSender<()>,
+) -> impl FnMut(&Result<watcher::Event<K>, E>) {
+    let mut listed_before = false;
+    move |event| {
+        if let Ok(watcher::Event::InitDone) = event {
+            if listed_before {
+                let _ = relisted.send(());
+            }
+            listed_before = true;
+        }
+    }
+}
+
+/// What makes a parent worth a pass: anything but its status (and the
+/// bookkeeping that changes with it). trellis's own status writes must not
+/// wake the parent they were written for.
+fn outside_status(parent: &ParentObject) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.undecodable.hash(&mut h);
+    let parent = &parent.object;
+    let meta = &parent.metadata;
+    meta.uid.hash(&mut h);
+    meta.labels.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    meta.finalizers.hash(&mut h);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    if let Some(data) = parent.data.as_object() {
+        for (k, v) in data {
+            if k != "status" {
+                k.hash(&mut h);
+                v.to_string().hash(&mut h);
+            }
+        }
+    }
+    Some(h.finish())
 }
 
 async fn run_controller(
@@ -339,13 +401,26 @@ async fn run_controller(
     if let Some(selector) = &rule.rule.spec.parent.selector {
         parent_config = parent_config.labels(&selector_string(selector));
     }
-    let (parents, parent_stream) =
-        cached_watch(&shared.client, &parent_kind, &namespaces, parent_config);
+    let (relisted_tx, mut relisted_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (parents, parent_stream) = cached_watch(
+        &shared.client,
+        &parent_kind,
+        &namespaces,
+        parent_config,
+        relisted_tx.clone(),
+        {
+            let mut trim = trim(&parent_kind.resource);
+            move |p: &mut ParentObject| trim(&mut p.object)
+        },
+    );
 
     let child_config = watcher::Config::default().labels(&format!("{LABEL_RULE}={}", rule.name));
     let mut child_stores = Vec::new();
     let mut controller = Controller::for_stream_with(
-        parent_stream.applied_objects(),
+        parent_stream.applied_objects().predicate_filter(
+            outside_status,
+            kube::runtime::utils::PredicateConfig::default(),
+        ),
         parents.clone(),
         parent_kind.resource.clone(),
     );
@@ -356,7 +431,14 @@ async fn run_controller(
             .iter()
             .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
         let scope: &[String] = if anywhere { &[] } else { &namespaces };
-        let (store, stream) = cached_watch(&shared.client, kind, scope, child_config.clone());
+        let (store, stream) = cached_watch(
+            &shared.client,
+            kind,
+            scope,
+            child_config.clone(),
+            relisted_tx.clone(),
+            trim(&kind.resource),
+        );
         child_stores.push((kind.clone(), store));
         let mapper = parent_of(parents.clone(), parent_kind.clone());
         controller =
@@ -369,28 +451,41 @@ async fn run_controller(
         namespaces = %if namespaces.is_empty() { "all".to_owned() } else { namespaces.join(",") },
         "watching"
     );
-    // A reloaded rule with the same kinds: re-reconcile every parent.
-    let mut updates = rules.clone();
-    updates.borrow_and_update();
-    let reloaded = futures::stream::unfold(updates, |mut rx| async move {
-        rx.changed().await.ok()?;
-        Some(((), rx))
-    });
+    drop(relisted_tx);
+    let (caches_ready, listing) =
+        reconcile::caches_ready(child_stores.iter().map(|(_, s)| s.clone()).collect());
     let ctx = Arc::new(RuleCtx {
-        rules,
+        caches_ready,
+        stop: stop.clone(),
+        rules: rules.clone(),
         kinds,
         shared: shared.clone(),
         children: child_stores,
         parents: parents.clone(),
         applied: Mutex::new(HashMap::new()),
-        failures: Mutex::new(HashMap::new()),
+        failures: Failures::default(),
         warned: Mutex::new(BTreeSet::new()),
     });
+    // A reloaded rule with the same kinds, or a watch that had to relist
+    // (its server was gone): re-reconcile every parent at once, backoffs lifted.
+    let mut updates = rules;
+    updates.borrow_and_update();
+    let reloaded = futures::stream::unfold(updates, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    });
+    let relisted = futures::stream::poll_fn(move |cx| relisted_rx.poll_recv(cx));
+    let lifted = ctx.clone();
+    // Taking over as leader likewise: every parent, at once.
+    let leading = shared.gate.became_leader();
+    let everyone = futures::stream::select(futures::stream::select(reloaded, relisted), leading)
+        .map(move |()| {
+            lifted.failures.release_all();
+            lifted.report_backoff();
+        });
     let concurrency = u16::try_from(shared.permits.available_permits()).unwrap_or(u16::MAX);
     controller
-        .reconcile_all_on(reloaded)
-        // Taking over as leader: every parent, at once.
-        .reconcile_all_on(shared.gate.became_leader())
+        .reconcile_all_on(everyone)
         .with_config(Config::default().concurrency(concurrency))
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile::reconcile_measured, error_policy, ctx)
@@ -403,14 +498,15 @@ async fn run_controller(
             }
         })
         .await;
+    listing.abort();
 }
 
 /// Maps a child event to its parent: the controller ownerReference when it
 /// points at the parent kind, else the `trellis.dev/parent-uid` label.
 fn parent_of(
-    parents: Store<DynamicObject>,
+    parents: Store<ParentObject>,
     parent: Resolved,
-) -> impl Fn(DynamicObject) -> Option<ObjectRef<DynamicObject>> + Send + Sync + 'static {
+) -> impl Fn(DynamicObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
     move |child: DynamicObject| {
         let owner = child.owner_references().iter().find(|r| {
             r.controller == Some(true)
@@ -433,15 +529,18 @@ fn parent_of(
     }
 }
 
-fn error_policy(parent: Arc<DynamicObject>, err: &reconcile::Error, ctx: Arc<RuleCtx>) -> Action {
-    let key = reconcile::parent_key(&parent);
-    let failures = {
-        let mut map = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(key.clone()).or_insert(0);
-        *n += 1;
-        *n
-    };
-    let delay = backoff(failures - 1);
+fn error_policy(parent: Arc<ParentObject>, err: &reconcile::Error, ctx: Arc<RuleCtx>) -> Action {
+    if let reconcile::Error::NotLeader(_) = err {
+        // Not a failure of the parent: becoming leader reconciles every one.
+        return Action::await_change();
+    }
+    let key = reconcile::parent_key(&parent.object);
+    let delay = ctx.failures.record(
+        &key,
+        parent.object.metadata.generation,
+        std::time::Instant::now(),
+    );
+    ctx.report_backoff();
     warn!(rule = %ctx.rule().name, parent = %key, retry_in = ?delay, "reconcile failed: {err}");
     Action::requeue(delay)
 }

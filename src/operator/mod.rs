@@ -18,9 +18,11 @@
 //! holds the Lease; the others run the same watches and write nothing.
 
 mod controller;
+mod decode;
 pub mod discovery;
 pub mod leader;
 mod reconcile;
+mod retry;
 mod supervisor;
 
 use std::path::PathBuf;
@@ -343,7 +345,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 async fn watch_crds(client: Client, epoch: watch::Sender<u64>, shutdown: CancellationToken) {
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(retry::WatchBackoff::default())
         .boxed();
     loop {
         tokio::select! {
@@ -375,24 +377,4 @@ pub async fn cancel_on_signal(token: CancellationToken) {
         _ = tokio::signal::ctrl_c() => info!("interrupt received"),
     }
     token.cancel();
-}
-
-/// Exponential per-key backoff: 200 ms doubling to 5 min.
-pub fn backoff(failures: u32) -> Duration {
-    let ms = 200u64.saturating_mul(1u64 << failures.min(20));
-    Duration::from_millis(ms.min(300_000))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_200ms_to_5min() {
-        assert_eq!(backoff(0), Duration::from_millis(200));
-        assert_eq!(backoff(1), Duration::from_millis(400));
-        assert_eq!(backoff(5), Duration::from_millis(6_400));
-        assert_eq!(backoff(11), Duration::from_secs(300));
-        assert_eq!(backoff(60), Duration::from_secs(300));
-    }
 }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::decode::ParentObject;
 use super::discovery::{Resolved, RuleKinds};
 use super::{FINALIZER, PAUSED_ANNOTATION, Shared};
 use crate::plan::{
@@ -38,13 +39,36 @@ pub struct RuleCtx {
     /// Caches of child kinds, filtered to this rule by label.
     pub children: Vec<(Resolved, Store<DynamicObject>)>,
     /// The parent cache.
-    pub parents: Store<DynamicObject>,
+    pub parents: Store<ParentObject>,
     /// Per child: (hash of what we applied, fingerprint of the object our apply returned).
     pub applied: Mutex<HashMap<ObjectKey, (String, String)>>,
-    /// Consecutive failures per parent, for backoff.
-    pub failures: Mutex<HashMap<String, u32>>,
+    /// Consecutive failures per parent: backoff and Warning dedup.
+    pub failures: super::retry::Failures,
     /// Status paths already reported as dropped by the API server.
     pub warned: Mutex<BTreeSet<String>>,
+    /// True once every child cache has listed (see [`caches_ready`]).
+    pub caches_ready: watch::Receiver<bool>,
+    /// Cancelled when the rule's watches stop: nothing may wait past it.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+/// Flags when every store has listed. One task awaits the stores, and the
+/// reconciles wait on the flag: a store's own readiness future wakes only
+/// its last waiter, so reconciles waiting on it directly would hold their
+/// slots forever when parents already exist at start.
+pub fn caches_ready(
+    stores: Vec<Store<DynamicObject>>,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(stores.is_empty());
+    let task = tokio::spawn(async move {
+        for store in &stores {
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(true);
+    });
+    (rx, task)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +88,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error(
-        "{key} belongs to another parent ({owner}); it is not taken over: give each parent's child a name of its own"
+        "{key} already exists and belongs to {owner}; it is not taken over: give the child a name of its own"
     )]
     Conflict { key: String, owner: String },
     #[error("writing status: {}", brief(.0))]
@@ -125,11 +149,14 @@ impl RuleCtx {
             }
         }
         drop(applied);
-        let mut failures = lock(&self.failures);
-        if failures.len() > 256 {
-            let parents: std::collections::HashSet<String> =
-                self.parents.state().iter().map(|p| parent_key(p)).collect();
-            failures.retain(|k, _| parents.contains(k));
+        if self.failures.len() > 256 {
+            let parents: std::collections::HashSet<String> = self
+                .parents
+                .state()
+                .iter()
+                .map(|p| parent_key(&p.object))
+                .collect();
+            self.failures.retain(|k| parents.contains(k));
         }
     }
 
@@ -145,8 +172,14 @@ impl RuleCtx {
         }
     }
 
-    fn parent_api(&self, parent: &DynamicObject) -> Api<DynamicObject> {
-        self.api_for(&self.kinds.parent, parent.namespace().as_deref())
+    /// Responses decode as [`ParentObject`]: a parent too deep to decode
+    /// can still be written to.
+    fn parent_api(&self, parent: &DynamicObject) -> Api<ParentObject> {
+        let (client, kind) = (self.shared.client.clone(), &self.kinds.parent);
+        match (kind.namespaced, parent.namespace()) {
+            (true, Some(ns)) => Api::namespaced_with(client, &ns, &kind.resource),
+            _ => Api::all_with(client, &kind.resource),
+        }
     }
 
     fn child_kind(&self, group: &str, kind: &str) -> Option<&Resolved> {
@@ -169,6 +202,28 @@ impl RuleCtx {
             }
         }
         out
+    }
+
+    /// Publishes the parents-in-backoff gauge of this rule.
+    pub fn report_backoff(&self) {
+        self.shared
+            .metrics
+            .parents_in_backoff
+            .get_or_create(&crate::telemetry::RuleLabel {
+                rule: self.rule().name.clone(),
+            })
+            .set(self.failures.holding(std::time::Instant::now()) as i64);
+    }
+
+    /// A Warning Event, unless the same one was written during this run of
+    /// failures: a retry of an identical failure adds no write.
+    async fn warn(&self, parent: &DynamicObject, reason: &str, note: String) {
+        if self
+            .failures
+            .should_warn(&parent_key(parent), &format!("{reason}: {note}"))
+        {
+            self.event(parent, EventType::Warning, reason, note).await;
+        }
     }
 
     async fn event(&self, parent: &DynamicObject, type_: EventType, reason: &str, note: String) {
@@ -198,7 +253,7 @@ enum Outcome {
 
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
-    parent: Arc<DynamicObject>,
+    parent: Arc<ParentObject>,
     ctx: Arc<RuleCtx>,
 ) -> Result<Action, Error> {
     let started = std::time::Instant::now();
@@ -225,24 +280,44 @@ pub async fn reconcile_measured(
     result
 }
 
-pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
+pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
     ctx.shared.gate.check()?;
     // Planning on a half-filled cache would re-create what exists (and
-    // re-roll `createOnly` secrets): wait until every child kind is listed.
-    for (_, store) in &ctx.children {
-        if store.wait_until_ready().await.is_err() {
+    // re-roll `createOnly` secrets): wait until every child kind is listed,
+    // but never past the rule's stop, so shutdown is never held up.
+    let mut ready = ctx.caches_ready.clone();
+    tokio::select! {
+        listed = ready.wait_for(|r| *r) => if listed.is_err() {
             return Err(Error::Plan("child cache was dropped".into()));
-        }
+        },
+        _ = ctx.stop.cancelled() => return Ok(Action::await_change()),
     }
-    let _permit = ctx.shared.permits.acquire().await;
+    let _permit = tokio::select! {
+        permit = ctx.shared.permits.acquire() => permit,
+        _ = ctx.stop.cancelled() => return Ok(Action::await_change()),
+    };
     ctx.sweep();
+    if let Some(why) = &parent.undecodable {
+        return undecodable(&ctx, &parent.object, why).await;
+    }
+    let parent = &parent.object;
     let rule = &ctx.rule();
-    let key = parent_key(&parent);
+    let key = parent_key(parent);
     let uid = parent.uid().unwrap_or_default();
+    // A failing parent waits out its backoff whatever woke it (a child
+    // event, its own status write); an edit of its spec is tried at once.
+    if parent.meta().deletion_timestamp.is_none()
+        && let Some(wait) =
+            ctx.failures
+                .held(&key, parent.metadata.generation, std::time::Instant::now())
+    {
+        debug!(rule = %rule.name, parent = %key, retry_in = ?wait, "held back by its backoff");
+        return Ok(Action::requeue(wait));
+    }
     // Deletion goes ahead even for a paused parent: holding the finalizer
     // would leave a delete the user asked for hanging.
     if parent.meta().deletion_timestamp.is_some() {
-        return finalize(&parent, &ctx, &uid).await;
+        return finalize(parent, &ctx, &uid).await;
     }
     if parent
         .annotations()
@@ -253,8 +328,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
         debug!(rule = %rule.name, parent = %key, "paused");
         return Ok(Action::await_change());
     }
-    let parent_json =
-        serde_json::to_value(parent.as_ref()).map_err(|e| Error::Plan(e.to_string()))?;
+    let parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
     if !plan::parent_matches(rule, &parent_json) {
         return Ok(Action::await_change());
     }
@@ -275,7 +349,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
     if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {
         let mut finalizers = parent.finalizers().to_vec();
         finalizers.push(FINALIZER.to_owned());
-        set_finalizers(&ctx, &parent, finalizers).await?;
+        set_finalizers(&ctx, parent, finalizers).await?;
     }
 
     let mut apply_errors = Vec::new();
@@ -297,7 +371,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
             Ok(Outcome::Created) => {
                 info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
                 ctx.event(
-                    &parent,
+                    parent,
                     EventType::Normal,
                     "Created",
                     format!("created {} (child {})", apply.key, apply.id),
@@ -336,7 +410,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
                     lock(&ctx.applied).remove(&delete.key);
                     ctx.event(
-                        &parent,
+                        parent,
                         EventType::Normal,
                         "Deleted",
                         format!("deleted {} (child {})", delete.key, delete.id),
@@ -355,8 +429,7 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
     if !plan.errors.is_empty() {
         let reason = plan.failure_reason.unwrap_or("RenderError");
         warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
-        ctx.event(&parent, EventType::Warning, reason, plan.errors.join("; "))
-            .await;
+        ctx.warn(parent, reason, plan.errors.join("; ")).await;
     }
 
     let mut status = plan.status.clone();
@@ -367,24 +440,24 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
             .collect::<Vec<_>>()
             .join("; ");
         mark_apply_error(status, &message, &parent_json, &now);
-        ctx.event(&parent, EventType::Warning, "ApplyError", message)
-            .await;
+        ctx.warn(parent, "ApplyError", message).await;
     }
     if let Some(status) = status {
-        write_status(&ctx, &parent, &parent_json, status).await?;
+        write_status(&ctx, parent, &parent_json, status).await?;
     }
 
     if let Some(err) = apply_errors.into_iter().next() {
         return Err(err);
     }
-    lock(&ctx.failures).remove(&key);
     if plan.failure_reason == Some("InvalidSpec") {
-        // Only an edit of the parent (or the rule) can fix it.
+        // Only an edit of the parent (or the rule) can fix it; its Warning
+        // stays recorded so that a wake-up without an edit writes nothing.
         return Ok(Action::await_change());
     }
     if !plan.errors.is_empty() {
         return Err(Error::Plan(plan.errors.join("; ")));
     }
+    ctx.failures.clear(&key);
     if !plan.pending.is_empty() {
         // Child watches normally wake us when a dependency turns ready; this is the safety net.
         return Ok(Action::requeue(Duration::from_secs(10)));
@@ -393,6 +466,41 @@ pub async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<RuleCtx>) -> Result<
         Some(every) => Action::requeue(every),
         None => Action::await_change(),
     })
+}
+
+/// A parent that did not decode (too deep, malformed): reported on the
+/// object — condition, Event, log, metric — and skipped. Only an edit wakes
+/// it again.
+async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result<Action, Error> {
+    let rule = ctx.rule();
+    let key = parent_key(parent);
+    ctx.shared
+        .metrics
+        .undecodable
+        .get_or_create(&crate::telemetry::KindLabel {
+            kind: ctx.kinds.parent.gvk.to_string(),
+        })
+        .inc();
+    warn!(rule = %rule.name, parent = %key, "skipped: {why}");
+    ctx.warn(parent, "Undecodable", why.to_owned()).await;
+    let parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
+    let observed = Observed::from_objects(Vec::new());
+    let now = crate::cli::now_rfc3339();
+    let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
+    let plan = plan::undecodable(
+        &rule,
+        &Input {
+            parent: &parent_json,
+            observed: &observed,
+            now: &now,
+            scope_of: &scope_of,
+        },
+        why,
+    );
+    if let Some(status) = plan.status {
+        write_status(ctx, parent, &parent_json, status).await?;
+    }
+    Ok(Action::await_change())
 }
 
 async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Result<Outcome, Error> {
@@ -414,7 +522,12 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
         if let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? {
             existed = true;
             let existing = serde_json::to_value(&existing).unwrap_or_default();
-            if let Some(owner) = other_owner(&existing, &apply.object) {
+            let adopt = ctx
+                .rule()
+                .children
+                .iter()
+                .any(|c| c.spec.id == apply.id && c.spec.adopt);
+            if let Some(owner) = foreign_owner(&existing, &apply.object, adopt) {
                 return Err(Error::Conflict {
                     key: apply.key.to_string(),
                     owner,
@@ -497,10 +610,12 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
     })
 }
 
-/// Who else an existing object was made for, when not for the parent (and
-/// rule) of `desired`: another parent's uid label or controller reference,
-/// or another rule's label. Objects trellis did not make are adopted.
-fn other_owner(existing: &Value, desired: &Value) -> Option<String> {
+/// Who an existing object belongs to, when not to the parent (and rule)
+/// of `desired`: another parent's controller reference or uid label,
+/// another rule's label, or — for an object without trellis's labels —
+/// whoever made it. Such an object is never written unless the rule lets
+/// the child `adopt` it and it has no controller owner.
+fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<String> {
     let label = |obj: &Value, name: &str| {
         obj.pointer("/metadata/labels")
             .and_then(|l| l.get(name))
@@ -508,6 +623,7 @@ fn other_owner(existing: &Value, desired: &Value) -> Option<String> {
             .map(str::to_owned)
     };
     let uid = label(desired, LABEL_PARENT_UID);
+    let rule = label(desired, LABEL_RULE);
     let controller = existing
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
@@ -526,10 +642,26 @@ fn other_owner(existing: &Value, desired: &Value) -> Option<String> {
         label(existing, LABEL_RULE),
     ) {
         (Some(other), _) if Some(&other) != uid.as_ref() => Some(format!("parent uid {other}")),
-        (_, Some(rule)) if Some(&rule) != label(desired, LABEL_RULE).as_ref() => {
-            Some(format!("rule {rule}"))
+        (_, Some(other)) if Some(&other) != rule.as_ref() => Some(format!("rule {other}")),
+        (Some(_), Some(_)) => None,
+        _ if adopt && controller.is_none() => None,
+        _ => {
+            let managers: BTreeSet<&str> = existing
+                .pointer("/metadata/managedFields")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["manager"].as_str())
+                .collect();
+            Some(if managers.is_empty() {
+                "someone else: it was not created by trellis for this parent".to_owned()
+            } else {
+                format!(
+                    "someone else (managed by {}): it was not created by trellis for this parent",
+                    managers.into_iter().collect::<Vec<_>>().join(", ")
+                )
+            })
         }
-        _ => None,
     }
 }
 
@@ -778,7 +910,12 @@ async fn write_status(
         Err(err) => return Err(Error::Status(err)),
     };
     // The API server silently prunes fields its schema does not know.
-    let kept = written.data.get("status").cloned().unwrap_or(Value::Null);
+    let kept = written
+        .object
+        .data
+        .get("status")
+        .cloned()
+        .unwrap_or(Value::Null);
     let mut paths = Vec::new();
     leaf_paths(&status, &mut Vec::new(), &mut paths);
     for segments in paths {
@@ -969,31 +1106,49 @@ mod tests {
     }
 
     #[test]
-    fn an_object_made_for_another_parent_or_rule_has_another_owner() {
+    fn an_object_not_made_for_this_parent_and_rule_is_never_taken_over() {
         let desired = json!({"metadata": {"labels": {
             "trellis.dev/rule": "app", "trellis.dev/parent-uid": "u1"}}});
         let ours = json!({"metadata": {
             "labels": {"trellis.dev/rule": "app", "trellis.dev/parent-uid": "u1"},
             "ownerReferences": [{"kind": "App", "name": "a", "uid": "u1", "controller": true}]}});
-        assert_eq!(other_owner(&ours, &desired), None);
-        let unmanaged = json!({"metadata": {"name": "x"}});
-        assert_eq!(other_owner(&unmanaged, &desired), None);
+        assert_eq!(foreign_owner(&ours, &desired, false), None);
+        let unmanaged = json!({"metadata": {"name": "x",
+            "managedFields": [{"manager": "kubectl-create", "operation": "Update"}]}});
+        assert_eq!(
+            foreign_owner(&unmanaged, &desired, false).as_deref(),
+            Some(
+                "someone else (managed by kubectl-create): it was not created by trellis for this parent"
+            )
+        );
+        assert_eq!(
+            foreign_owner(&unmanaged, &desired, true),
+            None,
+            "adopt: true takes it over"
+        );
+        let controlled = json!({"metadata": {"name": "x",
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "u9", "controller": true}]}});
+        assert_eq!(
+            foreign_owner(&controlled, &desired, true).as_deref(),
+            Some("ReplicaSet rs"),
+            "adopt never takes an object another controller owns"
+        );
         let other_parent = json!({"metadata": {
             "labels": {"trellis.dev/rule": "app", "trellis.dev/parent-uid": "u2"},
             "ownerReferences": [{"kind": "App", "name": "b", "uid": "u2", "controller": true}]}});
         assert_eq!(
-            other_owner(&other_parent, &desired).as_deref(),
+            foreign_owner(&other_parent, &desired, false).as_deref(),
             Some("App b")
         );
         let unowned = json!({"metadata": {"labels": {"trellis.dev/parent-uid": "u2"}}});
         assert_eq!(
-            other_owner(&unowned, &desired).as_deref(),
+            foreign_owner(&unowned, &desired, false).as_deref(),
             Some("parent uid u2")
         );
         let other_rule = json!({"metadata": {"labels": {
             "trellis.dev/rule": "db", "trellis.dev/parent-uid": "u1"}}});
         assert_eq!(
-            other_owner(&other_rule, &desired).as_deref(),
+            foreign_owner(&other_rule, &desired, true).as_deref(),
             Some("rule db")
         );
     }

@@ -236,6 +236,11 @@ pub struct ChildSpec {
     /// of a namespaced parent. Only rule authors can grant this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_cross_namespace: bool,
+    /// Take over an existing object of the rendered name that has no
+    /// controller owner. Without it, an object trellis did not create for
+    /// this parent is never written. Only rule authors can grant this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
     /// Resource (plural) name, when kubectl-style pluralisation of `kind` is wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plural: Option<String>,

@@ -1,0 +1,174 @@
+//! Parents as the watch decodes them: an object that cannot be decoded is
+//! kept as its metadata and the reason, never an error of the whole list.
+//!
+//! A parent author controls everything under `spec`. Under
+//! `x-kubernetes-preserve-unknown-fields` the API server stores a spec
+//! nested 200 deep, which serde_json refuses (its recursion limit is 128).
+//! Decoded as one `DynamicObject`, such a parent fails the whole LIST of its
+//! kind, and with it every other parent of the rule, on every relist. Here
+//! each object is first taken as raw JSON (a scan with no recursion), then
+//! decoded on its own; if that fails, its metadata (and status, when it
+//! decodes) are kept with the reason, so the object can be reported on and
+//! skipped while its kind's watch goes on.
+
+use std::borrow::Cow;
+
+use kube::Resource;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
+use kube::core::{DynamicResourceScope, TypeMeta};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// A parent from a watch or a response; `object` is whole unless
+/// `undecodable` says why not (then it holds metadata and, if it decoded,
+/// status).
+#[derive(Debug, Clone)]
+pub struct ParentObject {
+    pub object: DynamicObject,
+    pub undecodable: Option<String>,
+}
+
+/// What is kept of an object that does not decode whole.
+#[derive(Deserialize)]
+struct Skeleton {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: ObjectMeta,
+    status: Option<Box<RawValue>>,
+}
+
+impl ParentObject {
+    /// Decodes one object's JSON text, keeping what it can.
+    pub fn from_json(text: &str) -> Result<ParentObject, serde_json::Error> {
+        match serde_json::from_str::<DynamicObject>(text) {
+            Ok(object) => Ok(ParentObject {
+                object,
+                undecodable: None,
+            }),
+            Err(whole) => {
+                // Fields other than metadata and status are skipped by a
+                // scan that does not recurse, so a deep spec cannot fail this.
+                let skeleton: Skeleton = serde_json::from_str(text)?;
+                let mut data = Map::new();
+                if let Some(status) = skeleton
+                    .status
+                    .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+                {
+                    data.insert("status".into(), status);
+                }
+                let types = match (skeleton.api_version, skeleton.kind) {
+                    (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+                    _ => None,
+                };
+                Ok(ParentObject {
+                    object: DynamicObject {
+                        types,
+                        metadata: skeleton.metadata,
+                        data: Value::Object(data),
+                    },
+                    undecodable: Some(describe(&whole)),
+                })
+            }
+        }
+    }
+}
+
+/// serde_json's message, in the words a parent author needs.
+fn describe(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    if text.contains("recursion limit") {
+        format!("the object nests deeper than trellis decodes (128 levels): {text}")
+    } else {
+        format!("the object does not decode: {text}")
+    }
+}
+
+impl<'de> Deserialize<'de> for ParentObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        ParentObject::from_json(raw.get()).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Resource for ParentObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::group(dt)
+    }
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::version(dt)
+    }
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::kind(dt)
+    }
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::api_version(dt)
+    }
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.object.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.object.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nested(depth: usize) -> String {
+        format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth))
+    }
+
+    fn object(name: &str, spec: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"demo/v1","kind":"App","metadata":{{"name":"{name}","namespace":"ns","uid":"u-{name}"}},"spec":{spec},"status":{{"x":1}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_plain_object_decodes_whole() {
+        let p = ParentObject::from_json(&object("a", r#"{"image":"nginx"}"#)).expect("decodes");
+        assert_eq!(p.undecodable, None);
+        assert_eq!(p.object.data["spec"]["image"], "nginx");
+    }
+
+    #[test]
+    fn a_deep_object_keeps_its_metadata_and_status_and_says_why() {
+        let p = ParentObject::from_json(&object("deep", &nested(200))).expect("skeleton");
+        let why = p.undecodable.expect("undecodable");
+        assert!(why.contains("128 levels"), "{why}");
+        assert_eq!(p.object.metadata.name.as_deref(), Some("deep"));
+        assert_eq!(p.object.metadata.uid.as_deref(), Some("u-deep"));
+        assert_eq!(p.object.data["status"]["x"], 1);
+        assert!(p.object.data.get("spec").is_none());
+    }
+
+    #[test]
+    fn one_deep_object_does_not_fail_a_list_of_many() {
+        let list = format!(
+            "[{},{},{}]",
+            object("a", "{}"),
+            object("deep", &nested(5000)),
+            object("b", "{}")
+        );
+        let items: Vec<ParentObject> = serde_json::from_str(&list).expect("list decodes");
+        let bad: Vec<_> = items.iter().filter(|p| p.undecodable.is_some()).collect();
+        assert_eq!(items.len(), 3);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].object.metadata.name.as_deref(), Some("deep"));
+    }
+
+    #[test]
+    fn malformed_metadata_is_still_an_error() {
+        assert!(ParentObject::from_json(r#"{"metadata": 5}"#).is_err());
+    }
+}
