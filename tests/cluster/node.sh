@@ -217,7 +217,10 @@ podLogsDir: $nd/pod-logs         # else /var/log/pods
 volumePluginDir: $nd/volume-plugins  # else /usr/libexec/kubernetes
 imageGCHighThresholdPercent: 100 # never collect the imported images: nothing could pull them again
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}
+# No eviction, no image reclaim under disk pressure: the machine's disk is
+# shared with builds that fill it for minutes, and an evicted pause image
+# could never be pulled again.
+evictionHard: {memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%"}
 EOF
     echo "http://127.0.0.1:$kubelet_hz/healthz" >"$nd/kubelet.healthz-url"
     echo "http://127.0.0.1:$proxy_hz/healthz" >"$nd/kube-proxy.healthz-url"
