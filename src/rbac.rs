@@ -18,7 +18,7 @@
 //! | each child kind | get, list, watch + per policy | children are cached; see [`child_verbs`] |
 //! | `clusterroles` / `roles` referenced by binding children | bind | creating a binding to a role the operator does not hold |
 //! | events (core, `events.k8s.io`) | create, patch | Events on parents |
-//! | `coordination.k8s.io` leases | get, create, update | leader election |
+//! | `coordination.k8s.io` leases | get, list, watch, create, update, patch | leader election (the Lease is patched, and watched so a release is seen at once) |
 //! | `apiextensions.k8s.io` CRDs | get, list, watch | noticing parent CRDs being installed |
 //! | `authorization.k8s.io` selfsubjectaccessreviews | create | the startup preflight |
 
@@ -216,8 +216,13 @@ fn operator_grants(grants: &mut Grants) {
     // Events about parents; the recorder patches an Event to bump its count.
     grants.allow("", "events", &[Create, Patch]);
     grants.allow("events.k8s.io", "events", &[Create, Patch]);
-    // Leader election with a Lease.
-    grants.allow("coordination.k8s.io", "leases", &[Get, Create, Update]);
+    // Leader election with a Lease: patched to take, renew and release it,
+    // watched so that a standby sees a release at once.
+    grants.allow(
+        "coordination.k8s.io",
+        "leases",
+        &[Get, List, Watch, Create, Update, Patch],
+    );
     // A rule whose parent CRD is not installed yet starts once it appears.
     grants.allow("apiextensions.k8s.io", "customresourcedefinitions", READ);
     // The startup preflight asks the API server what the operator may do.

@@ -221,7 +221,7 @@ fn grants_what_the_operator_itself_needs() {
     assert_eq!(verbs(&role, "events.k8s.io", "events"), ["create", "patch"]);
     assert_eq!(
         verbs(&role, "coordination.k8s.io", "leases"),
-        ["get", "create", "update"]
+        ["get", "list", "watch", "create", "update", "patch"]
     );
     assert_eq!(
         verbs(&role, "apiextensions.k8s.io", "customresourcedefinitions"),

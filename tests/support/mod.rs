@@ -425,3 +425,29 @@ pub async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
         Err(_) => panic!("CRD {name} not Established within 30s"),
     }
 }
+
+/// `GET path` over plain HTTP/1.0: the body of a 200 response.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP response: {response}"))?;
+    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
+        return Err(format!("GET {path}: {head}"));
+    }
+    Ok(body.to_owned())
+}

@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use trellis::operator::Options;
 use trellis::rules::RuleSet;
 
@@ -119,27 +118,8 @@ pub fn free_local_addr() -> SocketAddr {
 
 /// `GET path` over plain HTTP/1.0, body parsed as JSON.
 pub async fn http_get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    let response = String::from_utf8_lossy(&response);
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("not an HTTP response: {response}"))?;
-    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
-        return Err(format!("GET {path}: {head}"));
-    }
-    serde_json::from_str(body).map_err(|e| format!("GET {path}: {e}: {body}"))
+    let body = crate::support::http_get(addr, path).await?;
+    serde_json::from_str(&body).map_err(|e| format!("GET {path}: {e}: {body}"))
 }
 
 /// The children of `rule` in `api`'s namespace.

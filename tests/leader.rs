@@ -1,0 +1,604 @@
+//! `trellis run --leader-elect` against the real control plane, with two
+//! `trellis` processes on the same rules and namespace (what two replicas
+//! of the Deployment are): exactly one holds the Lease and writes; the
+//! standby writes nothing (children's and parents' resourceVersions, Events
+//! and both processes' write counters say so, not the logs); the standby
+//! takes over when the leader is killed, paused or terminated, and
+//! reconciles what was created meanwhile. Without leader election both
+//! processes write: measured, for contrast.
+//!
+//! Processes, not in-process operators: a leader must be killable with
+//! SIGKILL, stoppable with SIGSTOP and terminated with SIGTERM.
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+
+use support::TestNamespace;
+use support::operator::{QUIET, TestKind, WAIT, config_data, install_kind, wait_data};
+
+/// One ConfigMap per parent, carrying the parent's `spec.v`; status mirrors it.
+const RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: app
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-config" }}
+        data:
+          v: {{ spec.v }}
+  status:
+    fields:
+      - path: v
+        value: "spec.v"
+"#;
+
+/// Short timings for tests that wait for a lease to expire.
+const FAST: &[&str] = &[
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=3s",
+    "--leader-elect-retry-period=1s",
+];
+
+/// A `trellis run` process, killed when dropped.
+struct Replica {
+    name: String,
+    child: Option<Child>,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Replica {
+    /// Starts `trellis run` on `rules` in `ns` (Lease in `ns` too), as Pod `name`.
+    fn start(name: &str, ns: &TestNamespace, rules: &Path, args: &[&str]) -> Replica {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port");
+        let log = rules.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_trellis"));
+        cmd.arg("run")
+            .arg("--rules")
+            .arg(rules.join("rules"))
+            .args(["--namespace", ns.name()])
+            .args(["--metrics-addr", &addr.to_string()])
+            .args(args)
+            .env("POD_NAME", name)
+            .env("POD_NAMESPACE", ns.name())
+            .env("RUST_LOG", "info,trellis=debug,kube_lease_manager=info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out);
+        if let Some(path) = &support::cluster().kubeconfig_path {
+            cmd.env("KUBECONFIG", path);
+        }
+        let child = cmd.spawn().expect("start trellis run");
+        Replica {
+            name: name.to_owned(),
+            child: Some(child),
+            addr,
+            log,
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child
+            .as_ref()
+            .map(|c| c.id().to_string())
+            .unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([signal, &self.pid()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {signal} {}", self.name);
+    }
+
+    /// Waits for the process to exit after a signal; its exit status.
+    async fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("a running replica");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if started.elapsed() > within {
+                let _ = child.kill();
+                panic!(
+                    "{} did not exit within {within:?}:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    async fn status(&self) -> Result<Value, String> {
+        let body = support::http_get(self.addr, "/status").await?;
+        serde_json::from_str(&body).map_err(|e| e.to_string())
+    }
+
+    /// Every write this process made, by its own counters: child creates,
+    /// updates and deletes, and status writes.
+    async fn writes(&self) -> u64 {
+        let text = support::http_get(self.addr, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("{} metrics: {e}\n{}", self.name, self.log_tail()));
+        count_writes(&text)
+    }
+
+    /// Waits until `/status` shows the rule running and this replica's role.
+    async fn wait_role(&self, leading: bool) -> Value {
+        let what = format!(
+            "{} {}",
+            self.name,
+            if leading { "leading" } else { "standing by" }
+        );
+        support::eventually(&what, WAIT, || async {
+            let status = self.status().await?;
+            let running = status["rules"]["app"]["state"] == "Running";
+            if running && status["leader"]["leader"] == leading {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
+        })
+        .await
+    }
+
+    async fn identity(&self) -> String {
+        let status = support::eventually("a /status", WAIT, || self.status()).await;
+        status["leader"]["identity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sum of write counters in a `/metrics` text.
+fn count_writes(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            (l.starts_with("trellis_child_operations_total{")
+                && ["create", "update", "delete"]
+                    .iter()
+                    .any(|op| l.contains(&format!("op=\"{op}\""))))
+                || l.starts_with("trellis_status_writes_total{")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The rules directory, a parent kind, and the cleanup guard.
+async fn setup(ns: &TestNamespace) -> (tempfile::TempDir, TestKind, support::operator::Cleanup) {
+    let (kind, cleanup) = install_kind(ns, "App").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/app.yaml"), kind.rule(RULE)).expect("rule file");
+    (dir, kind, cleanup)
+}
+
+async fn holder(ns: &TestNamespace) -> Option<String> {
+    let leases: Api<Lease> = ns.api();
+    leases
+        .get_opt("trellis")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// Waits until the Lease names `identity`; how long that took.
+async fn wait_holder(ns: &TestNamespace, identity: &str, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    support::eventually(&format!("Lease held by {identity}"), timeout, || async {
+        match holder(ns).await {
+            Some(h) if h == identity => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    started.elapsed()
+}
+
+/// Children and parents by name → resourceVersion: any write moves one.
+async fn versions(ns: &TestNamespace, kind: &TestKind) -> BTreeMap<String, String> {
+    let cms: Api<ConfigMap> = ns.api();
+    let children = cms
+        .list(&ListParams::default().labels("trellis.dev/rule=app"))
+        .await
+        .expect("list children");
+    let parents = kind
+        .api(ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list parents");
+    let child_rvs = children.items.iter().map(|c| {
+        (
+            format!("ConfigMap/{}", c.name_any()),
+            c.resource_version().unwrap_or_default(),
+        )
+    });
+    let parent_rvs = parents.items.iter().map(|p: &DynamicObject| {
+        (
+            format!("App/{}", p.name_any()),
+            p.resource_version().unwrap_or_default(),
+        )
+    });
+    child_rvs.chain(parent_rvs).collect()
+}
+
+/// [`versions`] once they hold still for a second: the leader is done.
+async fn settled_versions(ns: &TestNamespace, kind: &TestKind) -> BTreeMap<String, String> {
+    let started = Instant::now();
+    let mut last = versions(ns, kind).await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = versions(ns, kind).await;
+        if now == last {
+            return now;
+        }
+        assert!(started.elapsed() < WAIT, "objects keep changing: {now:?}");
+        last = now;
+    }
+}
+
+async fn event_count(ns: &TestNamespace) -> usize {
+    let events: Api<Event> = ns.api();
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .len()
+}
+
+/// Creates parents `names` and waits until each has its child with `v`.
+async fn create_converged(ns: &TestNamespace, kind: &TestKind, names: &[&str], v: &str) {
+    for name in names {
+        kind.create(ns, name, json!({"v": v}), &[]).await;
+    }
+    let cms: Api<ConfigMap> = ns.api();
+    for name in names {
+        wait_data(&cms, &format!("{name}-config"), "the child", "v", v).await;
+    }
+    // And their status.
+    for name in names {
+        support::eventually(&format!("{name} status.v"), WAIT, || async {
+            let p = kind.api(ns).get(name).await.map_err(|e| e.to_string())?;
+            if p.data["status"]["v"] == v {
+                Ok(())
+            } else {
+                Err(p.data["status"].to_string())
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_holds_the_lease_and_the_standby_writes_nothing() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    let a = Replica::start("replica-a", &ns, dir.path(), &["--leader-elect"]);
+    a.wait_role(true).await;
+    let a_id = a.identity().await;
+    assert!(
+        a_id.starts_with("replica-a_"),
+        "identity is the Pod name and a suffix: {a_id}"
+    );
+    // Parents that exist before the standby starts: without leader election
+    // its first pass would write every one of them.
+    create_converged(&ns, &kind, &["p1", "p2", "p3"], "one").await;
+    let before = settled_versions(&ns, &kind).await;
+    let events = event_count(&ns).await;
+
+    let b = Replica::start("replica-b", &ns, dir.path(), &["--leader-elect"]);
+    let b_status = b.wait_role(false).await;
+    assert_eq!(b_status["leader"]["holder"], a_id.as_str(), "{b_status}");
+    assert_eq!(holder(&ns).await.as_deref(), Some(a_id.as_str()));
+    let readyz = support::http_get(b.addr, "/readyz")
+        .await
+        .expect("standby /readyz is 200");
+    assert!(
+        readyz.contains("standby") && readyz.contains(&a_id),
+        "{readyz}"
+    );
+    let gauge = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("trellis_leader "))
+            .map(str::to_owned)
+    };
+    let a_metrics = support::http_get(a.addr, "/metrics")
+        .await
+        .expect("metrics");
+    let b_metrics = support::http_get(b.addr, "/metrics")
+        .await
+        .expect("metrics");
+    assert_eq!(gauge(&a_metrics).as_deref(), Some("trellis_leader 1"));
+    assert_eq!(gauge(&b_metrics).as_deref(), Some("trellis_leader 0"));
+
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        versions(&ns, &kind).await,
+        before,
+        "nothing was written while the standby started"
+    );
+    assert_eq!(event_count(&ns).await, events, "no Event either");
+
+    // Edits and a new parent: the leader writes, the standby still does not.
+    let a_writes = a.writes().await;
+    kind.patch(&ns, "p1", json!({"spec": {"v": "two"}})).await;
+    create_converged(&ns, &kind, &["p4"], "one").await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_data(&cms, "p1-config", "the edit applied", "v", "two").await;
+    tokio::time::sleep(QUIET).await;
+    assert!(a.writes().await > a_writes, "the leader wrote the edits");
+    assert_eq!(
+        b.writes().await,
+        0,
+        "the standby never wrote:\n{}",
+        b.log_tail()
+    );
+    // One field manager on the children: trellis's; the standby added none.
+    let cm = cms.get("p1-config").await.expect("child");
+    let managers: Vec<String> = cm
+        .managed_fields()
+        .iter()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(managers, ["trellis/app"], "{managers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_the_successor_reconciles_what_was_created_meanwhile() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    // Default timings: 15 s lease, 10 s renew deadline, 2 s retry.
+    let mut a = Replica::start("replica-a", &ns, dir.path(), &["--leader-elect"]);
+    a.wait_role(true).await;
+    create_converged(&ns, &kind, &["p1"], "one").await;
+    let b = Replica::start("replica-b", &ns, dir.path(), &["--leader-elect"]);
+    b.wait_role(false).await;
+    let b_id = b.identity().await;
+    let old_uid = Api::<ConfigMap>::namespaced(ns.client.clone(), ns.name())
+        .get("p1-config")
+        .await
+        .expect("child")
+        .uid();
+
+    a.signal("-KILL");
+    let killed = Instant::now();
+    a.exited(Duration::from_secs(5)).await;
+    kind.create(&ns, "p2", json!({"v": "new"}), &[]).await;
+    let lease_gap = wait_holder(&ns, &b_id, Duration::from_secs(30)).await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_data(
+        &cms,
+        "p2-config",
+        "the successor to reconcile the new parent",
+        "v",
+        "new",
+    )
+    .await;
+    let child_gap = killed.elapsed();
+    eprintln!(
+        "[leader] after SIGKILL of the leader (15 s lease): Lease taken over in {:.1} s, \
+         a parent created meanwhile got its child {:.1} s after the kill",
+        lease_gap.as_secs_f64(),
+        child_gap.as_secs_f64()
+    );
+    assert!(
+        child_gap < Duration::from_secs(25),
+        "takeover took {child_gap:?}"
+    );
+    assert!(
+        lease_gap > Duration::from_secs(5),
+        "a killed leader's Lease is only taken once it expires ({lease_gap:?})"
+    );
+    let cm = cms.get("p1-config").await.expect("child kept");
+    assert_eq!(
+        cm.uid(),
+        old_uid,
+        "the successor did not re-create what existed"
+    );
+    b.wait_role(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_the_lease_and_the_successor_takes_over_at_once() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    let mut a = Replica::start("replica-a", &ns, dir.path(), &["--leader-elect"]);
+    a.wait_role(true).await;
+    let b = Replica::start("replica-b", &ns, dir.path(), &["--leader-elect"]);
+    b.wait_role(false).await;
+    let b_id = b.identity().await;
+    // Let the standby's lease client settle into its wait for expiry.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    a.signal("-TERM");
+    let termed = Instant::now();
+    wait_holder(&ns, &b_id, Duration::from_secs(20)).await;
+    let lease_gap = termed.elapsed();
+    kind.create(&ns, "p1", json!({"v": "after"}), &[]).await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_data(
+        &cms,
+        "p1-config",
+        "the successor to reconcile the new parent",
+        "v",
+        "after",
+    )
+    .await;
+    let child_gap = termed.elapsed();
+    let status = a.exited(Duration::from_secs(10)).await;
+    eprintln!(
+        "[leader] after SIGTERM of the leader: Lease taken over in {:.2} s, \
+         a parent created then got its child {:.2} s after the signal",
+        lease_gap.as_secs_f64(),
+        child_gap.as_secs_f64()
+    );
+    assert!(
+        status.success(),
+        "SIGTERM exits cleanly: {status}\n{}",
+        a.log_tail()
+    );
+    assert!(
+        lease_gap < Duration::from_secs(4),
+        "a released Lease is taken at once, not after it expires ({lease_gap:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_that_lost_the_lease_writes_nothing_when_it_resumes() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    let a = Replica::start(
+        "replica-a",
+        &ns,
+        dir.path(),
+        &[&["--leader-elect"], FAST].concat(),
+    );
+    a.wait_role(true).await;
+    create_converged(&ns, &kind, &["p1"], "one").await;
+    let b = Replica::start(
+        "replica-b",
+        &ns,
+        dir.path(),
+        &[&["--leader-elect"], FAST].concat(),
+    );
+    b.wait_role(false).await;
+    let b_id = b.identity().await;
+    let a_writes = a.writes().await;
+
+    // A stopped process: no renewal, no write, and no chance to notice.
+    a.signal("-STOP");
+    wait_holder(&ns, &b_id, Duration::from_secs(20)).await;
+    kind.patch(&ns, "p1", json!({"spec": {"v": "two"}})).await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_data(&cms, "p1-config", "the edit applied", "v", "two").await;
+    let before = versions(&ns, &kind).await;
+    // It resumes with a parent edit waiting in its watch.
+    kind.patch(
+        &ns,
+        "p1",
+        json!({"metadata": {"labels": {"touched": "yes"}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before_labels = versions(&ns, &kind).await;
+    a.signal("-CONT");
+    a.wait_role(false).await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        a.writes().await,
+        a_writes,
+        "the resumed former leader wrote:\n{}",
+        a.log_tail()
+    );
+    let cm = cms.get("p1-config").await.expect("child");
+    assert_eq!(config_data(&cm, "v").as_deref(), Some("two"));
+    assert_eq!(
+        before.get("ConfigMap/p1-config"),
+        versions(&ns, &kind).await.get("ConfigMap/p1-config"),
+        "the child was not written again"
+    );
+    assert_eq!(versions(&ns, &kind).await, before_labels);
+    assert_eq!(holder(&ns).await.as_deref(), Some(b_id.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_leader_election_two_processes_both_write() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    let names: Vec<String> = (0..10).map(|i| format!("p{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let a = Replica::start("replica-a", &ns, dir.path(), &[]);
+    support::eventually("a running", WAIT, || async {
+        let s = a.status().await?;
+        if s["rules"]["app"]["state"] == "Running" {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await;
+    create_converged(&ns, &kind, &names, "one").await;
+    let a_start = a.writes().await;
+    let b = Replica::start("replica-b", &ns, dir.path(), &[]);
+    support::eventually("b running", WAIT, || async {
+        let s = b.status().await?;
+        if s["rules"]["app"]["state"] == "Running" && s["leader"]["enabled"] == false {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await;
+    tokio::time::sleep(QUIET).await;
+    let b_start = b.writes().await;
+    for name in &names {
+        kind.patch(&ns, name, json!({"spec": {"v": "two"}})).await;
+    }
+    let cms: Api<ConfigMap> = ns.api();
+    for name in &names {
+        wait_data(
+            &cms,
+            &format!("{name}-config"),
+            "the edit applied",
+            "v",
+            "two",
+        )
+        .await;
+    }
+    tokio::time::sleep(QUIET).await;
+    let (a_edit, b_edit) = (a.writes().await - a_start, b.writes().await - b_start);
+    eprintln!(
+        "[leader] without --leader-elect, {} parents: the second process wrote {b_start} times \
+         on starting; one edit of each parent: {a_edit} writes by the first, {b_edit} by the second",
+        names.len()
+    );
+    assert!(
+        b_start > 0 && b_edit > 0,
+        "both processes write: {b_start}, {a_edit}, {b_edit}"
+    );
+}
