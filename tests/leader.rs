@@ -4,7 +4,8 @@
 //! standby writes nothing (children's and parents' resourceVersions, Events
 //! and both processes' write counters say so, not the logs); the standby
 //! takes over when the leader is killed, paused or terminated, and
-//! reconciles what was created meanwhile. Without leader election both
+//! reconciles what was created meanwhile; a leader whose Lease is taken
+//! stops writing at once, not at its next renewal. Without leader election both
 //! processes write: measured, for contrast.
 //!
 //! Processes, not in-process operators: a leader must be killable with
@@ -485,6 +486,87 @@ async fn sigterm_releases_the_lease_and_the_successor_takes_over_at_once() {
     assert!(
         lease_gap < Duration::from_secs(4),
         "a released Lease is taken at once, not after it expires ({lease_gap:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_taken_stops_writing_at_once_and_resumes_when_it_retakes_it() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    let a = Replica::start(
+        "replica-a",
+        &ns,
+        dir.path(),
+        &[&["--leader-elect"], FAST].concat(),
+    );
+    a.wait_role(true).await;
+    create_converged(&ns, &kind, &["p1"], "one").await;
+    settled_versions(&ns, &kind).await;
+    let a_writes = a.writes().await;
+
+    // Someone else takes the Lease (as a replica that saw it expire would).
+    let leases: Api<Lease> = ns.api();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let theft =
+        json!({"spec": {"holderIdentity": "thief", "renewTime": now, "leaseDurationSeconds": 4}});
+    leases
+        .patch(
+            "trellis",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&theft),
+        )
+        .await
+        .expect("take the Lease");
+    let taken = Instant::now();
+    support::eventually("replica-a to stand by", WAIT, || async {
+        let s = a.status().await?;
+        if s["leader"]["leader"] == false {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await;
+    let stopped = taken.elapsed();
+    eprintln!(
+        "[leader] a leader whose Lease was taken stopped writing {:.0} ms later (renew deadline 3 s)",
+        stopped.as_secs_f64() * 1000.0
+    );
+    assert!(stopped < Duration::from_millis(1500), "took {stopped:?}");
+
+    // An edit while the thief holds the Lease is not written...
+    kind.patch(&ns, "p1", json!({"spec": {"v": "two"}})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let cms: Api<ConfigMap> = ns.api();
+    let cm = cms.get("p1-config").await.expect("child");
+    // The thief's lease (4 s from the latest renewal) has not run out yet.
+    assert_eq!(holder(&ns).await.as_deref(), Some("thief"));
+    assert_eq!(
+        config_data(&cm, "v").as_deref(),
+        Some("one"),
+        "written without the Lease"
+    );
+    assert_eq!(
+        a.writes().await,
+        a_writes,
+        "wrote without the Lease:\n{}",
+        a.log_tail()
+    );
+    // ...until the thief's lease expires and the replica takes it back.
+    wait_data(
+        &cms,
+        "p1-config",
+        "the edit after retaking the Lease",
+        "v",
+        "two",
+    )
+    .await;
+    assert!(
+        holder(&ns)
+            .await
+            .is_some_and(|h| h.starts_with("replica-a_"))
     );
 }
 
