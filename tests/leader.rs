@@ -396,36 +396,43 @@ async fn a_killed_leader_is_replaced_and_the_successor_reconciles_what_was_creat
     // Default timings: 15 s lease, 10 s renew deadline, 2 s retry.
     let mut a = Replica::start("replica-a", &ns, dir.path(), &["--leader-elect"]);
     a.wait_role(true).await;
-    create_converged(&ns, &kind, &["p1"], "one").await;
+    let existing = ["p1", "p2", "p3", "p4", "p5"];
+    create_converged(&ns, &kind, &existing, "one").await;
     let b = Replica::start("replica-b", &ns, dir.path(), &["--leader-elect"]);
     b.wait_role(false).await;
     let b_id = b.identity().await;
-    let old_uid = Api::<ConfigMap>::namespaced(ns.client.clone(), ns.name())
-        .get("p1-config")
-        .await
-        .expect("child")
-        .uid();
+    let before = settled_versions(&ns, &kind).await;
+    let cms: Api<ConfigMap> = ns.api();
+    let uids = |list: Vec<ConfigMap>| -> BTreeMap<String, Option<String>> {
+        list.into_iter().map(|c| (c.name_any(), c.uid())).collect()
+    };
+    let params = ListParams::default().labels("trellis.dev/rule=app");
+    let old_uids = uids(cms.list(&params).await.expect("children").items);
 
     a.signal("-KILL");
     let killed = Instant::now();
     a.exited(Duration::from_secs(5)).await;
-    kind.create(&ns, "p2", json!({"v": "new"}), &[]).await;
+    kind.create(&ns, "fresh", json!({"v": "new"}), &[]).await;
     let lease_gap = wait_holder(&ns, &b_id, Duration::from_secs(30)).await;
-    let cms: Api<ConfigMap> = ns.api();
     wait_data(
         &cms,
-        "p2-config",
+        "fresh-config",
         "the successor to reconcile the new parent",
         "v",
         "new",
     )
     .await;
     let child_gap = killed.elapsed();
+    b.wait_role(true).await;
+    let after = settled_versions(&ns, &kind).await;
+    let b_writes = b.writes().await;
     eprintln!(
         "[leader] after SIGKILL of the leader (15 s lease): Lease taken over in {:.1} s, \
-         a parent created meanwhile got its child {:.1} s after the kill",
+         a parent created meanwhile got its child {:.1} s after the kill; the successor sent \
+         {b_writes} writes for {} existing parents and the new one",
         lease_gap.as_secs_f64(),
-        child_gap.as_secs_f64()
+        child_gap.as_secs_f64(),
+        existing.len()
     );
     assert!(
         child_gap < Duration::from_secs(25),
@@ -435,13 +442,14 @@ async fn a_killed_leader_is_replaced_and_the_successor_reconciles_what_was_creat
         lease_gap > Duration::from_secs(5),
         "a killed leader's Lease is only taken once it expires ({lease_gap:?})"
     );
-    let cm = cms.get("p1-config").await.expect("child kept");
-    assert_eq!(
-        cm.uid(),
-        old_uid,
-        "the successor did not re-create what existed"
-    );
-    b.wait_role(true).await;
+    // What existed is as it was: not re-created, not changed.
+    let new_uids = uids(cms.list(&params).await.expect("children").items);
+    for (name, uid) in &old_uids {
+        assert_eq!(new_uids.get(name), Some(uid), "{name} was re-created");
+    }
+    for (key, rv) in &before {
+        assert_eq!(after.get(key), Some(rv), "{key} changed on takeover");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
