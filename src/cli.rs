@@ -607,6 +607,52 @@ pub fn crd(dirs: &[PathBuf]) -> ExitCode {
 }
 
 #[cfg(test)]
+mod leader_flags {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn settings(args: &[&str]) -> Result<Option<crate::operator::leader::Settings>, String> {
+        let argv = ["trellis", "run", "--rules", "rules"].iter().chain(args);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Run { leader, .. } => leader.settings(),
+            _ => Err("not run".into()),
+        }
+    }
+
+    #[test]
+    fn leader_election_is_off_unless_asked_for_and_takes_its_timings_from_flags() {
+        assert_eq!(settings(&[]), Ok(None));
+        let s = settings(&[
+            "--leader-elect",
+            "--leader-elect-namespace=ops",
+            "--leader-elect-lease-name=mine",
+            "--leader-elect-lease-duration=20s",
+        ])
+        .expect("valid")
+        .expect("enabled");
+        assert_eq!(
+            (s.namespace.as_str(), s.lease_name.as_str()),
+            ("ops", "mine")
+        );
+        assert_eq!(s.lease_duration, std::time::Duration::from_secs(20));
+        assert_eq!(s.renew_deadline, std::time::Duration::from_secs(10));
+        assert_eq!(s.retry_period, std::time::Duration::from_secs(2));
+        assert!(!s.identity.is_empty());
+        let err = settings(&[
+            "--leader-elect",
+            "--leader-elect-namespace=ops",
+            "--leader-elect-renew-deadline=1s",
+        ])
+        .expect_err("a renew deadline below the retry period");
+        assert!(err.contains("--leader-elect-retry-period"), "{err}");
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use std::sync::Arc;
 

@@ -546,7 +546,7 @@ async fn a_leader_whose_lease_is_taken_stops_writing_at_once_and_resumes_when_it
 
     // An edit while the thief holds the Lease is not written...
     kind.patch(&ns, "p1", json!({"spec": {"v": "two"}})).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let cms: Api<ConfigMap> = ns.api();
     let cm = cms.get("p1-config").await.expect("child");
     // The thief's lease (4 s from the latest renewal) has not run out yet.
