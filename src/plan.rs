@@ -451,15 +451,15 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     }
 
     if rule.writes_status() {
-        plan.status = Some(build_status(
-            rule,
-            input,
-            &info,
-            &plan,
-            &outcome,
-            &base,
-            &children_ctx,
-        ));
+        let (status, errors) =
+            build_status(rule, input, &info, &plan, &outcome, &base, &children_ctx);
+        plan.status = Some(status);
+        // A failed status field or condition is an error of the pass (render
+        // exits 2, the operator reports it), though children were applied.
+        if !errors.is_empty() {
+            plan.errors.extend(errors);
+            plan.failure_reason.get_or_insert("RenderError");
+        }
     }
     plan
 }

@@ -182,7 +182,7 @@ impl<'de> Deserialize<'de> for KeyString {
     }
 }
 
-fn options(limits: &Limits) -> Options {
+fn options(limits: &Limits, legacy_octal: bool) -> Options {
     let mut budget = Budget::default();
     budget.max_depth = limits.max_depth;
     budget.max_nodes = limits.max_nodes;
@@ -199,6 +199,8 @@ fn options(limits: &Limits) -> Options {
     options.emit_comments = false;
     // YAML 1.2: `yes`, `no`, `on`, `y` are strings, not booleans.
     options.strict_booleans = true;
+    // Rendered children are read as kubectl reads manifests: `0400` is octal.
+    options.legacy_octal_numbers = legacy_octal;
     options
 }
 
@@ -235,7 +237,8 @@ fn check_size(text: &str, limits: &Limits) -> Result<(), YamlError> {
 pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, YamlError> {
     check_size(text, limits)?;
     let nodes: Vec<Option<Node>> =
-        serde_saphyr::from_multiple_with_options(text, options(limits)).map_err(to_yaml_error)?;
+        serde_saphyr::from_multiple_with_options(text, options(limits, false))
+            .map_err(to_yaml_error)?;
     Ok(nodes
         .into_iter()
         .flatten()
@@ -256,7 +259,8 @@ pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, Yam
 pub fn parse_value(text: &str, limits: &Limits) -> Result<Value, YamlError> {
     check_size(text, limits)?;
     let mut docs: Vec<Option<Value>> =
-        serde_saphyr::from_multiple_with_options(text, options(limits)).map_err(to_yaml_error)?;
+        serde_saphyr::from_multiple_with_options(text, options(limits, true))
+            .map_err(to_yaml_error)?;
     docs.retain(|d| d.as_ref().is_some_and(|v| !v.is_null()));
     match docs.len() {
         0 => Ok(Value::Null),

@@ -114,7 +114,7 @@ pub(super) fn build_status(
     outcome: &BTreeMap<usize, Outcome>,
     base: &minijinja::Value,
     children_ctx: &Value,
-) -> Value {
+) -> (Value, Vec<String>) {
     let mut errors: Vec<String> = Vec::new();
     let mut out = Map::new();
     if let Some(generation) = info.generation {
@@ -170,7 +170,7 @@ pub(super) fn build_status(
         }
     }
     let mut all_errors = plan.errors.clone();
-    all_errors.extend(errors);
+    all_errors.extend(errors.iter().cloned());
     let synced = if !all_errors.is_empty() {
         Condition::new(
             "Synced",
@@ -200,7 +200,7 @@ pub(super) fn build_status(
             input.now,
         ),
     );
-    Value::Object(out)
+    (Value::Object(out), errors)
 }
 
 fn ready_condition(

@@ -650,3 +650,5 @@ fn selector_and_namespaces_decide_which_parents_match() {
     p["metadata"]["namespace"] = json!("other");
     assert!(!parent_matches(&r, &p));
 }
+
+mod contract;

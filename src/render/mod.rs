@@ -13,14 +13,17 @@
 //!
 //! It does not know about rules or Kubernetes; `plan` decides what to render.
 
+mod calls;
 mod filters;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 
 use minijinja::value::Serde;
+use minijinja::value::ValueKind;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Expression, UndefinedBehavior, Value};
 
+pub use calls::Calls;
 pub use filters::dns_label;
 
 /// Per-render limits. A render that exceeds one fails that parent only.
@@ -77,6 +80,7 @@ pub struct TemplateId(String);
 pub struct EngineBuilder {
     env: Environment<'static>,
     expressions: Vec<String>,
+    sources: HashMap<String, String>,
     limits: Limits,
 }
 
@@ -94,6 +98,8 @@ self_cell::self_cell!(
 pub struct Engine {
     compiled: Compiled,
     expression_sources: Vec<String>,
+    /// Template name → source, so an error can quote the failing expression.
+    template_sources: HashMap<String, String>,
     limits: Limits,
 }
 
@@ -108,7 +114,11 @@ impl std::fmt::Debug for Engine {
 
 fn new_environment(limits: &Limits) -> Environment<'static> {
     let mut env = Environment::new();
-    env.set_undefined_behavior(UndefinedBehavior::Chainable);
+    // SemiStrict as patched in vendor/minijinja: lookups chain through missing
+    // fields (so `| default` and `is defined` work at any depth), while a
+    // missing operand of a comparison, arithmetic, `~`, `in` or a filter
+    // other than `default` is an error, never a quiet `false`.
+    env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
     env.set_fuel(Some(limits.fuel));
     env.set_recursion_limit(limits.recursion);
     env.set_auto_escape_callback(|name| {
@@ -137,6 +147,7 @@ impl EngineBuilder {
         EngineBuilder {
             env: new_environment(&limits),
             expressions: Vec::new(),
+            sources: HashMap::new(),
             limits,
         }
     }
@@ -155,7 +166,8 @@ impl EngineBuilder {
         let full = format!("{prefix}{name}");
         self.env
             .add_template_owned(full.clone(), source.to_owned())
-            .map_err(describe)?;
+            .map_err(|e| describe(&e))?;
+        self.sources.insert(full.clone(), source.to_owned());
         Ok(TemplateId(full))
     }
 
@@ -163,17 +175,42 @@ impl EngineBuilder {
     pub fn add_expression(&mut self, source: &str) -> Result<ExprId, String> {
         self.env
             .compile_expression_owned(source.to_owned())
-            .map_err(describe)?;
+            .map_err(|e| describe(&e))?;
         self.expressions.push(source.to_owned());
         Ok(ExprId(self.expressions.len() - 1))
     }
 
     /// Names used by a template but not set inside it (`nested`: dotted paths).
+    /// A name the template assigns anywhere (even only in `if`/`else`
+    /// branches) is its own, not a context name.
     pub fn template_names(&self, id: &TemplateId, nested: bool) -> HashSet<String> {
+        let locals = self.template_calls(id).locals;
         match self.env.get_template(&id.0) {
-            Ok(t) => self.without_globals(t.undeclared_variables(nested)),
+            Ok(t) => self
+                .without_globals(t.undeclared_variables(nested))
+                .into_iter()
+                .filter(|n| !locals.contains(n.split('.').next().unwrap_or(n)))
+                .collect(),
             Err(_) => HashSet::new(),
         }
+    }
+
+    /// Filters, tests, functions and locals of a compiled template.
+    pub fn template_calls(&self, id: &TemplateId) -> Calls {
+        self.sources
+            .get(&id.0)
+            .map(|s| calls::scan(s))
+            .unwrap_or_default()
+    }
+
+    /// Filters, tests and functions of a compiled expression.
+    pub fn expression_calls(&self, id: ExprId) -> Calls {
+        calls::scan(&format!("{{{{ {} }}}}", self.expressions[id.0]))
+    }
+
+    /// One message per filter, test or function that this engine lacks.
+    pub fn unknown_calls(&self, calls: &Calls) -> Vec<String> {
+        calls::unknown(&self.env, calls)
     }
 
     /// Names an expression uses (`nested`: dotted paths).
@@ -202,10 +239,11 @@ impl EngineBuilder {
                 .map(|s| env.compile_expression_owned(s.clone()))
                 .collect::<Result<Vec<_>, _>>()
         })
-        .map_err(describe)?;
+        .map_err(|e| describe(&e))?;
         Ok(Engine {
             compiled,
             expression_sources: self.expressions,
+            template_sources: self.sources,
             limits: self.limits,
         })
     }
@@ -244,7 +282,7 @@ impl Engine {
             message,
         };
         let env = self.compiled.borrow_owner();
-        let template = env.get_template(&id.0).map_err(|e| fail(describe(e)))?;
+        let template = env.get_template(&id.0).map_err(|e| fail(describe(&e)))?;
         let mut out = CappedBuffer {
             buf: Vec::with_capacity(1024),
             cap: self.limits.max_bytes,
@@ -257,7 +295,11 @@ impl Engine {
                     self.limits.max_bytes
                 )));
             }
-            return Err(fail(describe(err)));
+            let mut message = describe_in(&err, self.template_sources.get(&id.0));
+            if err.kind() == ErrorKind::UndefinedError && !message.contains("default(") {
+                message.push_str("; use `| default(...)` or `is defined`");
+            }
+            return Err(fail(message));
         }
         String::from_utf8(out.buf).map_err(|_| fail("rendered output is not UTF-8".into()))
     }
@@ -270,26 +312,77 @@ impl Engine {
             message,
         };
         let expr = &self.compiled.borrow_dependent()[id.0];
-        let value = expr.eval(ctx.clone()).map_err(|e| fail(describe(e)))?;
+        let value = expr.eval(ctx.clone()).map_err(|e| {
+            let mut message = format!("`{}`: {}", one_line(source), describe(&e));
+            if !message.contains("default(") && message.contains("undefined") {
+                message.push_str("; use `| default(...)` or `is defined`");
+            }
+            fail(message)
+        })?;
         if value.is_undefined() {
             return Err(fail(format!(
-                "`{source}` evaluated to a missing value; use `| default(...)` or `is defined`"
+                "`{}` evaluated to a missing value; use `| default(...)` or `is defined`",
+                one_line(source)
             )));
         }
         Ok(value)
     }
 
-    /// Evaluates an expression that must yield a boolean-like value.
+    /// Evaluates an expression that must yield a boolean: the string
+    /// `"false"`, a number or a list is an error, not a truthy value.
     pub fn eval_bool(&self, id: ExprId, ctx: &Value, what: &str) -> Result<bool, RenderError> {
-        Ok(self.eval(id, ctx, what)?.is_true())
+        let value = self.eval(id, ctx, what)?;
+        if value.kind() != ValueKind::Bool {
+            return Err(RenderError {
+                what: what.to_owned(),
+                message: format!(
+                    "`{}` must yield a boolean, got {} {value}",
+                    one_line(&self.expression_sources[id.0]),
+                    value.kind()
+                ),
+            });
+        }
+        Ok(value.is_true())
+    }
+
+    /// The source of a compiled expression.
+    pub fn expression_source(&self, id: ExprId) -> &str {
+        &self.expression_sources[id.0]
     }
 }
 
+/// An expression as one line, for messages (YAML block scalars keep newlines).
+pub fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Like [`describe`], naming the failing expression when its span is known.
+fn describe_in(err: &Error, source: Option<&String>) -> String {
+    let mut text = describe(err);
+    let quoted = err
+        .range()
+        .and_then(|r| source.and_then(|s| s.get(r)))
+        .map(one_line)
+        .filter(|e| !e.is_empty() && !text.contains(&format!("`{e}`")));
+    if let Some(expr) = quoted {
+        text.push_str(&format!(" in `{expr}`"));
+    }
+    text
+}
+
 /// minijinja's error, with template line and the undefined value's origin where known.
-fn describe(err: Error) -> String {
+fn describe(err: &Error) -> String {
+    let kind = match err.kind() {
+        ErrorKind::UndefinedError => "missing value".to_owned(),
+        other => other.to_string(),
+    };
     let mut text = match err.detail() {
-        Some(detail) => format!("{}: {detail}", err.kind()),
-        None => err.kind().to_string(),
+        Some(detail) => format!("{kind}: {detail}"),
+        None => kind,
     };
     if let Some(line) = err.line() {
         text.push_str(&format!(" (line {line})"));

@@ -334,3 +334,55 @@ mod filters {
         }
     }
 }
+
+#[test]
+fn missing_value_in_a_comparison_is_an_error_not_false() {
+    let err = eval("spec.typo > 0", json!({"spec": {}})).unwrap_err();
+    assert!(err.message.contains("spec.typo > 0"), "{err}");
+    assert!(err.message.contains("missing value"), "{err}");
+    assert!(eval("spec.typo == 'x'", json!({"spec": {}})).is_err());
+    assert!(eval("'x' in spec.typo", json!({"spec": {}})).is_err());
+}
+
+#[test]
+fn missing_value_in_arithmetic_or_concatenation_is_an_error() {
+    assert!(eval("spec.n + 1", json!({"spec": {}})).is_err());
+    assert!(eval("spec.a.b * 2", json!({"spec": {}})).is_err());
+    let err = eval("'web-' ~ spec.name", json!({"spec": {}})).unwrap_err();
+    assert!(err.message.contains("missing value"), "{err}");
+    let err = render_yaml("v: {{ 'a' ~ spec.typo }}\n", json!({})).unwrap_err();
+    assert!(err.contains("missing value"), "{err}");
+}
+
+#[test]
+fn missing_value_in_a_filter_other_than_default_is_an_error() {
+    assert!(eval("spec.name | upper", json!({"spec": {}})).is_err());
+    assert!(eval("spec.name | b64encode", json!({"spec": {}})).is_err());
+    assert_eq!(
+        eval("spec.a.b.c | default('d') | upper", json!({"spec": {}})).unwrap(),
+        Value::from("D")
+    );
+    assert_eq!(
+        eval("spec.a.b is defined and spec.a.b > 0", json!({"spec": {}})).unwrap(),
+        Value::from(false)
+    );
+}
+
+#[test]
+fn printed_missing_value_names_the_expression() {
+    let err = render_yaml("a: 1\nv: {{ spec.replicas }}\n", json!({})).unwrap_err();
+    assert!(err.contains("spec.replicas"), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+}
+
+#[test]
+fn boolean_expressions_refuse_other_types() {
+    let mut b = EngineBuilder::new(Limits::default());
+    let string = b.add_expression("spec.flag").unwrap();
+    let engine = b.build().unwrap();
+    let ctx = to_value(&json!({"spec": {"flag": "false"}}));
+    let err = engine.eval_bool(string, &ctx, "includeWhen").unwrap_err();
+    assert!(err.message.contains("must yield a boolean"), "{err}");
+    let ctx = to_value(&json!({"spec": {"flag": true}}));
+    assert!(engine.eval_bool(string, &ctx, "includeWhen").unwrap());
+}

@@ -20,8 +20,10 @@ use crate::kinds::Gvk;
 use crate::render::{Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
 use crate::yaml::LineIndex;
 
+mod lint;
 mod status;
 
+use lint::{Code, lint};
 use status::compile_status;
 
 /// A rule ready to plan with.
@@ -251,6 +253,26 @@ pub(super) fn compile(
         errors: 0,
     };
 
+    // A CRD or a parent left in the rules directory: one clear error, not a
+    // dump of every way it fails the Rule schema.
+    let doc_api = doc.value.get("apiVersion").and_then(Value::as_str);
+    let doc_kind = doc.value.get("kind").and_then(Value::as_str);
+    if doc_kind != Some(model::KIND) {
+        let found = |v: Option<&str>| v.map(|s| format!("`{s}`")).unwrap_or("nothing".into());
+        ck.error(
+            if doc_kind.is_some() { "kind" } else { "" },
+            format!(
+                "not a Rule: this document has apiVersion {} and kind {}; a rules directory \
+                 holds only `{}` `{}` documents (move CRDs and parents elsewhere)",
+                found(doc_api),
+                found(doc_kind),
+                model::API_VERSION,
+                model::KIND
+            ),
+        );
+        return None;
+    }
+
     // Shape first: every structural error in the document at once.
     if let Some(validator) = format_validator() {
         let mut shape_errors: Vec<(String, String)> = validator
@@ -454,6 +476,7 @@ pub(super) fn compile(
             templates.insert(child.id.clone(), text.clone());
             match builder.add_template(&child.id, TemplateKind::Object, &text) {
                 Ok(id) => {
+                    lint(&mut ck, &builder, &field, Code::Object(&id, &text));
                     let names = builder.template_names(&id, true);
                     ck.check_names(&field, names, &context_names(for_each, false), &child_ids);
                     Some(id)
@@ -470,6 +493,7 @@ pub(super) fn compile(
                 let field = format!("{at}.{name}");
                 match builder.add_expression(src) {
                     Ok(id) => {
+                        lint(ck, &builder, &field, Code::Expression(id, src));
                         let names = builder.expression_names(id, true);
                         ck.check_names(&field, names, &allowed, &child_ids);
                         Some(id)

@@ -161,3 +161,5 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_check;

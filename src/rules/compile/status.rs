@@ -61,6 +61,12 @@ pub(super) fn compile_status(
             }
             (None, None, Some(value)) => match builder.add_expression(value) {
                 Ok(id) => {
+                    lint(
+                        ck,
+                        builder,
+                        &format!("{at}.value"),
+                        Code::Expression(id, value),
+                    );
                     let names = builder.expression_names(id, true);
                     ck.check_names(&format!("{at}.value"), names, &base, child_ids);
                     Some(FieldSource::Value(id))
@@ -112,6 +118,12 @@ pub(super) fn compile_status(
         }
         let when = match builder.add_expression(&c.when) {
             Ok(id) => {
+                lint(
+                    ck,
+                    builder,
+                    &format!("{at}.when"),
+                    Code::Expression(id, &c.when),
+                );
                 let names = builder.expression_names(id, true);
                 ck.check_names(&format!("{at}.when"), names, &base, child_ids);
                 Some(id)
@@ -125,6 +137,7 @@ pub(super) fn compile_status(
             match builder.add_template(&format!("condition:{}", c.type_), TemplateKind::Text, text)
             {
                 Ok(id) => {
+                    lint(ck, builder, &format!("{at}.message"), Code::Text(&id, text));
                     let names = builder.template_names(&id, true);
                     ck.check_names(&format!("{at}.message"), names, &base, child_ids);
                     Some(id)

@@ -1,0 +1,80 @@
+//! Typed results, missing values and literals in a whole pass (issue 10).
+
+use super::*;
+
+#[test]
+fn include_when_string_false_is_an_error_not_truthy() {
+    let optional = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      includeWhen: spec.enabled\n",
+    );
+    let r = rule(&format!("{PARENT_KIND}  children:\n{optional}"));
+    let p = run(&r, &parent(json!({"enabled": "false"})), vec![]);
+    assert!(p.apply.is_empty());
+    assert!(
+        p.errors
+            .iter()
+            .any(|e| e.contains("includeWhen") && e.contains("boolean")),
+        "{:?}",
+        p.errors
+    );
+}
+
+#[test]
+fn missing_value_in_a_comparison_fails_the_pass() {
+    let optional = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      includeWhen: spec.typo > 0\n",
+    );
+    let r = rule(&format!("{PARENT_KIND}  children:\n{optional}"));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert!(
+        p.errors.iter().any(|e| e.contains("spec.typo > 0")),
+        "{:?}",
+        p.errors
+    );
+}
+
+#[test]
+fn failed_status_field_is_an_error_of_the_pass() {
+    let status = "  status:\n    fields:\n      - path: n\n        value: spec.count + 1\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{status}"));
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert_eq!(p.apply.len(), 1, "children are still applied");
+    assert!(
+        p.errors.iter().any(|e| e.contains("status field `n`")),
+        "{:?}",
+        p.errors
+    );
+    assert_eq!(condition(&p, "Synced")["status"], "False");
+}
+
+#[test]
+fn failed_condition_is_an_error_of_the_pass() {
+    let status = "  status:\n    conditions:\n      - type: Big\n        when: spec.size\n        reason: IsBig\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}{status}"));
+    let p = run(&r, &parent(json!({"size": 3})), vec![]);
+    assert!(
+        p.errors
+            .iter()
+            .any(|e| e.contains("condition Big") && e.contains("boolean")),
+        "{:?}",
+        p.errors
+    );
+}
+
+#[test]
+fn leading_zero_literal_in_a_child_is_octal_and_integers_stay_integers() {
+    let secret = "    - id: vol\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: x\n        data:\n          mode: 0400\n          replicas: {{ spec.n * 2 }}\n          plain: 7\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{secret}"));
+    let p = run(&r, &parent(json!({"n": 3})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let data = &p.apply[0].object["data"];
+    assert_eq!(data["mode"], json!(256));
+    assert!(
+        data["replicas"].is_i64() || data["replicas"].is_u64(),
+        "{data}"
+    );
+    assert_eq!(data["replicas"], json!(6));
+    assert!(data["plain"].is_u64() || data["plain"].is_i64(), "{data}");
+}

@@ -1,0 +1,86 @@
+//! What a template or expression calls, read from its compiled instructions:
+//! filters, tests and functions by name, and the names it assigns itself.
+//!
+//! `check` uses this to reject an unknown filter before anything renders,
+//! and to know that a variable set in `{% if %}`/`{% else %}` branches is
+//! the template's own (minijinja's `undeclared_variables` reports it).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use minijinja::machinery::{CompiledTemplate, Instruction, TemplateConfig};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::{AutoEscape, Environment, ErrorKind};
+
+/// Names a piece of template code calls or assigns.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Calls {
+    pub filters: BTreeSet<String>,
+    pub tests: BTreeSet<String>,
+    pub functions: BTreeSet<String>,
+    /// Variables and macros the code assigns (`set`, `for`, `macro`).
+    pub locals: BTreeSet<String>,
+}
+
+/// Scans `source` (a template; wrap an expression in `{{ }}` first).
+pub fn scan(source: &str) -> Calls {
+    let config = TemplateConfig {
+        syntax_config: SyntaxConfig::default(),
+        default_auto_escape: Arc::new(|_: &str| AutoEscape::None),
+    };
+    let mut calls = Calls::default();
+    let Ok(compiled) = CompiledTemplate::new("check", source, &config) else {
+        return calls;
+    };
+    let blocks = compiled.blocks.values();
+    for instructions in std::iter::once(&compiled.instructions).chain(blocks) {
+        let mut pc = 0;
+        while let Some(instruction) = instructions.get(pc) {
+            match instruction {
+                Instruction::ApplyFilter(name, ..) => {
+                    calls.filters.insert((*name).to_owned());
+                }
+                Instruction::PerformTest(name, ..) => {
+                    calls.tests.insert((*name).to_owned());
+                }
+                Instruction::CallFunction(name, ..) => {
+                    calls.functions.insert((*name).to_owned());
+                }
+                Instruction::StoreLocal(name) | Instruction::BuildMacro(name, ..) => {
+                    calls.locals.insert((*name).to_owned());
+                }
+                _ => {}
+            }
+            pc += 1;
+        }
+    }
+    calls
+}
+
+/// Messages for every filter, test or function `calls` names that `env` lacks.
+pub fn unknown(env: &Environment<'_>, calls: &Calls) -> Vec<String> {
+    let mut out = Vec::new();
+    let state = env.empty_state();
+    let mut state = state;
+    for name in &calls.filters {
+        if let Err(e) = state.apply_filter(name, &[])
+            && e.kind() == ErrorKind::UnknownFilter
+        {
+            out.push(format!("unknown filter `{name}`"));
+        }
+    }
+    for name in &calls.tests {
+        if let Err(e) = state.perform_test(name, &[])
+            && e.kind() == ErrorKind::UnknownTest
+        {
+            out.push(format!("unknown test `{name}`"));
+        }
+    }
+    for name in &calls.functions {
+        let global = env.globals().any(|(g, _)| g == name);
+        if !global && !calls.locals.contains(name) {
+            out.push(format!("unknown function `{name}`"));
+        }
+    }
+    out
+}

@@ -1,0 +1,94 @@
+//! `check` diagnostics of issue 10: unknown filters/tests/functions, locals
+//! set in branches, `${...}`, octal literals, documents that are not Rules.
+
+use std::fs;
+
+use super::*;
+
+const HEAD: &str = "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent:\n    apiVersion: demo.trellis.dev/v1\n    kind: App\n  children:\n    - id: config\n      apiVersion: v1\n      kind: ConfigMap\n";
+
+fn diagnostics(text: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("rule.yaml"), text).unwrap();
+    let diags = match load_dir(dir.path()) {
+        Ok(set) => set.warnings,
+        Err(diags) => diags,
+    };
+    diags.iter().map(ToString::to_string).collect()
+}
+
+fn with_template(template: &str) -> Vec<String> {
+    let indented: String = template.lines().map(|l| format!("        {l}\n")).collect();
+    diagnostics(&format!("{HEAD}      template: |\n{indented}"))
+}
+
+#[test]
+fn unknown_filter_test_and_function_are_errors_by_name() {
+    let d = with_template("metadata:\n  name: {{ parent.metadata.name | uper }}");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("error") && m.contains("unknown filter `uper`")),
+        "{d:?}"
+    );
+    let d = with_template("metadata:\n  name: {{ 'a' if spec.x is definde else 'b' }}");
+    assert!(
+        d.iter().any(|m| m.contains("unknown test `definde`")),
+        "{d:?}"
+    );
+    let d = with_template("metadata:\n  name: {{ lenght(spec.x) }}");
+    assert!(
+        d.iter().any(|m| m.contains("unknown function `lenght`")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn known_filters_tests_functions_and_macros_pass() {
+    let d = with_template(
+        "{% macro n(x) %}{{ x }}{% endmacro %}\nmetadata:\n  name: {{ n(parent.metadata.name | lower | dns_label) ~ range(2) | list | length | string }}\n  labels: {{ {'a': spec.x is defined} }}",
+    );
+    assert!(d.is_empty(), "{d:?}");
+}
+
+#[test]
+fn variable_set_in_if_and_else_is_not_outside_the_context() {
+    let d = with_template(
+        "{% if spec.big | default(false) %}{% set size = 'l' %}{% else %}{% set size = 's' %}{% endif %}\nmetadata:\n  name: {{ size }}",
+    );
+    assert!(d.is_empty(), "{d:?}");
+}
+
+#[test]
+fn dollar_brace_syntax_is_a_warning_that_names_it() {
+    let d = with_template("metadata:\n  name: ${schema.spec.name}");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("warning") && m.contains("another tool's syntax")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn leading_zero_integer_is_an_octal_warning() {
+    let d = with_template("metadata:\n  name: x\ndata:\n  mode: 0400");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("warning") && m.contains("octal (256)")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_crd_in_the_rules_directory_is_not_a_rule() {
+    let crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: apps.demo.trellis.dev\nspec:\n  group: demo.trellis.dev\n";
+    let d = diagnostics(&format!(
+        "{crd}---\n{HEAD}      template: |\n        metadata: {{name: {{{{ spec.x | nope }}}}}}\n"
+    ));
+    let not_rule: Vec<_> = d.iter().filter(|m| m.contains("not a Rule")).collect();
+    assert_eq!(not_rule.len(), 1, "{d:?}");
+    assert!(d.len() <= 3, "one clear error, not a schema dump: {d:?}");
+    assert!(
+        d.iter().any(|m| m.contains("unknown filter `nope`")),
+        "the other document is still checked: {d:?}"
+    );
+}
