@@ -579,6 +579,37 @@ async fn a_leader_whose_lease_is_taken_stops_writing_at_once_and_resumes_when_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_is_made_again_and_the_replica_leads_on() {
+    let ns = support::namespace().await;
+    let (dir, kind, _cleanup) = setup(&ns).await;
+    let a = Replica::start(
+        "replica-a",
+        &ns,
+        dir.path(),
+        &[&["--leader-elect"], FAST].concat(),
+    );
+    a.wait_role(true).await;
+    let a_id = a.identity().await;
+    let leases: Api<Lease> = ns.api();
+    leases
+        .delete("trellis", &Default::default())
+        .await
+        .expect("delete the Lease");
+    // It leads again: a second term, on a new Lease.
+    wait_holder(&ns, &a_id, WAIT).await;
+    support::eventually("a second term", WAIT, || async {
+        let s = a.status().await?;
+        if s["leader"]["leader"] == true && s["leader"]["terms"] == 2 {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await;
+    create_converged(&ns, &kind, &["p1"], "one").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_that_lost_the_lease_writes_nothing_when_it_resumes() {
     let ns = support::namespace().await;
     let (dir, kind, _cleanup) = setup(&ns).await;

@@ -492,6 +492,15 @@ impl Campaign {
                             if m.is_some() {
                                 manager = m.clone();
                             }
+                            // Failing again and again (the Lease deleted, say,
+                            // which only a new manager re-creates): start over
+                            // from a fresh read; the gate stays fenced meanwhile.
+                            let m = if failures >= 2 {
+                                held = false;
+                                None
+                            } else {
+                                m
+                            };
                             self.attempt(m, delay)
                         }
                     };
@@ -508,7 +517,12 @@ impl Campaign {
                         }
                         observed = Some(lease);
                     }
-                    Some(Ok(watcher::Event::Delete(_))) => observed = None,
+                    Some(Ok(watcher::Event::Delete(_))) => {
+                        observed = None;
+                        // Re-created by a fresh manager.
+                        held = false;
+                        attempt = self.attempt(None, s.retry_period);
+                    }
                     Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
                     Some(Err(err)) => debug!("watching Lease {}: {err}", s.lease()),
                     None => lease_events = futures::stream::pending().boxed(),
