@@ -257,9 +257,19 @@ pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, Yam
 /// Parses one YAML value (e.g. a rendered child) straight into JSON, without
 /// the line index: this is the hot path of every render.
 pub fn parse_value(text: &str, limits: &Limits) -> Result<Value, YamlError> {
+    parse_one(text, limits, true)
+}
+
+/// Parses one YAML value read as data (the `fromyaml` filter): YAML 1.2
+/// numbers, under the same budgets.
+pub fn parse_data(text: &str, limits: &Limits) -> Result<Value, YamlError> {
+    parse_one(text, limits, false)
+}
+
+fn parse_one(text: &str, limits: &Limits, legacy_octal: bool) -> Result<Value, YamlError> {
     check_size(text, limits)?;
     let mut docs: Vec<Option<Value>> =
-        serde_saphyr::from_multiple_with_options(text, options(limits, true))
+        serde_saphyr::from_multiple_with_options(text, options(limits, legacy_octal))
             .map_err(to_yaml_error)?;
     docs.retain(|d| d.as_ref().is_some_and(|v| !v.is_null()));
     match docs.len() {

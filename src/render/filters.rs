@@ -27,6 +27,10 @@ pub fn register(env: &mut Environment<'static>) {
         Ok(dns_label(&string_arg("dns_label", v)?))
     });
     env.add_filter("rand_alnum", rand_alnum);
+    env.add_filter("fromjson", super::convert::fromjson);
+    env.add_filter("fromyaml", super::convert::fromyaml);
+    env.add_filter("quantity", super::convert::quantity);
+    super::patterns::register(env);
     env.add_function("rand_alnum", rand_alnum);
 }
 
@@ -41,7 +45,7 @@ fn defined<'a>(filter: &str, value: &'a Value) -> Result<&'a Value, Error> {
     }
 }
 
-fn string_arg(filter: &str, value: &Value) -> Result<String, Error> {
+pub(super) fn string_arg(filter: &str, value: &Value) -> Result<String, Error> {
     let value = defined(filter, value)?;
     Ok(match value.as_str() {
         Some(s) => s.to_owned(),

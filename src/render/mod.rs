@@ -14,7 +14,9 @@
 //! It does not know about rules or Kubernetes; `plan` decides what to render.
 
 mod calls;
+mod convert;
 mod filters;
+mod patterns;
 
 use std::collections::{HashMap, HashSet};
 use std::io;

@@ -386,3 +386,46 @@ fn boolean_expressions_refuse_other_types() {
     let ctx = to_value(&json!({"spec": {"flag": true}}));
     assert!(engine.eval_bool(string, &ctx, "includeWhen").unwrap());
 }
+
+#[test]
+fn regex_filters_match_and_replace() {
+    let ctx = json!({"spec": {"image": "nginx:1.27"}});
+    assert_eq!(
+        eval("spec.image | regex_match('^nginx:[0-9.]+$')", ctx.clone()).unwrap(),
+        Value::from(true)
+    );
+    assert_eq!(
+        eval("spec.image | regex_replace(':.*$', ':latest')", ctx.clone()).unwrap(),
+        Value::from("nginx:latest")
+    );
+    assert_eq!(
+        eval(
+            "spec.image | regex_replace('(\\\\w+):(.*)', '$2-$1')",
+            ctx.clone()
+        )
+        .unwrap(),
+        Value::from("1.27-nginx")
+    );
+    let err = eval("spec.image | regex_match('(')", ctx.clone()).unwrap_err();
+    assert!(err.message.contains("invalid pattern"), "{err}");
+    let long = format!("spec.image | regex_match('{}')", "a".repeat(2000));
+    assert!(eval(&long, ctx).is_err());
+    assert!(eval("spec.none | regex_match('a')", json!({"spec": {}})).is_err());
+}
+
+#[test]
+fn conversion_filters_work_in_expressions() {
+    let ctx = json!({"spec": {"cpu": "250m", "doc": "{\"a\": 1}", "y": "k: [1, 2]"}});
+    assert_eq!(
+        eval("spec.cpu | quantity", ctx.clone()).unwrap(),
+        Value::from(0.25)
+    );
+    assert_eq!(
+        eval("(spec.doc | fromjson).a", ctx.clone()).unwrap(),
+        Value::from(1)
+    );
+    assert_eq!(
+        eval("(spec.y | fromyaml).k | length", ctx).unwrap(),
+        Value::from(2)
+    );
+}
