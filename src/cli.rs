@@ -344,10 +344,18 @@ pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule
     }
 }
 
-/// Scope of a kind offline: the rule's `spec.parent.scope` for the parent
-/// kind, else the built-in table (children may override it per child).
+/// Scope of a kind offline: for the parent kind, the rule's
+/// `spec.parent.scope`, else its generated CRD's (`crd:`); else the built-in
+/// table (children may override it per child).
 pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
-    move |gvk: &Gvk| match rule.rule.spec.parent.scope {
+    let hint = rule.rule.spec.parent.scope.or_else(|| {
+        rule.rule
+            .spec
+            .crd
+            .as_ref()
+            .map(|_| crate::crd::scope(&rule.rule))
+    });
+    move |gvk: &Gvk| match hint {
         Some(scope) if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind => scope,
         _ => kinds::scope(gvk),
     }

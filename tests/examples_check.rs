@@ -269,8 +269,33 @@ fn every_sample_parent_has_exactly_one_matching_rule() {
     }
 }
 
-/// The CRD's own schema accepts every sample parent's spec, except the one
-/// meant to be refused.
+/// Fills in `default:` values as the API server does at admission: a missing
+/// property with a default gets it, then defaults apply inside it.
+fn default_like_the_api_server(schema: &Value, value: &mut Value) {
+    if let (Some(props), Some(obj)) = (
+        schema.get("properties").and_then(Value::as_object),
+        value.as_object_mut(),
+    ) {
+        for (name, prop) in props {
+            if !obj.contains_key(name)
+                && let Some(d) = prop.get("default")
+            {
+                obj.insert(name.clone(), d.clone());
+            }
+            if let Some(v) = obj.get_mut(name) {
+                default_like_the_api_server(prop, v);
+            }
+        }
+    }
+    if let (Some(items), Some(list)) = (schema.get("items"), value.as_array_mut()) {
+        for v in list {
+            default_like_the_api_server(items, v);
+        }
+    }
+}
+
+/// The CRD's own schema (with its defaults) accepts every sample parent's
+/// spec, except the one meant to be refused.
 #[test]
 fn sample_parents_of_custom_kinds_pass_their_crd_schema() {
     let crds = crds();
@@ -288,10 +313,11 @@ fn sample_parents_of_custom_kinds_pass_their_crd_schema() {
             .pointer("/schema/openAPIV3Schema/properties/spec")
             .expect("spec schema");
         let validator = jsonschema::draft202012::new(schema).expect("compiles");
-        let spec = parent
+        let mut spec = parent
             .get("spec")
             .cloned()
             .unwrap_or(Value::Object(Default::default()));
+        default_like_the_api_server(schema, &mut spec);
         let errors: Vec<String> = validator
             .iter_errors(&spec)
             .map(|e| e.to_string())
@@ -348,4 +374,62 @@ fn deploy_manifests_parse_and_mount_the_rules() {
             .is_some_and(|a| a.iter().any(|x| x == "--rules=/etc/trellis/rules")),
         "{args}"
     );
+}
+
+/// `examples/crds/<rule>.yaml` is exactly what `trellis crd --rules rules`
+/// prints for that rule, and nothing else lives there. After an intended
+/// change: `TRELLIS_UPDATE_GOLDEN=1 cargo test --test examples_check`.
+#[test]
+fn example_crds_are_what_trellis_crd_prints_for_the_rules() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(["crd", "--rules"])
+        .arg(root().join("rules"))
+        .output()
+        .expect("run trellis crd");
+    assert!(
+        output.status.success(),
+        "trellis crd failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let generated: Vec<Value> = yaml::parse_documents(&text, &yaml::Limits::FILES)
+        .expect("trellis crd prints YAML")
+        .into_iter()
+        .map(|d| d.value)
+        .collect();
+    let update = std::env::var_os("TRELLIS_UPDATE_GOLDEN").is_some();
+    let mut expected_files = Vec::new();
+    for crd in &generated {
+        let rule = str_at(crd, "/metadata/labels/trellis.dev~1rule");
+        assert!(!rule.is_empty(), "a generated CRD names its rule: {crd}");
+        let path = root().join(format!("examples/crds/{rule}.yaml"));
+        expected_files.push(path.clone());
+        if update {
+            let body = yaml::to_string(crd).expect("serialize");
+            let header = format!(
+                "# Generated from rules/{rule}.yaml by `trellis crd --rules rules`; do not edit.\n\
+                 # Regenerate: TRELLIS_UPDATE_GOLDEN=1 cargo test --test examples_check\n"
+            );
+            std::fs::write(&path, header + &body).expect("write example CRD");
+            continue;
+        }
+        assert_eq!(
+            documents(&path),
+            vec![crd.clone()],
+            "{} is stale: regenerate it with TRELLIS_UPDATE_GOLDEN=1 cargo test --test examples_check",
+            path.display()
+        );
+    }
+    assert_eq!(
+        yaml_files("examples/crds"),
+        expected_files,
+        "examples/crds holds exactly one generated CRD per rule with `crd:`"
+    );
+    // Deterministic: a second run prints the same bytes.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(["crd", "--rules"])
+        .arg(root().join("rules"))
+        .output()
+        .expect("run trellis crd");
+    assert_eq!(String::from_utf8_lossy(&again.stdout), text);
 }

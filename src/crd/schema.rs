@@ -682,10 +682,10 @@ fn declared_outside(what: &str) -> String {
 }
 
 /// Writes a rule's `defaults` into a converted `spec` schema as `default:`
-/// values, so the API server stores them at admission. Objects with declared
-/// properties get `default: {}` and defaults on each property (the API server
-/// then fills them in, the way `defaults` is deep-merged); maps, lists and
-/// scalars get the value itself.
+/// values, so the API server stores them at admission. Each declared
+/// property gets its own default (so a partly given object is completed, the
+/// way `defaults` is deep-merged), and the object holding them their sum (so
+/// an absent one is created); maps, lists and scalars get the value itself.
 pub fn apply_defaults(
     conv: &mut Converter,
     node: &mut Map<String, Value>,
@@ -720,9 +720,10 @@ pub fn apply_defaults(
             ),
         }
     }
-    // `default: {}` makes the API server create the object and fill in its
-    // properties' defaults; it must itself be valid, so only where every
-    // required property has a default.
+    // The object itself gets the defaults of its properties as one value:
+    // so an absent object is created whole. The API server validates a
+    // `default:` as written (without filling in nested defaults), so this is
+    // only possible where every required property has a default.
     let props = node.get("properties").and_then(Value::as_object);
     let required_defaulted = node
         .get("required")
@@ -736,6 +737,12 @@ pub fn apply_defaults(
                 .is_some_and(|p| p.get("default").is_some())
         });
     if required_defaulted && !node.contains_key("default") {
-        node.insert("default".into(), Value::Object(extra));
+        let mut whole: Map<String, Value> = props
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, p)| Some((k.clone(), p.get("default")?.clone())))
+            .collect();
+        whole.extend(extra);
+        node.insert("default".into(), Value::Object(whole));
     }
 }

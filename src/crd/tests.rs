@@ -432,10 +432,13 @@ fn defaults_become_default_values_down_to_each_field() {
     );
     assert!(findings.is_empty(), "{findings:#?}");
     let p = &out["properties"];
-    assert_eq!(out["default"], json!({}));
+    assert_eq!(
+        out["default"],
+        json!({"replicas": 1, "quota": {"cpu": "4"}, "hosts": [], "labels": {"a": "b"}})
+    );
     assert_eq!(p["replicas"]["default"], 1);
-    // The object is created empty and its fields defaulted, as a deep merge does.
-    assert_eq!(p["quota"]["default"], json!({}));
+    // An absent object is created whole, a partial one completed field by field.
+    assert_eq!(p["quota"]["default"], json!({"cpu": "4"}));
     assert_eq!(p["quota"]["properties"]["cpu"]["default"], "4");
     assert!(p["quota"]["properties"]["pods"].get("default").is_none());
     assert_eq!(p["hosts"]["default"], json!([]));
