@@ -2,25 +2,47 @@
 # Quickstart: a local Kubernetes control plane, the example CRDs and rules,
 # the trellis operator, and the sample parents.
 #
-#   examples/quickstart.sh            # build (first time: ~7 min), start, run trellis, apply parents
+#   examples/quickstart.sh            # build (first time: ~10 min), start, deploy trellis, apply parents
 #   TRELLIS_QUICKSTART_DIR=/some/dir examples/quickstart.sh
+#   TRELLIS_QUICKSTART_NODE=0 examples/quickstart.sh   # never start a node: trellis as a local process
 #
 # The control plane is etcd + kube-apiserver + kube-controller-manager built
-# from source by tests/cluster/cluster: objects, CRDs, RBAC, server-side apply
-# and garbage collection are real, but there are no nodes, so Pods never run.
+# from source by tests/cluster/cluster. As root, with the node's Debian
+# packages (tests/cluster/README.md), it also gets one real node (containerd,
+# kubelet, kube-proxy, kube-scheduler): trellis is then deployed into the
+# cluster from examples/deploy/ (2 replicas, one leader, rules from a
+# ConfigMap) and the webapps' Pods run the project's tiny app image. Without a
+# node, trellis runs as a local process and Pods never run. The script says
+# which it did.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CLUSTER="$ROOT/tests/cluster/cluster"
 DIR="${TRELLIS_QUICKSTART_DIR:-/tmp/trellis-quickstart}"
+APP_IMAGE=trellis.test/app:v1
 
 say() { printf '\n==> %s\n' "$*"; }
 
 say "Building the control plane (cached after the first run)"
 "$CLUSTER" build
 
-say "Starting the control plane in $DIR"
-"$CLUSTER" up "$DIR"
+MODE=local
+if [[ "${TRELLIS_QUICKSTART_NODE:-1}" != 0 ]]; then
+    say "Starting the control plane with a node in $DIR"
+    set +e
+    "$CLUSTER" up "$DIR" --node
+    rc=$?
+    set -e
+    if ((rc == 0)); then
+        [[ -f "$DIR/node/up" ]] && MODE=cluster
+    elif ((rc != 3)); then
+        exit "$rc"
+    fi
+fi
+if [[ "$MODE" == local ]]; then
+    say "Starting the control plane in $DIR (no node: trellis will run as a local process)"
+    "$CLUSTER" up "$DIR"
+fi
 KUBECONFIG="$DIR/kubeconfig"
 export KUBECONFIG
 KUBECTL="$("$CLUSTER" bin)/kubectl"
@@ -47,13 +69,31 @@ TRELLIS="$ROOT/target/debug/trellis"
 say "Checking the example rules"
 "$TRELLIS" check --rules "$ROOT/rules"
 
-say "Starting the operator (log: $DIR/trellis.log)"
-if [[ -f "$DIR/trellis.pid" ]] && kill -0 "$(cat "$DIR/trellis.pid")" 2>/dev/null; then
-    kill "$(cat "$DIR/trellis.pid")" && sleep 1
+if [[ "$MODE" == cluster ]]; then
+    say "Deploying trellis into the cluster from examples/deploy/ (image packed locally, no registry)"
+    image="$("$ROOT/images/trellis/build" "$TRELLIS" "$DIR/images")"
+    "$CLUSTER" image "$DIR" "$DIR/images/trellis.tar"
+    # examples/deploy as it is; an overlay sets only the image.
+    mkdir -p "$DIR/deploy"
+    cat >"$DIR/deploy/kustomization.yaml" <<EOF
+resources: [$(python3 -c 'import os,sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$ROOT/examples/deploy" "$DIR/deploy")]
+images:
+  - name: trellis
+    newName: ${image%:*}
+    newTag: "${image##*:}"
+EOF
+    "$KUBECTL" apply --server-side --force-conflicts -k "$DIR/deploy"
+    "$KUBECTL" -n trellis-system rollout status deployment/trellis --timeout=120s
+    "$KUBECTL" -n trellis-system get pods,lease
+else
+    say "Starting the operator as a local process (log: $DIR/trellis.log)"
+    if [[ -f "$DIR/trellis.pid" ]] && kill -0 "$(cat "$DIR/trellis.pid")" 2>/dev/null; then
+        kill "$(cat "$DIR/trellis.pid")" && sleep 1
+    fi
+    "$TRELLIS" run --rules "$ROOT/rules" >"$DIR/trellis.log" 2>&1 &
+    echo $! >"$DIR/trellis.pid"
+    sleep 2
 fi
-"$TRELLIS" run --rules "$ROOT/rules" >"$DIR/trellis.log" 2>&1 &
-echo $! >"$DIR/trellis.pid"
-sleep 2
 
 say "Creating the sample parents"
 for ns in team-a team-b; do
@@ -61,15 +101,30 @@ for ns in team-a team-b; do
 done
 for parent in "$ROOT"/examples/parents/*.yaml; do
     case "$parent" in *-invalid.yaml) continue ;; esac
-    "$KUBECTL" apply -f "$parent"
+    if [[ "$MODE" == cluster ]]; then
+        # No registry here: the webapps run the project's app image instead.
+        sed -E "s#^(  image:) .*#\\1 $APP_IMAGE#" "$parent" | "$KUBECTL" apply -f -
+    else
+        "$KUBECTL" apply -f "$parent"
+    fi
 done
 
-say "Waiting for children and status (no nodes here: Pods never run, so Deployments stay unready)"
-for _ in $(seq 1 30); do
-    if "$KUBECTL" get configmap -n team-a shop-config >/dev/null 2>&1; then break; fi
-    sleep 1
-done
-sleep 3
+if [[ "$MODE" == cluster ]]; then
+    say "Waiting for the shop webapp's Deployment to become Available (its Pods run on the node)"
+    for _ in $(seq 1 60); do
+        "$KUBECTL" get deployment -n team-a shop >/dev/null 2>&1 && break
+        sleep 1
+    done
+    "$KUBECTL" wait --for=condition=Available --timeout=120s deployment -n team-a shop
+    "$KUBECTL" wait --for=condition=Ready --timeout=60s webapp -n team-a shop
+else
+    say "Waiting for children and status (no node here: Pods never run, so Deployments stay unready)"
+    for _ in $(seq 1 30); do
+        if "$KUBECTL" get configmap -n team-a shop-config >/dev/null 2>&1; then break; fi
+        sleep 1
+    done
+    sleep 3
+fi
 "$KUBECTL" get webapps,databases -A
 "$KUBECTL" get tenants
 echo
@@ -77,12 +132,32 @@ echo
 echo
 "$KUBECTL" get webapp -n team-a shop -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
 
-say "What the operator did (last lines of $DIR/trellis.log)"
-tail -n 15 "$DIR/trellis.log"
+if [[ "$MODE" == cluster ]]; then
+    leader="$("$KUBECTL" -n trellis-system get lease trellis -o jsonpath='{.spec.holderIdentity}')"
+    say "What the operator did (the leader ${leader%_*}'s last log lines, JSON)"
+    "$KUBECTL" -n trellis-system logs "${leader%_*}" --tail=8
+    say "The last reload, seen from outside the Pod (the API server's pod proxy)"
+    "$KUBECTL" get --raw "/api/v1/namespaces/trellis-system/pods/${leader%_*}:8080/proxy/status"
+    echo
+    cat <<EOF
 
-cat <<EOF
+Done: trellis runs IN THE CLUSTER (examples/deploy/: 2 replicas, leader ${leader%_*}).
+Try: edit the rules ConfigMap and watch the children change:
+    export KUBECONFIG=$DIR/kubeconfig
+    $KUBECTL -n trellis-system edit configmap trellis-rules
+    $KUBECTL get --raw /api/v1/namespaces/trellis-system/pods/${leader%_*}:8080/proxy/status
+    $KUBECTL -n trellis-system logs -f deploy/trellis
 
-The operator keeps running in the background (pid $(cat "$DIR/trellis.pid")).
+Stop everything (node included) and remove the state:
+    $CLUSTER down $DIR
+EOF
+else
+    say "What the operator did (last lines of $DIR/trellis.log)"
+    tail -n 15 "$DIR/trellis.log"
+    cat <<EOF
+
+Done: trellis runs as a LOCAL PROCESS (pid $(cat "$DIR/trellis.pid")): no node could be started
+(a node needs root and the packages in tests/cluster/README.md; one node per machine).
 Try: delete a child and watch it come back, or edit a parent:
     export KUBECONFIG=$DIR/kubeconfig
     $KUBECTL delete configmap -n team-a shop-config; sleep 2; $KUBECTL get configmap -n team-a shop-config
@@ -92,3 +167,4 @@ Try: delete a child and watch it come back, or edit a parent:
 Stop everything and remove the state:
     kill \$(cat $DIR/trellis.pid); $CLUSTER down $DIR
 EOF
+fi
