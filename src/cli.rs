@@ -14,6 +14,14 @@ use crate::rules::model::Scope;
 use crate::rules::{CompiledRule, Diagnostic, RuleSet, Severity};
 use crate::yaml;
 
+/// `eprintln!` that never panics: a closed stderr (`2>&1 | head`) is no
+/// reason to crash with a panic message.
+macro_rules! stderr {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "trellis",
@@ -153,7 +161,7 @@ pub fn run(options: crate::operator::Options, log_format: LogFormat) -> ExitCode
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            stderr!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -282,7 +290,7 @@ fn load(dirs: &[PathBuf], limits: Limits) -> Result<RuleSet, ExitCode> {
                 .iter()
                 .filter(|d| d.severity == Severity::Error)
                 .count();
-            eprintln!("{errors} error(s); the rule set is rejected");
+            stderr!("{errors} error(s); the rule set is rejected");
             Err(ExitCode::from(1))
         }
     }
@@ -292,7 +300,7 @@ pub fn check(dirs: &[PathBuf], limits: Limits) -> ExitCode {
     match load(dirs, limits) {
         Ok(set) => {
             let warnings = set.warnings.len();
-            eprintln!(
+            stderr!(
                 "{} rule(s) OK{}",
                 set.rules.len(),
                 if warnings > 0 {
@@ -489,12 +497,12 @@ pub fn render(
     let parents = match read_yaml_stream(parent_path) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("error: {e}");
+            stderr!("error: {e}");
             return ExitCode::from(1);
         }
     };
     let [parent] = parents.as_slice() else {
-        eprintln!(
+        stderr!(
             "error: {}: expected exactly one parent object, found {}",
             parent_path.display(),
             parents.len()
@@ -504,19 +512,19 @@ pub fn render(
     let observed = match observed_path.map(read_yaml_stream).transpose() {
         Ok(o) => o.unwrap_or_default(),
         Err(e) => {
-            eprintln!("error: {e}");
+            stderr!("error: {e}");
             return ExitCode::from(1);
         }
     };
     let rule = match rule_for(&set, parent) {
         Ok(rule) => rule,
         Err(e) => {
-            eprintln!("error: {}: {e}", parent_path.display());
+            stderr!("error: {}: {e}", parent_path.display());
             return ExitCode::from(1);
         }
     };
     if parent.pointer("/metadata/uid").is_none() {
-        eprintln!(
+        stderr!(
             "note: {} has no metadata.uid; using {} in labels and ownerReferences",
             parent_path.display(),
             plan::PLACEHOLDER_UID
@@ -530,7 +538,9 @@ pub fn render(
     };
     match text {
         Ok(text) => {
-            println!("{}", text.trim_end());
+            if let Err(code) = print_out(&format!("{}\n", text.trim_end())) {
+                return code;
+            }
             if doc.get("errors").is_some() {
                 ExitCode::from(2)
             } else {
@@ -538,8 +548,23 @@ pub fn render(
             }
         }
         Err(e) => {
-            eprintln!("error: cannot print the result: {e}");
+            stderr!("error: cannot print the result: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Writes `text` to stdout. A reader that went away (`trellis rbac | head`)
+/// only means the rest is not wanted: the command ends quietly with success,
+/// as Unix tools do. `Err` carries the exit code to end with.
+fn print_out(text: &str) -> Result<(), ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            stderr!("error: cannot write the output: {e}");
+            Err(ExitCode::from(1))
         }
     }
 }
@@ -551,12 +576,11 @@ pub fn now_rfc3339() -> String {
 
 pub fn schema() -> ExitCode {
     match serde_json::to_string_pretty(&crate::rules::model::json_schema()) {
-        Ok(text) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
+        Ok(text) => print_out(&format!("{text}\n"))
+            .err()
+            .unwrap_or(ExitCode::SUCCESS),
         Err(e) => {
-            eprintln!("error: {e}");
+            stderr!("error: {e}");
             ExitCode::from(1)
         }
     }
@@ -569,12 +593,11 @@ pub fn rbac(dirs: &[PathBuf], name: &str) -> ExitCode {
     };
     let role = crate::rbac::cluster_role(&set, name);
     match yaml::to_string(&role) {
-        Ok(text) => {
-            println!("{}", text.trim_end());
-            ExitCode::SUCCESS
-        }
+        Ok(text) => print_out(&format!("{}\n", text.trim_end()))
+            .err()
+            .unwrap_or(ExitCode::SUCCESS),
         Err(e) => {
-            eprintln!("error: {e}");
+            stderr!("error: {e}");
             ExitCode::from(1)
         }
     }
@@ -599,16 +622,13 @@ pub fn crd(dirs: &[PathBuf]) -> ExitCode {
         Err(code) => return code,
     };
     if !set.rules.iter().any(|r| r.crd.is_some()) {
-        eprintln!("note: no rule sets `crd:`; nothing to print");
+        stderr!("note: no rule sets `crd:`; nothing to print");
         return ExitCode::SUCCESS;
     }
     match crd_documents(&set) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+        Ok(text) => print_out(&text).err().unwrap_or(ExitCode::SUCCESS),
         Err(e) => {
-            eprintln!("error: {e}");
+            stderr!("error: {e}");
             ExitCode::from(1)
         }
     }

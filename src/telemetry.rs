@@ -61,6 +61,8 @@ pub struct Metrics {
     pub parents_in_backoff: Family<RuleLabel, Gauge>,
     pub api_errors: Family<ApiErrorLabel, Counter>,
     pub undecodable: Family<KindLabel, Counter>,
+    /// 1 for each rule the last reload rejected (it keeps its last good version).
+    pub rule_rejected: Family<RuleLabel, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -148,7 +150,14 @@ impl Default for Metrics {
             "Objects skipped because they could not be decoded (too deep, malformed)",
             undecodable.clone(),
         );
+        let rule_rejected = Family::<RuleLabel, Gauge>::default();
+        registry.register(
+            "rule_rejected",
+            "1 for a rule whose last change was rejected (it runs its last good version, or not at all)",
+            rule_rejected.clone(),
+        );
         Metrics {
+            rule_rejected,
             parents_in_backoff,
             api_errors,
             undecodable,
@@ -212,11 +221,32 @@ async fn metrics(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
 
 async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     let reload = crate::operator::lock(&obs.reload).clone();
-    let rules: serde_json::Map<String, serde_json::Value> = crate::operator::lock(&obs.rules)
+    let states = crate::operator::lock(&obs.rules).clone();
+    axum::Json(status_json(
+        &reload,
+        &states,
+        crate::operator::lock(&obs.leader).to_json(),
+    ))
+}
+
+/// `/status`: each rule's state, with the errors of its rejected change
+/// (a rejected rule that never loaded shows as `Rejected`), and the reload.
+fn status_json(
+    reload: &ReloadStatus,
+    states: &BTreeMap<String, RuleState>,
+    leader: serde_json::Value,
+) -> serde_json::Value {
+    let mut rules: serde_json::Map<String, serde_json::Value> = states
         .iter()
         .map(|(name, s)| (name.clone(), state_json(s)))
         .collect();
-    axum::Json(json!({
+    for (name, errors) in &reload.rejected {
+        let entry = rules
+            .entry(name.clone())
+            .or_insert_with(|| json!({"state": "Rejected"}));
+        entry["rejected"] = json!(errors);
+    }
+    json!({
         "reload": {
             "ok": reload.error.is_none(),
             "at": reload.at,
@@ -224,10 +254,12 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
             "rules": reload.rules,
             "successes": reload.successes,
             "failures": reload.failures,
+            "rejected": reload.rejected,
+            "unattributed": reload.unattributed,
         },
         "rules": rules,
-        "leader": crate::operator::lock(&obs.leader).to_json(),
-    }))
+        "leader": leader,
+    })
 }
 
 /// Ready once the operator runs; a rejected rule change keeps it ready (the
@@ -254,22 +286,29 @@ async fn readyz(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     }
 }
 
-/// Serves the endpoints until `shutdown`.
-pub async fn serve(addr: SocketAddr, obs: Arc<Observability>, shutdown: CancellationToken) {
+/// Binds the endpoints' address: an address that cannot be had is a
+/// startup error (a process without probes would be killed, or worse, not).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|err| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {err}"))
+}
+
+/// Serves the endpoints on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    obs: Arc<Observability>,
+    shutdown: CancellationToken,
+) {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .with_state(obs);
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(err) => {
-            warn!(%addr, "cannot serve metrics and health endpoints: {err}");
-            return;
-        }
-    };
-    info!(%addr, "serving /metrics, /healthz, /readyz, /status");
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /healthz, /readyz, /status");
+    }
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
@@ -308,5 +347,53 @@ mod tests {
         assert!(text.contains("trellis_leader 1"), "{text}");
         m.leader.set(0);
         assert!(m.encode().contains("trellis_leader 0"));
+    }
+
+    #[test]
+    fn status_names_each_rejected_rule_with_its_errors() {
+        let reload = ReloadStatus {
+            error: Some("a.yaml:3: error: x".into()),
+            rejected: BTreeMap::from([
+                ("kept".to_owned(), vec!["a.yaml:3: error: x".to_owned()]),
+                ("fresh".to_owned(), vec!["b.yaml:9: error: y".to_owned()]),
+            ]),
+            ..ReloadStatus::default()
+        };
+        let states = BTreeMap::from([
+            ("kept".to_owned(), RuleState::Running),
+            ("fine".to_owned(), RuleState::Running),
+        ]);
+        let status = status_json(&reload, &states, json!(null));
+        assert_eq!(status["reload"]["ok"], false);
+        assert_eq!(status["rules"]["kept"]["state"], "Running");
+        assert_eq!(status["rules"]["kept"]["rejected"][0], "a.yaml:3: error: x");
+        assert_eq!(status["rules"]["fresh"]["state"], "Rejected");
+        assert_eq!(
+            status["rules"]["fresh"]["rejected"][0],
+            "b.yaml:9: error: y"
+        );
+        assert!(status["rules"]["fine"].get("rejected").is_none());
+        assert_eq!(
+            status["reload"]["rejected"]["fresh"][0],
+            "b.yaml:9: error: y"
+        );
+    }
+
+    #[test]
+    fn a_rejected_rule_is_a_gauge_per_rule() {
+        let m = Metrics::default();
+        let label = RuleLabel { rule: "web".into() };
+        m.rule_rejected.get_or_create(&label).set(1);
+        assert!(m.encode().contains("trellis_rule_rejected{rule=\"web\"} 1"));
+        m.rule_rejected.remove(&label);
+        assert!(!m.encode().contains("trellis_rule_rejected{"));
+    }
+
+    #[tokio::test]
+    async fn an_address_in_use_is_an_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = bind(addr).await.unwrap_err().to_string();
+        assert!(err.contains(&addr.to_string()), "{err}");
     }
 }

@@ -1,6 +1,7 @@
-//! Hot reload against the real control plane: a rule set that fails
-//! validation is rejected whole, visibly, and the running rules go on as
-//! before (see `reload.rs` for the setup these tests share).
+//! Hot reload against the real control plane: a rule change that fails
+//! validation is rejected, visibly, and the rule goes on as before (see
+//! `reload.rs` for the setup these tests share; `reload_partial.rs` for a
+//! broken rule among good ones).
 mod support;
 
 #[path = "support/configmap_dir.rs"]
@@ -17,10 +18,10 @@ use configmap_dir::ConfigMapDir;
 use reloading::{Reloading, config_rule, fingerprints, wait_versions};
 use support::operator::{QUIET, TestKind, config_data, install_kind, wait_for};
 
-/// A good rule set with two converged parents; then `bad` (files of a new,
-/// broken set, in which the good rule moved to `v2`) is swapped in. The
-/// change must be rejected whole, visibly (`/status` names `expect`), the
-/// running rules must keep reconciling as before, and no child may move.
+/// A good rule set with two converged parents; then `bad` (files of a new
+/// set in which the rule, moved to `v2`, is broken) is swapped in. The
+/// change must be rejected, visibly (`/status` names `expect`, for the
+/// rule), the rule must keep reconciling as before, and no child may move.
 async fn rejected_change_changes_nothing(
     bad: impl FnOnce(&TestKind, &str) -> Vec<(&'static str, String)>,
     expect: &str,
@@ -49,6 +50,8 @@ async fn rejected_change_changes_nothing(
     assert_eq!(reload["rules"], 1, "the previous set is in force: {reload}");
     let error = reload["error"].as_str().unwrap_or_default();
     assert!(error.contains(expect), "{expect:?} not in {error:?}");
+    let why = reload["rejected"][&rule][0].as_str().unwrap_or_default();
+    assert!(why.contains(expect), "the rule's rejection: {reload}");
 
     // The previous rules still run: a deleted child comes back as they
     // render it, and a parent edit still reaches its child.
@@ -99,19 +102,15 @@ async fn rejected_change_changes_nothing(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_with_broken_yaml_is_rejected_and_changes_nothing() {
+async fn a_rule_file_broken_as_yaml_keeps_its_rule_and_changes_nothing() {
     rejected_change_changes_nothing(
         |app, rule| {
-            vec![
-                ("app.yaml", config_rule(app, rule, "v2")),
-                (
-                    "broken.yaml",
-                    "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata: {name: [oops\n"
-                        .to_owned(),
-                ),
-            ]
+            // The rule at v2, cut off mid-way: not YAML any more.
+            let mut text = config_rule(app, rule, "v2");
+            text.push_str("  resync: [oops\n");
+            vec![("app.yaml", text)]
         },
-        "broken.yaml",
+        "app.yaml",
     )
     .await;
 }

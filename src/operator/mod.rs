@@ -25,6 +25,7 @@ mod reconcile;
 mod retry;
 mod supervisor;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,16 +127,22 @@ impl Shared {
 }
 
 /// Runs the operator until `shutdown` is cancelled; in-flight reconciles finish first.
+///
+/// A rule with errors does not stop the others from starting: the rules that
+/// validate run, the broken ones are reported (log, `/status`, metrics) and
+/// start once fixed. Only a set in which nothing validates is refused.
 pub async fn run(options: Options, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let set = RuleSet::load(&options.rules, options.limits).map_err(|diags| {
-        for d in &diags {
+    let loaded = crate::rules::Loaded::read(&options.rules, options.limits);
+    let partition = crate::reload::partition(&RuleSet::default(), loaded);
+    if partition.has_errors() && partition.set.rules.is_empty() {
+        for d in &partition.diagnostics {
             tracing::error!("{d}");
         }
-        anyhow::anyhow!("the rule set has errors; nothing started")
-    })?;
-    for w in &set.warnings {
-        warn!("{w}");
+        anyhow::bail!("no rule in the rule set validates; nothing started");
     }
+    // Diagnostics of a partly broken set are logged by the reload loop's
+    // first pass, which also reports them on `/status`.
+    let set = partition.set;
     let client = Client::try_default()
         .await
         .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
@@ -160,6 +167,11 @@ pub async fn run_with(
     if let Some(settings) = &options.leader_election {
         settings.validate().map_err(|e| anyhow::anyhow!(e))?;
     }
+    // Bound before anything starts: an address in use is a startup error.
+    let listener = match options.metrics_addr {
+        Some(addr) => Some(crate::telemetry::bind(addr).await?),
+        None => None,
+    };
     let gate = match options.leader_election {
         Some(_) => leader::Gate::closed(),
         None => leader::Gate::open(),
@@ -186,14 +198,14 @@ pub async fn run_with(
             shutdown.clone(),
         )
     });
-    if let Some(addr) = options.metrics_addr {
+    if let Some(listener) = listener {
         let obs = Arc::new(crate::telemetry::Observability {
             metrics: shared.metrics.clone(),
             reload: shared.reload.clone(),
             rules: shared.rule_states.clone(),
             leader: leader_status.clone(),
         });
-        tokio::spawn(crate::telemetry::serve(addr, obs, shutdown.clone()));
+        tokio::spawn(crate::telemetry::serve(listener, obs, shutdown.clone()));
     }
     info!(
         rules = set.rules.len(),
@@ -240,14 +252,20 @@ pub async fn run_with(
 pub struct ReloadStatus {
     /// RFC 3339 time of the last reload attempt that found a change.
     pub at: Option<String>,
-    /// `None` when the last change loaded; else every diagnostic, one per line.
+    /// `None` when the last change loaded whole; else every diagnostic, one per line.
     pub error: Option<String>,
+    /// Rules in force.
     pub rules: usize,
     pub successes: u64,
     pub failures: u64,
+    /// Rule → the errors that kept it at its last good version (or, for a
+    /// rule that never loaded, from starting).
+    pub rejected: BTreeMap<String, Vec<String>>,
+    /// Errors that concern no rule by name (a new file that does not parse).
+    pub unattributed: Vec<String>,
 }
 
-/// Watches the rules directories and swaps in every good new set.
+/// Watches the rules directories and swaps in every rule that validates.
 async fn reload_loop(
     options: &Options,
     shared: &Shared,
@@ -257,7 +275,8 @@ async fn reload_loop(
     let mut wake =
         crate::reload::watch(&options.rules, options.reload_debounce, options.reload_poll);
     // Empty, so the first pass re-reads the rules once: they may have changed
-    // between the initial load and the start of the watch.
+    // between the initial load and the start of the watch, and a partly
+    // broken initial set is reported from here.
     let mut seen = String::new();
     let mut first = true;
     {
@@ -278,61 +297,102 @@ async fn reload_loop(
         let initial = seen.is_empty();
         seen = now;
         let started = std::time::Instant::now();
-        let loaded = RuleSet::load(&options.rules, options.limits);
+        let loaded = crate::rules::Loaded::read(&options.rules, options.limits);
+        let partition = crate::reload::partition(supervisor.current(), loaded);
+        let rejected = partition.has_errors();
         if initial
-            && let Ok(set) = &loaded
-            && crate::reload::diff(supervisor.current(), set).is_empty()
+            && !rejected
+            && crate::reload::diff(supervisor.current(), &partition.set).is_empty()
         {
             continue;
         }
-        match loaded {
-            Ok(set) => {
-                for w in &set.warnings {
-                    warn!("{w}");
-                }
-                let count = set.rules.len();
-                supervisor.apply(set).await;
-                let mut status = lock(&shared.reload);
-                status.at = Some(crate::cli::now_rfc3339());
-                status.error = None;
-                status.rules = count;
-                status.successes += 1;
-                shared.metrics.reload_ok.set(1);
-                shared
-                    .metrics
-                    .reloads
-                    .get_or_create(&crate::telemetry::OutcomeLabel {
-                        result: "success".into(),
-                    })
-                    .inc();
-                info!(rules = count, took = ?started.elapsed(), "rules reloaded");
+        for w in &partition.set.warnings {
+            warn!("{w}");
+        }
+        if rejected {
+            for d in partition
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity == crate::rules::Severity::Error)
+            {
+                tracing::error!("{d}");
             }
-            Err(diags) => {
-                let text: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
-                for line in &text {
-                    tracing::error!("{line}");
+            for name in partition.rejected.keys() {
+                if supervisor.current().get(name).is_some() {
+                    warn!(rule = %name, "rule change rejected: the rule keeps its last good version");
+                } else {
+                    warn!(rule = %name, "rule rejected: not started");
                 }
-                warn!(
-                    errors = diags
-                        .iter()
-                        .filter(|d| d.severity == crate::rules::Severity::Error)
-                        .count(),
-                    "rule change rejected: the running rules stay in force"
-                );
-                let mut status = lock(&shared.reload);
-                status.at = Some(crate::cli::now_rfc3339());
-                status.error = Some(text.join("\n"));
-                status.failures += 1;
-                shared.metrics.reload_ok.set(0);
-                shared
-                    .metrics
-                    .reloads
-                    .get_or_create(&crate::telemetry::OutcomeLabel {
-                        result: "failure".into(),
-                    })
-                    .inc();
             }
         }
+        let count = partition.set.rules.len();
+        let rejected_rules: BTreeMap<String, Vec<String>> = partition
+            .rejected
+            .iter()
+            .map(|(name, diags)| (name.clone(), diags.iter().map(|d| d.to_string()).collect()))
+            .collect();
+        let unattributed: Vec<String> = partition
+            .unattributed
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        let error_text = rejected.then(|| {
+            partition
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity == crate::rules::Severity::Error)
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        supervisor.apply(partition.set).await;
+        let mut status = lock(&shared.reload);
+        for gone in status
+            .rejected
+            .keys()
+            .filter(|n| !rejected_rules.contains_key(*n))
+        {
+            shared
+                .metrics
+                .rule_rejected
+                .remove(&crate::telemetry::RuleLabel { rule: gone.clone() });
+        }
+        for name in rejected_rules.keys() {
+            shared
+                .metrics
+                .rule_rejected
+                .get_or_create(&crate::telemetry::RuleLabel { rule: name.clone() })
+                .set(1);
+        }
+        status.at = Some(crate::cli::now_rfc3339());
+        status.rules = count;
+        status.rejected = rejected_rules;
+        status.unattributed = unattributed;
+        status.error = error_text;
+        let result = if rejected {
+            status.failures += 1;
+            shared.metrics.reload_ok.set(0);
+            warn!(
+                rejected = status.rejected.len(),
+                unattributed = status.unattributed.len(),
+                rules = count,
+                took = ?started.elapsed(),
+                "rule change partly rejected: every rule that validates is in force"
+            );
+            "failure"
+        } else {
+            status.successes += 1;
+            shared.metrics.reload_ok.set(1);
+            info!(rules = count, took = ?started.elapsed(), "rules reloaded");
+            "success"
+        };
+        shared
+            .metrics
+            .reloads
+            .get_or_create(&crate::telemetry::OutcomeLabel {
+                result: result.into(),
+            })
+            .inc();
     }
 }
 

@@ -7,13 +7,15 @@
 //!        ──set checks (names unique)──▶ RuleSet  or  every Diagnostic at once
 //! ```
 //!
-//! A set with any error is rejected whole; warnings ride along with a good set.
+//! `check` and the initial load reject a set with any error whole; warnings
+//! ride along with a good set. [`Loaded`] keeps each diagnostic tied to the
+//! rules it concerns, so a reload can keep what validates.
 
 mod compile;
 pub mod load;
 pub mod model;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,22 +74,7 @@ impl RuleSet {
     /// Loads, validates and compiles every rule under `dirs`. On any error the
     /// whole set is rejected with every diagnostic found (warnings included).
     pub fn load(dirs: &[PathBuf], limits: Limits) -> Result<RuleSet, Vec<Diagnostic>> {
-        let mut diags = Vec::new();
-        let docs = load::read_documents(dirs, &mut diags);
-        let mut rules: Vec<CompiledRule> = docs
-            .into_iter()
-            .filter_map(|doc| compile::compile(doc, limits, &mut diags))
-            .collect();
-        check_unique_names(&rules, &mut diags);
-        rules.sort_by(|a, b| a.name.cmp(&b.name));
-        diags.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        if diags.iter().any(|d| d.severity == Severity::Error) {
-            return Err(diags);
-        }
-        Ok(RuleSet {
-            rules: rules.into_iter().map(Arc::new).collect(),
-            warnings: diags,
-        })
+        Loaded::read(dirs, limits).into_set()
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<CompiledRule>> {
@@ -101,11 +88,100 @@ impl RuleSet {
     }
 }
 
-fn check_unique_names(rules: &[CompiledRule], diags: &mut Vec<Diagnostic>) {
+/// Every rule document under the rules directories, each compiled on its
+/// own, with each diagnostic tied to what it concerns: one document, a
+/// whole file or directory (unreadable, not YAML), or several rules (one
+/// name used twice). [`RuleSet::load`] takes it whole or not at all; a
+/// reload keeps what validates (`reload::partition`).
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub docs: Vec<LoadedDoc>,
+    /// Problems with a file or directory as a whole; `file` names it.
+    pub files: Vec<Diagnostic>,
+    /// Problems between documents, with the rule names they concern.
+    pub set: Vec<(BTreeSet<String>, Diagnostic)>,
+}
+
+/// One rule document and what compiling it found.
+#[derive(Debug)]
+pub struct LoadedDoc {
+    pub file: PathBuf,
+    /// `metadata.name` as written, when it is a string (also for a broken rule).
+    pub name: Option<String>,
+    /// `None` when the document has errors.
+    pub rule: Option<Arc<CompiledRule>>,
+    /// Errors and warnings found in this document.
+    pub diags: Vec<Diagnostic>,
+}
+
+impl LoadedDoc {
+    pub fn has_errors(&self) -> bool {
+        self.rule.is_none() || self.diags.iter().any(|d| d.severity == Severity::Error)
+    }
+}
+
+impl Loaded {
+    /// Reads, validates and compiles every document under `dirs`.
+    pub fn read(dirs: &[PathBuf], limits: Limits) -> Loaded {
+        let mut files = Vec::new();
+        let raw = load::read_documents(dirs, &mut files);
+        let docs: Vec<LoadedDoc> = raw
+            .into_iter()
+            .map(|doc| {
+                let file = doc.file.clone();
+                let name = doc
+                    .value
+                    .pointer("/metadata/name")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned);
+                let mut diags = Vec::new();
+                let rule = compile::compile(doc, limits, &mut diags).map(Arc::new);
+                let rule = rule.filter(|_| !diags.iter().any(|d| d.severity == Severity::Error));
+                LoadedDoc {
+                    file,
+                    name,
+                    rule,
+                    diags,
+                }
+            })
+            .collect();
+        let set = unique_names(&docs);
+        Loaded { docs, files, set }
+    }
+
+    /// Every diagnostic, sorted by file and line (what `check` prints).
+    pub fn diagnostics(&self) -> Vec<Diagnostic> {
+        let mut all: Vec<Diagnostic> = self.files.clone();
+        all.extend(self.docs.iter().flat_map(|d| d.diags.iter().cloned()));
+        all.extend(self.set.iter().map(|(_, d)| d.clone()));
+        all.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        all
+    }
+
+    /// The whole set, or every diagnostic when any is an error.
+    pub fn into_set(self) -> Result<RuleSet, Vec<Diagnostic>> {
+        let diags = self.diagnostics();
+        if diags.iter().any(|d| d.severity == Severity::Error) {
+            return Err(diags);
+        }
+        let mut rules: Vec<Arc<CompiledRule>> =
+            self.docs.into_iter().filter_map(|d| d.rule).collect();
+        rules.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(RuleSet {
+            rules,
+            warnings: diags,
+        })
+    }
+}
+
+/// One error per compiled rule whose name an earlier one already used; it
+/// concerns every document of that name.
+fn unique_names(docs: &[LoadedDoc]) -> Vec<(BTreeSet<String>, Diagnostic)> {
+    let mut out = Vec::new();
     let mut seen: BTreeMap<&str, &CompiledRule> = BTreeMap::new();
-    for rule in rules {
+    for rule in docs.iter().filter_map(|d| d.rule.as_deref()) {
         if let Some(first) = seen.get(rule.name.as_str()) {
-            diags.push(Diagnostic::error(
+            let diag = Diagnostic::error(
                 &rule.file,
                 rule.lines.line_of("metadata.name"),
                 "metadata.name",
@@ -119,11 +195,13 @@ fn check_unique_names(rules: &[CompiledRule], diags: &mut Vec<Diagnostic>) {
                         .map(|l| format!(":{l}"))
                         .unwrap_or_default()
                 ),
-            ));
+            );
+            out.push((BTreeSet::from([rule.name.clone()]), diag));
         } else {
             seen.insert(&rule.name, rule);
         }
     }
+    out
 }
 
 /// Convenience for tests and tools: load a single directory.

@@ -75,6 +75,25 @@ impl Reloading {
                 let text: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
                 panic!("test rules do not load:\n{}", text.join("\n"))
             });
+        Reloading::start_with(client, namespace, rules, set)
+    }
+
+    /// Like [`Reloading::start`] on a partly broken set, as `trellis run`
+    /// starts: the rules that validate run, the others are reported.
+    pub fn start_partial(client: &Client, namespace: &str, rules: &ConfigMapDir) -> Reloading {
+        let dir = rules.path();
+        let loaded = trellis::rules::Loaded::read(std::slice::from_ref(&dir), Default::default());
+        let partition = trellis::reload::partition(&RuleSet::default(), loaded);
+        Reloading::start_with(client, namespace, rules, partition.set)
+    }
+
+    fn start_with(
+        client: &Client,
+        namespace: &str,
+        rules: &ConfigMapDir,
+        set: RuleSet,
+    ) -> Reloading {
+        let dir = rules.path();
         let addr = free_local_addr();
         let options = Options {
             reload_debounce: Duration::from_millis(200),
@@ -101,6 +120,26 @@ impl Reloading {
             }
         })
         .await
+    }
+
+    /// Polls `/status` until it satisfies `check`; returns it whole.
+    pub async fn wait_status(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        crate::support::eventually(what, WAIT, || async {
+            let status = http_get_json(self.addr, "/status").await?;
+            if check(&status) {
+                Ok(status)
+            } else {
+                Err(format!("status {status}"))
+            }
+        })
+        .await
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        crate::support::http_get(self.addr, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
     }
 
     /// Cancels the operator and asserts that it exits, cleanly and promptly.
