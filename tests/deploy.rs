@@ -679,3 +679,108 @@ fn the_rules_configmap_holds_every_rules_file_and_the_deployment_mounts_each_at_
         "the rules volume's items in examples/deploy/trellis.yaml must list every key at its path"
     );
 }
+
+/// Writes (create, update, patch, delete) in the API server's audit log from
+/// `user`, counted by source IP, after byte `offset`.
+fn writes_by_source(offset: usize, user: &str) -> BTreeMap<String, usize> {
+    let path = support::node::state_dir().join("logs/audit.log");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut counts = BTreeMap::new();
+    for line in text.get(offset..).unwrap_or_default().lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if event["user"]["username"] != user || event["stage"] != "ResponseComplete" {
+            continue;
+        }
+        for ip in event["sourceIPs"].as_array().into_iter().flatten() {
+            *counts
+                .entry(ip.as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+    }
+    counts
+}
+
+fn audit_len() -> usize {
+    std::fs::metadata(support::node::state_dir().join("logs/audit.log"))
+        .map(|m| m.len() as usize)
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_to_the_api_server() {
+    let _turn = DEPLOY.lock().await;
+    let client = support::client().await;
+    let pods = deploy(&client).await;
+    let (_, leader_pod) = support::eventually("a Lease holder", WAIT, || leader(&client)).await;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut ips = BTreeMap::new();
+    for pod in &pods {
+        let p = pods_api.get(pod).await.unwrap();
+        let ip = p.status.and_then(|s| s.pod_ip).expect("a Pod IP");
+        ips.insert(pod.clone(), ip);
+    }
+    let offset = audit_len();
+    let ns = support::namespace().await;
+    let parent: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "demo.trellis.dev/v1", "kind": "WebApp",
+        "metadata": {"name": "audited"},
+        "spec": {"image": APP_IMAGE, "replicas": 1}
+    }))
+    .unwrap();
+    webapps(&client, ns.name())
+        .patch(
+            "audited",
+            &PatchParams::apply("trellis-tests"),
+            &Patch::Apply(&parent),
+        )
+        .await
+        .unwrap();
+    support::eventually("the audited WebApp Ready=True", WAIT, || async {
+        let obj = webapps(&client, ns.name())
+            .get("audited")
+            .await
+            .map_err(|e| e.to_string())?;
+        match ready_condition(&obj) {
+            Some((s, _)) if s == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // Audit events are written in batches: let them land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes = writes_by_source(offset, "system:serviceaccount:trellis-system:trellis");
+    let leader_ip = &ips[&leader_pod];
+    let leader_writes = writes.get(leader_ip).copied().unwrap_or(0);
+    println!(
+        "[deploy] writes by source IP while a WebApp converged: {writes:?} (leader {leader_pod} = {leader_ip})"
+    );
+    assert!(
+        leader_writes >= 4,
+        "the leader {leader_pod} ({leader_ip}) made {leader_writes} writes: the audit log does not see it ({writes:?})"
+    );
+    for (pod, ip) in &ips {
+        if pod != &leader_pod {
+            assert_eq!(
+                writes.get(ip).copied().unwrap_or(0),
+                0,
+                "the standby {pod} ({ip}) wrote to the API server: {writes:?}"
+            );
+        }
+    }
+    // The field managers on the children are trellis's own.
+    let deployments: Api<Deployment> = ns.api();
+    let child = deployments.get("audited").await.unwrap();
+    let managers: Vec<String> = child
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == "trellis/webapp"),
+        "field managers of the child: {managers:?}"
+    );
+}
