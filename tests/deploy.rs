@@ -420,7 +420,9 @@ async fn set_rules(client: &Client, data: &BTreeMap<String, String>) {
         .unwrap();
 }
 
-/// Every child's (kind/name -> resourceVersion) in `ns`.
+/// Every child's (kind/name -> version) in `ns`: a ConfigMap's resourceVersion,
+/// a Deployment's generation (its status changes as its Pods come and go;
+/// only a spec change bumps the generation).
 async fn child_versions(client: &Client, ns: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -434,10 +436,8 @@ async fn child_versions(client: &Client, ns: &str) -> BTreeMap<String, String> {
     }
     let ds: Api<Deployment> = Api::namespaced(client.clone(), ns);
     for d in ds.list(&ListParams::default()).await.unwrap() {
-        out.insert(
-            format!("Deployment/{}", d.name_any()),
-            d.resource_version().unwrap(),
-        );
+        let generation = d.metadata.generation.unwrap_or(0).to_string();
+        out.insert(format!("Deployment/{}", d.name_any()), generation);
     }
     out
 }
@@ -446,7 +446,7 @@ async fn child_versions(client: &Client, ns: &str) -> BTreeMap<String, String> {
 async fn rules_configmap_edits_reload_in_the_pods_and_a_broken_edit_changes_nothing() {
     let _turn = DEPLOY.lock().await;
     let client = support::client().await;
-    deploy(&client).await;
+    let pods = deploy(&client).await;
     let ns = support::namespace().await;
     let parent: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "demo.trellis.dev/v1", "kind": "WebApp",
@@ -463,9 +463,34 @@ async fn rules_configmap_edits_reload_in_the_pods_and_a_broken_edit_changes_noth
         .await
         .unwrap();
     let cms: Api<ConfigMap> = ns.api();
-    support::eventually("the blog-config child", WAIT, || async {
-        cms.get("blog-config").await.map_err(|e| e.to_string())
-    })
+    // deploy() re-applied the committed rules; an earlier run may have left an
+    // edit in force: wait until every Pod runs the committed set.
+    for pod in &pods {
+        support::eventually(
+            &format!("{pod} running the committed rules"),
+            WAIT,
+            || async {
+                let s = status_of(&client, pod).await?;
+                if s["reload"]["ok"] == json!(true) {
+                    Ok(())
+                } else {
+                    Err(format!("{}", s["reload"]))
+                }
+            },
+        )
+        .await;
+    }
+    support::eventually(
+        "the blog-config child, from the committed rules",
+        WAIT,
+        || async {
+            let cm = cms.get("blog-config").await.map_err(|e| e.to_string())?;
+            match cm.data.unwrap_or_default().get("edited") {
+                None => Ok(()),
+                Some(v) => Err(format!("edited = {v:?} (an earlier edit still in force)")),
+            }
+        },
+    )
     .await;
 
     // A good edit: the config child gains a key.
