@@ -218,6 +218,10 @@ pub enum Command {
         /// Re-read the rules at least this often, events or not
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TRELLIS_RELOAD_POLL")]
         reload_poll: std::time::Duration,
+        /// Apply the CRDs generated from rules with `crd:` (server-side apply,
+        /// at start and on every reload; never deleted)
+        #[arg(long, env = "TRELLIS_MANAGE_CRDS")]
+        manage_crds: bool,
         #[command(flatten)]
         limits: RenderLimits,
         #[command(flatten)]
@@ -258,6 +262,10 @@ pub enum Command {
         /// Name of the ClusterRole
         #[arg(long, default_value = "trellis")]
         name: String,
+        /// Also grant what `trellis run --manage-crds` needs (create and patch
+        /// on the generated CRDs, by name)
+        #[arg(long)]
+        manage_crds: bool,
     },
     /// Print the JSON Schema of the rule format
     Schema,
@@ -586,12 +594,12 @@ pub fn schema() -> ExitCode {
     }
 }
 
-pub fn rbac(dirs: &[PathBuf], name: &str) -> ExitCode {
+pub fn rbac(dirs: &[PathBuf], name: &str, manage_crds: bool) -> ExitCode {
     let set = match load(dirs, Limits::default()) {
         Ok(set) => set,
         Err(code) => return code,
     };
-    let role = crate::rbac::cluster_role(&set, name);
+    let role = crate::rbac::cluster_role_with(&set, name, manage_crds);
     match yaml::to_string(&role) {
         Ok(text) => print_out(&format!("{}\n", text.trim_end()))
             .err()

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
             log_format,
             metrics_addr,
             reload_poll,
+            manage_crds,
             limits,
             leader,
         } => cli::run(
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
                 concurrency,
                 metrics_addr: metrics_addr.0,
                 reload_poll,
+                manage_crds,
                 limits: limits.limits(),
                 instance: std::env::var("POD_NAME")
                     .or_else(|_| std::env::var("HOSTNAME"))
@@ -51,7 +53,11 @@ fn main() -> ExitCode {
             now,
             limits.limits(),
         ),
-        Command::Rbac { rules, name } => cli::rbac(&rules, &name),
+        Command::Rbac {
+            rules,
+            name,
+            manage_crds,
+        } => cli::rbac(&rules, &name, manage_crds),
         Command::Schema => cli::schema(),
         Command::Crd { rules } => cli::crd(&rules),
     }

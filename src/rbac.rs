@@ -20,6 +20,7 @@
 //! | events (core, `events.k8s.io`) | create, patch | Events on parents |
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch | leader election (the Lease is patched, and watched so a release is seen at once) |
 //! | `apiextensions.k8s.io` CRDs | get, list, watch | noticing parent CRDs being installed |
+//! | the same, by name (`--manage-crds`) | create, patch | applying the CRDs generated from rules |
 //! | `authorization.k8s.io` selfsubjectaccessreviews | create | the startup preflight |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -131,10 +132,27 @@ impl Grants {
 /// Builds the ClusterRole for `set`: see the module documentation for what
 /// is granted and why.
 pub fn cluster_role(set: &RuleSet, name: &str) -> Value {
+    cluster_role_with(set, name, false)
+}
+
+/// Like [`cluster_role`]; with `manage_crds` (`trellis run --manage-crds`)
+/// also create and patch on the generated CRDs, by name.
+pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value {
     let mut grants = Grants::default();
     operator_grants(&mut grants);
     for rule in &set.rules {
         rule_grants(rule, &mut grants);
+        if manage_crds && rule.crd.is_some() {
+            let crd = crate::crd::name(&rule.rule);
+            for verb in [Get, Create, Patch] {
+                grants.allow_named(
+                    "apiextensions.k8s.io",
+                    "customresourcedefinitions",
+                    verb,
+                    &crd,
+                );
+            }
+        }
     }
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",

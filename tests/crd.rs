@@ -5,12 +5,15 @@
 
 mod support;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use serde_json::{Value, json};
-use support::operator::{Cleanup, rule_set};
+use support::operator::{
+    Cleanup, Operator, WAIT, rule_set, wait_exists, wait_for, wait_ready_and_synced,
+};
 
 /// A rule in a group of this test's own, with bounds, an enum, a CEL rule,
 /// nested defaults and status fields.
@@ -240,4 +243,138 @@ async fn every_example_crd_is_accepted_by_the_api_server() {
             support::apply_crd(&client, &crd).await;
         }
     }
+}
+
+/// The generated CRD as stored, once `check` says so.
+async fn wait_crd<F>(
+    client: &kube::Client,
+    name: &str,
+    what: &str,
+    check: F,
+) -> CustomResourceDefinition
+where
+    F: Fn(&CustomResourceDefinition) -> Result<(), String>,
+{
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    wait_for(&crds, name, what, |crd| check(crd).map(|_| crd.clone())).await
+}
+
+fn established(crd: &CustomResourceDefinition) -> Result<(), String> {
+    let ok = crd
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err("not Established".into())
+    }
+}
+
+#[tokio::test]
+async fn manage_crds_installs_the_generated_crd_and_updates_it_when_the_rule_changes() {
+    let ns = support::namespace().await;
+    let group = format!("{}.trellis.test", support::unique_name("managed"));
+    let crd_name = format!("gadgets.{group}");
+    let mut cleanup = Cleanup::default();
+    cleanup.add::<CustomResourceDefinition>(&crd_name);
+    let _cleanup = cleanup;
+
+    let dir = tempfile::tempdir().expect("rules dir");
+    let rule_file = dir.path().join("gadget.yaml");
+    let write_rule = |text: &str| {
+        // Atomically, as a ConfigMap volume swaps its files.
+        let tmp = dir.path().join(".gadget.yaml.tmp");
+        std::fs::write(&tmp, text).expect("write rule");
+        std::fs::rename(&tmp, &rule_file).expect("rename rule");
+    };
+    write_rule(&gadget_rule(&group));
+    let set = trellis::rules::RuleSet::load(&[dir.path().to_path_buf()], Default::default())
+        .unwrap_or_else(|d| panic!("{d:?}"));
+    let mut options =
+        trellis::operator::Options::new(vec![dir.path().to_path_buf()], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.manage_crds = true;
+    options.reload_debounce = std::time::Duration::from_millis(200);
+    options.reload_poll = std::time::Duration::from_secs(1);
+    let operator = Operator::spawn(options, set, &ns.client);
+
+    let crd = wait_crd(
+        &ns.client,
+        &crd_name,
+        "the generated CRD Established",
+        established,
+    )
+    .await;
+    let managers: Vec<String> = crd
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(managers.iter().any(|m| m == "trellis"), "{managers:?}");
+
+    // The installed CRD serves parents, which the operator reconciles.
+    let gvk = GroupVersionKind::gvk(&group, "v1", "Gadget");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "gadgets");
+    let parents: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), ns.name(), &resource);
+    let created = parents
+        .create(
+            &PostParams::default(),
+            &gadget(&group, "g1", json!({"image": "nginx"})),
+        )
+        .await
+        .expect("the managed CRD serves Gadgets");
+    assert_eq!(
+        created.data["spec"]["replicas"], 1,
+        "defaulted at admission"
+    );
+    let config: Api<ConfigMap> = ns.api();
+    wait_exists(&config, "g1").await;
+    wait_ready_and_synced(&parents, "g1").await;
+    let message = refusal(
+        &parents,
+        &group,
+        json!({"image": "nginx", "replicas": 7, "mode": "big"}),
+    )
+    .await;
+    assert!(message.contains("less than or equal to 5"), "{message}");
+
+    // Editing the rule's schema updates the CRD on reload.
+    write_rule(
+        &gadget_rule(&group)
+            .replace("maximum: 5", "maximum: 9")
+            .replace(
+                "      image: {type: string, minLength: 1}",
+                "      image: {type: string, minLength: 1}\n      color: {type: string}",
+            ),
+    );
+    wait_crd(&ns.client, &crd_name, "the CRD to gain spec.color", |crd| {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap_or_default();
+        match schema.pointer("/openAPIV3Schema/properties/spec/properties/color") {
+            Some(_) => established(crd),
+            None => Err("no spec.color yet".into()),
+        }
+    })
+    .await;
+    let accepted = support::eventually("a Gadget with 7 replicas to be accepted", WAIT, || async {
+        parents
+            .create(
+                &PostParams::default(),
+                &gadget(
+                    &group,
+                    "g2",
+                    json!({"image": "nginx", "replicas": 7, "mode": "big", "color": "red"}),
+                ),
+            )
+            .await
+    })
+    .await;
+    assert_eq!(accepted.data["spec"]["color"], "red");
+    operator.stop().await;
 }

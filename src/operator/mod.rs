@@ -18,6 +18,7 @@
 //! holds the Lease; the others run the same watches and write nothing.
 
 mod controller;
+pub mod crds;
 mod decode;
 pub mod discovery;
 pub mod leader;
@@ -69,6 +70,8 @@ pub struct Options {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `--leader-elect`: only the Lease holder writes. `None`: always writes.
     pub leader_election: Option<leader::Settings>,
+    /// Apply the CRDs generated from rules (`crd:`) at start and on reload.
+    pub manage_crds: bool,
 }
 
 impl Options {
@@ -84,6 +87,7 @@ impl Options {
             reload_poll: Duration::from_secs(30),
             metrics_addr: None,
             leader_election: None,
+            manage_crds: false,
         }
     }
 }
@@ -104,9 +108,18 @@ pub struct Shared {
     pub metrics: Arc<crate::telemetry::Metrics>,
     /// Whether this replica may write (always, without leader election).
     pub gate: leader::Gate,
+    /// With `--manage-crds`: where each rule set going into force is sent.
+    pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
 }
 
 impl Shared {
+    /// Hands a rule set going into force to the CRD manager (`--manage-crds`).
+    pub fn offer_crds(&self, set: &RuleSet) {
+        if let Some(tx) = &self.crds {
+            tx.send_replace(Some(Arc::new(set.clone())));
+        }
+    }
+
     /// Records a rule's state (and the running-rules gauge).
     pub fn set_rule_state(&self, rule: &str, state: Option<RuleState>) {
         let mut states = lock(&self.rule_states);
@@ -186,6 +199,9 @@ pub async fn run_with(
         rule_states: Arc::default(),
         metrics: Arc::default(),
         gate: gate.clone(),
+        crds: options
+            .manage_crds
+            .then(|| crds::spawn(client.clone(), gate.clone(), shutdown.clone())),
     });
     let leader_status = Arc::new(std::sync::Mutex::new(leader::LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {
@@ -221,6 +237,7 @@ pub async fn run_with(
 
     let crd_task = tokio::spawn(watch_crds(client, epoch_tx, shutdown.clone()));
     let mut supervisor = supervisor::Supervisor::new(shared.clone(), shutdown.clone());
+    shared.offer_crds(&set);
     supervisor.apply(set).await;
     if options.rules.is_empty() {
         shutdown.cancelled().await;
@@ -345,6 +362,7 @@ async fn reload_loop(
                 .collect::<Vec<_>>()
                 .join("\n")
         });
+        shared.offer_crds(&partition.set);
         supervisor.apply(partition.set).await;
         let mut status = lock(&shared.reload);
         for gone in status

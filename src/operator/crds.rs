@@ -1,0 +1,111 @@
+//! `trellis run --manage-crds`: the CRDs generated from rules (`crd:`) are
+//! applied by the operator itself.
+//!
+//! ```text
+//!  start / every good reload ──set──▶ watch channel ──▶ manager task
+//!  became leader ─────────────────────────────────────────▶  │ gate open?
+//!                                  server-side apply (field manager `trellis`)
+//!                                  then wait until Established (logged)
+//! ```
+//!
+//! A CRD is only ever created or updated, never deleted: deleting a CRD
+//! deletes every object of its kind, which no rule edit should be able to
+//! do. Only the replica that may write (the leader) applies; a failure is
+//! logged and retried at the next reload or leadership change, and the rule
+//! whose CRD is missing waits for it as it would for a hand-installed one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::leader::Gate;
+use crate::rules::RuleSet;
+
+/// How long one CRD may take to become Established before we log and move on.
+const ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
+
+/// Starts the manager; send every rule set that goes into force.
+pub fn spawn(
+    client: Client,
+    gate: Gate,
+    shutdown: CancellationToken,
+) -> watch::Sender<Option<Arc<RuleSet>>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(manage(client, gate, rx, shutdown));
+    tx
+}
+
+async fn manage(
+    client: Client,
+    gate: Gate,
+    mut sets: watch::Receiver<Option<Arc<RuleSet>>>,
+    shutdown: CancellationToken,
+) {
+    let mut became_leader = gate.became_leader().boxed();
+    loop {
+        let set = sets.borrow_and_update().clone();
+        if let Some(set) = set
+            && gate.may_write()
+        {
+            apply_all(&client, &set).await;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = sets.changed() => if changed.is_err() { return },
+            woke = became_leader.next() => if woke.is_none() { return },
+        }
+    }
+}
+
+/// Applies every generated CRD of `set` and waits for each to be Established.
+pub async fn apply_all(client: &Client, set: &RuleSet) {
+    for rule in &set.rules {
+        if let Some(crd) = &rule.crd
+            && let Err(e) = apply(client, crd).await
+        {
+            warn!(rule = %rule.name, "--manage-crds: {e}");
+        }
+    }
+}
+
+/// Server-side applies one CRD (taking over fields another manager set:
+/// the rule is the source of truth) and waits until it is Established.
+pub async fn apply(client: &Client, crd: &Value) -> Result<(), String> {
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or("a generated CRD without a name")?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(crate::crd::FIELD_MANAGER).force();
+    let applied = api
+        .patch(name, &params, &Patch::Apply(crd))
+        .await
+        .map_err(|e| format!("applying CustomResourceDefinition {name}: {e}"))?;
+    let established = await_condition(api, name, conditions::is_crd_established());
+    match tokio::time::timeout(ESTABLISHED_WITHIN, established).await {
+        Ok(Ok(Some(_))) => {
+            info!(
+                crd = name,
+                generation = applied.metadata.generation.unwrap_or_default(),
+                "CRD applied and Established"
+            );
+            Ok(())
+        }
+        Ok(Ok(None)) => Err(format!(
+            "CustomResourceDefinition {name} disappeared after it was applied"
+        )),
+        Ok(Err(e)) => Err(format!("watching CustomResourceDefinition {name}: {e}")),
+        Err(_) => Err(format!(
+            "CustomResourceDefinition {name} not Established within {ESTABLISHED_WITHIN:?}"
+        )),
+    }
+}
