@@ -269,6 +269,17 @@ pub enum Command {
     },
     /// Print the JSON Schema of the rule format
     Schema,
+    /// Print the dependency graph of rules' children (all rules, or RULE)
+    Graph {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// Only this rule
+        rule: Option<String>,
+        /// Output format
+        #[arg(short = 'o', long, value_enum, default_value = "mermaid")]
+        output: GraphOutput,
+    },
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
     Crd {
         /// Rules directory (repeatable)
@@ -609,6 +620,44 @@ pub fn rbac(dirs: &[PathBuf], name: &str, manage_crds: bool) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GraphOutput {
+    Dot,
+    Mermaid,
+}
+
+pub fn graph(dirs: &[PathBuf], rule: Option<&str>, output: GraphOutput) -> ExitCode {
+    let set = match load(dirs, Limits::default()) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    let graphs: Vec<crate::graph::Graph> = set
+        .rules
+        .iter()
+        .filter(|r| rule.is_none_or(|name| r.name == name))
+        .map(|r| crate::graph::Graph::of(r))
+        .collect();
+    if let (Some(name), true) = (rule, graphs.is_empty()) {
+        eprintln!(
+            "error: no rule named `{name}` (rules: {})",
+            set.rules
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return ExitCode::from(1);
+    }
+    print!(
+        "{}",
+        match output {
+            GraphOutput::Dot => crate::graph::to_dot(&graphs),
+            GraphOutput::Mermaid => crate::graph::to_mermaid(&graphs),
+        }
+    );
+    ExitCode::SUCCESS
 }
 
 /// The YAML stream `trellis crd` prints: one document per rule with `crd:`,

@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod crd;
+pub mod graph;
 pub mod kinds;
 pub mod operator;
 pub mod plan;

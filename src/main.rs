@@ -60,5 +60,10 @@ fn main() -> ExitCode {
         } => cli::rbac(&rules, &name, manage_crds),
         Command::Schema => cli::schema(),
         Command::Crd { rules } => cli::crd(&rules),
+        Command::Graph {
+            rules,
+            rule,
+            output,
+        } => cli::graph(&rules, rule.as_deref(), output),
     }
 }
