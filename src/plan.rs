@@ -145,11 +145,25 @@ pub struct Delete {
     pub api_version: String,
 }
 
-/// A child held back by `dependsOn`.
+/// A child held back by a dependency (explicit or implicit).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Pending {
     pub id: String,
+    /// Why: a sentence for a child dependency; `RelatedNotFound` /
+    /// `RelatedNotReady` for a related entry, with `message` saying which.
     pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Pending {
+    /// The reason and message as one line.
+    pub fn describe(&self) -> String {
+        match &self.message {
+            Some(m) => format!("{}: {m}", self.reason),
+            None => self.reason.clone(),
+        }
+    }
 }
 
 /// Everything one reconcile pass must do for one parent.
@@ -168,6 +182,8 @@ pub struct Plan {
     /// Children without ownerReference, or `deletion.order: reverse`: the
     /// parent needs the cleanup finalizer.
     pub needs_finalizer: bool,
+    /// What the rule's `related:` entries read in this pass.
+    pub reads: Vec<RelatedRead>,
 }
 
 /// Inputs of [`plan`] besides the rule.
@@ -193,23 +209,12 @@ pub fn parent_matches(rule: &CompiledRule, parent: &Value) -> bool {
     let Some(selector) = &spec.selector else {
         return true;
     };
-    let labels = parent
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object);
-    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-    selector
-        .match_labels
-        .iter()
-        .all(|(k, v)| label(k) == Some(v.as_str()))
-        && selector.match_expressions.iter().all(|req| {
-            let value = label(&req.key);
-            match req.operator {
-                SelectorOperator::In => value.is_some_and(|v| req.values.iter().any(|x| x == v)),
-                SelectorOperator::NotIn => value.is_none_or(|v| !req.values.iter().any(|x| x == v)),
-                SelectorOperator::Exists => value.is_some(),
-                SelectorOperator::DoesNotExist => value.is_none(),
-            }
-        })
+    selector_matches(
+        selector,
+        parent
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object),
+    )
 }
 
 /// Deep-merges `over` onto `base`: objects merge key by key, anything else replaces.
@@ -362,13 +367,38 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
 
     let observed = input.observed.children_of(&rule.name, &info.uid);
     let children_ctx = children_context(rule, &observed);
-    let base = context! {
+    let parent_ctx = context! {
         parent => render::to_value(&parent),
         spec => render::to_value(&spec),
         metadata => render::to_value(parent.get("metadata").unwrap_or(&Value::Null)),
-        children => render::to_value(&children_ctx),
         rule => context! { name => rule.name.clone() },
     };
+    // Related entries decide what the pass may read: a refusal stops it
+    // before anything is read or written.
+    let (related_ctx, related_states, reads) =
+        match related::resolve(rule, &parent_ctx, &info, input) {
+            Ok(resolved) => resolved,
+            Err(failure) => {
+                plan.errors.push(failure.error.to_string());
+                plan.failure_reason = Some(failure.reason);
+                plan.status = status_for_failure(rule, input, &info, &plan);
+                return plan;
+            }
+        };
+    plan.reads = reads;
+    let with_reads = context! {
+        children => render::to_value(&children_ctx),
+        related => render::to_value(&related_ctx),
+        ..parent_ctx
+    };
+    let vars = match related::eval_vars(rule, &with_reads) {
+        Ok(vars) => vars,
+        Err(err) => {
+            plan.errors.push(err.to_string());
+            BTreeMap::new()
+        }
+    };
+    let base = context! { vars => minijinja::Value::from(vars), ..with_reads };
 
     // Per child: what happened in this pass.
     let mut outcome: BTreeMap<usize, Outcome> = BTreeMap::new();
@@ -376,6 +406,11 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     for &i in &rule.order {
         let child = &rule.children[i];
         let id = &child.spec.id;
+        if let Some(pending) = related::holding_back(rule, child, &related_states) {
+            plan.pending.push(pending);
+            outcome.insert(i, Outcome::Pending);
+            continue;
+        }
         let result = plan_child(rule, child, &base, &info, input, &outcome);
         let result = match result {
             Ok(r) => r,
@@ -393,6 +428,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 plan.pending.push(Pending {
                     id: id.clone(),
                     reason,
+                    message: None,
                 });
                 outcome.insert(i, Outcome::Pending);
             }
@@ -617,10 +653,12 @@ fn plan_child(
 
 mod conditions;
 mod object;
+mod related;
 
 use conditions::{build_status, child_ready, status_for_failure};
 use object::finish_object;
 pub use object::object_hash;
+pub use related::{MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, selector_matches};
 
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@
 //! | `<parent>/status` (CRD parents) | patch | status is written through the subresource |
 //! | each parent kind, when it may carry the finalizer | patch, update | adding and removing `trellis.dev/cleanup` |
 //! | each child kind | get, list, watch + per policy | children are cached; see [`child_verbs`] |
+//! | each related kind | get, list, watch | related objects are read from watch-backed caches |
 //! | `clusterroles` / `roles` referenced by binding children | bind | creating a binding to a role the operator does not hold |
 //! | events (core, `events.k8s.io`) | create, patch | Events on parents |
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch | leader election (the Lease is patched, and watched so a release is seen at once) |
@@ -283,6 +284,15 @@ fn rule_grants(rule: &CompiledRule, grants: &mut Grants) {
                 .unwrap_or_default();
             bind_grants(binding, &role_refs(text), grants);
         }
+    }
+    // Related objects are read from watch-backed caches, never written.
+    for related in &rule.related {
+        let resource = related
+            .spec
+            .plural
+            .clone()
+            .unwrap_or_else(|| kinds::plural(&related.gvk));
+        grants.allow(&related.gvk.group, &resource, READ);
     }
 }
 

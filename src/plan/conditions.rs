@@ -179,11 +179,16 @@ pub(super) fn build_status(
             all_errors.join("; "),
         )
     } else if let Some(p) = plan.pending.first() {
+        let reason = match p.message {
+            Some(_) => p.reason.as_str(),
+            None => "DependencyNotReady",
+        };
+        let why = p.message.as_deref().unwrap_or(&p.reason);
         Condition::new(
             "Synced",
             false,
-            "DependencyNotReady",
-            format!("child \"{}\" held back: {}", p.id, p.reason),
+            reason,
+            format!("child \"{}\" held back: {why}", p.id),
         )
     } else {
         Condition::new("Synced", true, "Applied", "all children applied")
@@ -223,12 +228,17 @@ fn ready_condition(
                 );
             }
             Some(Outcome::Pending) => {
-                let reason = plan
-                    .pending
-                    .iter()
-                    .find(|p| &p.id == id)
-                    .map(|p| p.reason.clone())
-                    .unwrap_or_default();
+                let pending = plan.pending.iter().find(|p| &p.id == id);
+                // Held back by a related entry: name the entry, not the child.
+                if let Some(Pending {
+                    reason,
+                    message: Some(message),
+                    ..
+                }) = pending
+                {
+                    return Condition::new("Ready", false, reason, message.clone());
+                }
+                let reason = pending.map(|p| p.reason.clone()).unwrap_or_default();
                 return Condition::new(
                     "Ready",
                     false,

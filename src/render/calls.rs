@@ -20,7 +20,15 @@ pub struct Calls {
     pub functions: BTreeSet<String>,
     /// Variables and macros the code assigns (`set`, `for`, `macro`).
     pub locals: BTreeSet<String>,
+    /// `(root, id)` for every static read of `children.<id>`,
+    /// `children["<id>"]` and the same under `related`.
+    pub reads: BTreeSet<(String, String)>,
+    /// Roots (`children`, `related`) read other than by a constant id.
+    pub dynamic: BTreeSet<String>,
 }
+
+/// Context names whose static reads are dependency edges.
+const EDGE_ROOTS: [&str; 2] = ["children", "related"];
 
 /// Scans `source` (a template; wrap an expression in `{{ }}` first).
 pub fn scan(source: &str) -> Calls {
@@ -48,6 +56,23 @@ pub fn scan(source: &str) -> Calls {
                 }
                 Instruction::StoreLocal(name) | Instruction::BuildMacro(name, ..) => {
                     calls.locals.insert((*name).to_owned());
+                }
+                Instruction::Lookup(root) if EDGE_ROOTS.contains(root) => {
+                    let id = match (instructions.get(pc + 1), instructions.get(pc + 2)) {
+                        (Some(Instruction::GetAttr(id)), _) => Some((*id).to_owned()),
+                        (Some(Instruction::LoadConst(v)), Some(Instruction::GetItem)) => {
+                            v.as_str().map(str::to_owned)
+                        }
+                        _ => None,
+                    };
+                    match id {
+                        Some(id) => {
+                            calls.reads.insert(((*root).to_owned(), id));
+                        }
+                        None => {
+                            calls.dynamic.insert((*root).to_owned());
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -83,4 +108,32 @@ pub fn unknown(env: &Environment<'_>, calls: &Calls) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads(source: &str) -> Vec<(String, String)> {
+        scan(source).reads.into_iter().collect()
+    }
+
+    #[test]
+    fn static_reads_of_children_and_related_are_found() {
+        assert_eq!(
+            reads("{{ children.db.status.x }} {{ related['src'].data }}"),
+            vec![
+                ("children".to_owned(), "db".to_owned()),
+                ("related".to_owned(), "src".to_owned())
+            ]
+        );
+        assert!(scan("{{ children.db is defined }}").dynamic.is_empty());
+    }
+
+    #[test]
+    fn dynamic_subscripts_are_reported_not_read() {
+        let calls = scan("{{ children[spec.which] }}");
+        assert!(calls.reads.is_empty());
+        assert!(calls.dynamic.contains("children"));
+    }
 }

@@ -17,13 +17,19 @@ use super::Diagnostic;
 use super::load::{RawDocument, read_template_file};
 use super::model::{self, ChildSpec, Rule, SelectorOperator};
 use crate::kinds::Gvk;
-use crate::render::{Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
+use crate::render::{self, Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
 use crate::yaml::LineIndex;
 
 mod lint;
+mod related;
 mod status;
 
 use lint::{Code, lint};
+pub use related::{
+    CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
+    VarSource,
+};
+use related::{compile_related, compile_vars};
 use status::compile_status;
 
 /// A rule ready to plan with.
@@ -35,6 +41,8 @@ pub struct CompiledRule {
     pub lines: LineIndex,
     pub parent: Gvk,
     pub engine: Engine,
+    pub related: Vec<CompiledRelated>,
+    pub vars: Vec<CompiledVar>,
     pub children: Vec<CompiledChild>,
     /// Indexes into `children`, dependencies first.
     pub order: Vec<usize>,
@@ -67,8 +75,10 @@ pub struct CompiledChild {
     pub include_when: Option<ExprId>,
     pub for_each: Option<ExprId>,
     pub ready_when: Option<ExprId>,
-    /// Indexes of the children this one depends on.
+    /// Indexes of the children this one depends on (explicit and implicit).
     pub depends_on: Vec<usize>,
+    /// Indexes of the related entries it depends on (explicit and implicit).
+    pub depends_on_related: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -98,7 +108,9 @@ pub struct CompiledCondition {
 }
 
 /// Names every template and expression may use.
-const BASE_NAMES: &[&str] = &["parent", "spec", "metadata", "children", "rule"];
+const BASE_NAMES: &[&str] = &[
+    "parent", "spec", "metadata", "children", "related", "vars", "rule",
+];
 
 /// Names visible in a given place: the base context plus `item`/`index`
 /// inside `forEach` children and `self` in `readyWhen`.
@@ -252,13 +264,14 @@ impl Checker<'_> {
         ));
     }
 
-    /// Names outside the evaluation context, and `children.<id>` for unknown ids.
+    /// Names outside the evaluation context, and `children.<id>`,
+    /// `related.<id>` or `vars.<name>` that the rule does not declare (here).
     fn check_names(
         &mut self,
         field: &str,
         used: HashSet<String>,
         allowed: &BTreeSet<&str>,
-        child_ids: &BTreeSet<&str>,
+        known: &Known,
     ) {
         let mut used: Vec<String> = used.into_iter().collect();
         used.sort();
@@ -274,15 +287,16 @@ impl Checker<'_> {
                         format!("`{root}` is not in the evaluation context (available: {hint})"),
                     );
                 }
-            } else if root == "children"
-                && let Some(id) = parts.next()
-                && !child_ids.contains(id)
-                && reported.insert(format!("children.{id}"))
-            {
-                self.error(
-                    field,
-                    format!("`children.{id}`: the rule has no child `{id}`"),
-                );
+            } else if let Some(id) = parts.next() {
+                let (set, what) = match root.as_str() {
+                    "children" => (&known.children, "the rule has no child"),
+                    "related" => (&known.related, "the rule has no related entry"),
+                    "vars" => (&known.vars, "no var declared before this point is named"),
+                    _ => continue,
+                };
+                if !set.contains(id) && reported.insert(format!("{root}.{id}")) {
+                    self.error(field, format!("`{root}.{id}`: {what} `{id}`"));
+                }
             }
         }
     }
@@ -452,9 +466,35 @@ pub(super) fn compile(
             }
         });
 
-    // Children: ids, kinds, templates, expressions, dependencies.
-    let child_ids: BTreeSet<&str> = spec.children.iter().map(|c| c.id.as_str()).collect();
+    // Related entries and vars first: children read them.
+    let mut known = Known {
+        children: spec.children.iter().map(|c| c.id.clone()).collect(),
+        related: spec.related.iter().map(|r| r.id.clone()).collect(),
+        vars: BTreeSet::new(),
+    };
     let mut builder = EngineBuilder::new(limits);
+    let mut seen_related: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, r) in spec.related.iter().enumerate() {
+        if let Some(first) = seen_related.insert(&r.id, i) {
+            ck.error(
+                &format!("spec.related[{i}].id"),
+                format!(
+                    "duplicate related id `{}` (also spec.related[{first}])",
+                    r.id
+                ),
+            );
+        }
+        if let Some(j) = spec.children.iter().position(|c| c.id == r.id) {
+            ck.error(
+                &format!("spec.related[{i}].id"),
+                format!("id `{}` is also spec.children[{j}]: ids are unique across children and related", r.id),
+            );
+        }
+    }
+    let related = compile_related(&mut ck, &mut builder, &spec.related, &known);
+    let vars = compile_vars(&mut ck, &mut builder, &spec.vars, &mut known);
+
+    // Children: ids, kinds, templates, expressions, dependencies.
     let mut templates = BTreeMap::new();
     let mut children = Vec::new();
     let mut seen_ids: BTreeMap<&str, usize> = BTreeMap::new();
@@ -515,6 +555,8 @@ pub(super) fn compile(
             format!("{at}.templateFile")
         };
         let for_each = child.for_each.is_some();
+        // Static reads of children.X / related.Y: implicit dependencies.
+        let mut reads = render::Calls::default();
         let template = source.and_then(|text| {
             if has_safe_filter(&text) {
                 ck.warning(
@@ -526,8 +568,9 @@ pub(super) fn compile(
             match builder.add_template(&child.id, TemplateKind::Object, &text) {
                 Ok(id) => {
                     lint(&mut ck, &builder, &field, Code::Object(&id, &text));
+                    merge_reads(&mut reads, builder.template_calls(&id));
                     let names = builder.template_names(&id, true);
-                    ck.check_names(&field, names, &context_names(for_each, false), &child_ids);
+                    ck.check_names(&field, names, &context_names(for_each, false), &known);
                     Some(id)
                 }
                 Err(err) => {
@@ -543,8 +586,9 @@ pub(super) fn compile(
                 match builder.add_expression(src) {
                     Ok(id) => {
                         lint(ck, &builder, &field, Code::Expression(id, src));
+                        merge_reads(&mut reads, builder.expression_calls(id));
                         let names = builder.expression_names(id, true);
-                        ck.check_names(&field, names, &allowed, &child_ids);
+                        ck.check_names(&field, names, &allowed, &known);
                         Some(id)
                     }
                     Err(err) => {
@@ -573,18 +617,45 @@ pub(super) fn compile(
         );
 
         let mut depends_on = Vec::new();
+        let mut depends_on_related = Vec::new();
         for (j, dep) in child.depends_on.iter().enumerate() {
+            let related_at = spec.related.iter().position(|r| &r.id == dep);
             match spec.children.iter().position(|c| &c.id == dep) {
                 Some(k) if k == i => ck.error(
                     &format!("{at}.dependsOn[{j}]"),
                     format!("child `{dep}` cannot depend on itself"),
                 ),
                 Some(k) => depends_on.push(k),
-                None => ck.error(
-                    &format!("{at}.dependsOn[{j}]"),
-                    format!("unknown child id `{dep}`"),
-                ),
+                None => match related_at {
+                    Some(k) => depends_on_related.push(k),
+                    None => ck.error(
+                        &format!("{at}.dependsOn[{j}]"),
+                        format!("unknown child or related id `{dep}`"),
+                    ),
+                },
             }
+        }
+        // Implicit edges: reading children.X (not its own id) or related.Y.
+        for (root, id) in &reads.reads {
+            if root == "children" {
+                match spec.children.iter().position(|c| &c.id == id) {
+                    Some(k) if k != i && !depends_on.contains(&k) => depends_on.push(k),
+                    _ => {}
+                }
+            } else if let Some(k) = spec.related.iter().position(|r| &r.id == id)
+                && !depends_on_related.contains(&k)
+            {
+                depends_on_related.push(k);
+            }
+        }
+        for root in &reads.dynamic {
+            ck.warning(
+                &at,
+                format!(
+                    "reads `{root}` with a computed subscript: that adds no dependency; \
+                     list what must be ready first in `dependsOn`"
+                ),
+            );
         }
         if let Some(template) = template {
             children.push(CompiledChild {
@@ -595,6 +666,7 @@ pub(super) fn compile(
                 for_each: for_each_expr,
                 ready_when,
                 depends_on,
+                depends_on_related,
             });
         }
     }
@@ -619,7 +691,7 @@ pub(super) fn compile(
     };
 
     let (fields, conditions) = match &spec.status {
-        Some(status) => compile_status(&mut ck, status, &parent, &mut builder, &child_ids),
+        Some(status) => compile_status(&mut ck, status, &parent, &mut builder, &known),
         None => (Vec::new(), Vec::new()),
     };
 
@@ -646,6 +718,8 @@ pub(super) fn compile(
         name: rule.metadata.name.clone(),
         parent,
         engine,
+        related,
+        vars,
         children,
         order,
         schema,
@@ -658,6 +732,11 @@ pub(super) fn compile(
         lines: doc.lines,
         rule,
     })
+}
+
+fn merge_reads(into: &mut render::Calls, from: render::Calls) {
+    into.reads.extend(from.reads);
+    into.dynamic.extend(from.dynamic);
 }
 
 /// `| safe` anywhere in a template (whitespace allowed around the bar).

@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use compile::{
-    CompiledChild, CompiledCondition, CompiledField, CompiledRule, FieldSource, context_names,
+    CompiledChild, CompiledCondition, CompiledField, CompiledRelated, CompiledRequirement,
+    CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarSource,
+    context_names,
 };
 
 use crate::kinds::Gvk;

@@ -55,6 +55,12 @@ pub struct RuleSpec {
     /// from this rule (`trellis crd`, `trellis run --manage-crds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd: Option<CrdSpec>,
+    /// Objects the rule reads but never writes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<RelatedSpec>,
+    /// Values computed once per pass, in declaration order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vars: Vec<VarSpec>,
     /// Children, rendered in dependency order.
     #[serde(default)]
     pub children: Vec<ChildSpec>,
@@ -218,7 +224,7 @@ pub struct ChildSpec {
     /// Template path relative to the rule file; may not leave the rules directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_file: Option<String>,
-    /// Child ids that must be ready before this child is applied.
+    /// Child or related ids that must be ready before this child is applied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
     /// Expression; the child is ready when true (`self` is the observed child).
@@ -247,6 +253,85 @@ pub struct ChildSpec {
     /// Scope for offline commands; discovery is authoritative when running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+}
+
+/// An object (by `name`) or a list of objects (by `selector`) the rule reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RelatedSpec {
+    /// Same rules as a child id; unique across children and related entries.
+    pub id: String,
+    /// Static `group/version` of the read kind.
+    pub api_version: String,
+    pub kind: String,
+    /// Template yielding one object name; `related.<id>` is that object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Label selector (values may be templates); `related.<id>` is a list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<RelatedSelector>,
+    /// Template; default: the parent's namespace. Cluster-scoped kinds take none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// A missing object is absent instead of holding back its readers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// Expression; `self` is the related object (the list, for a selector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_when: Option<String>,
+    /// Allows a namespace other than a namespaced parent's. Only rule authors can grant this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_cross_namespace: bool,
+    /// A `selector:` entry reads every namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all_namespaces: bool,
+    /// Resource (plural) name, when kubectl-style pluralisation of `kind` is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plural: Option<String>,
+    /// Scope for offline commands; discovery is authoritative when running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+}
+
+/// A label selector whose parts may be templates.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RelatedSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_labels: Option<TemplatedLabels>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_expressions: Option<TemplatedExpressions>,
+}
+
+/// `matchLabels`: a map whose values are templates, or one template
+/// yielding the whole map (e.g. taken from the parent's spec).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum TemplatedLabels {
+    Map(BTreeMap<String, String>),
+    Template(String),
+}
+
+/// `matchExpressions`: requirements whose values are templates, or one
+/// template yielding the whole list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum TemplatedExpressions {
+    List(Vec<LabelSelectorRequirement>),
+    Template(String),
+}
+
+/// A value computed once per pass: `value` (an expression) or `template` (YAML).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VarSpec {
+    /// `[a-zA-Z_][a-zA-Z0-9_]*`, unique; read as `vars.<name>`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// minijinja template rendering YAML (loops allowed); yields the parsed value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

@@ -148,7 +148,7 @@ fn rejects_unknown_and_cyclic_depends_on() {
         &text,
         "spec.children[0].dependsOn[0]",
         13,
-        "unknown child id `nothere`",
+        "unknown child or related id `nothere`",
     );
 
     let text = GOOD.replace(

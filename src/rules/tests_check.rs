@@ -92,3 +92,53 @@ fn a_crd_in_the_rules_directory_is_not_a_rule() {
         "the other document is still checked: {d:?}"
     );
 }
+
+const TWO: &str = "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent:\n    apiVersion: demo.trellis.dev/v1\n    kind: App\n";
+
+#[test]
+fn cycle_through_implicit_edges_is_an_error_naming_it() {
+    let children = "  children:\n    - id: a\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata: {name: {{ children.b.metadata.name | default('x') }}}\n    - id: b\n      apiVersion: v1\n      kind: ConfigMap\n      dependsOn: [a]\n      template: |\n        metadata: {name: b}\n";
+    let d = diagnostics(&format!("{TWO}{children}"));
+    assert!(
+        d.iter().any(|m| m.contains("dependency cycle: a -> b -> a")
+            || m.contains("dependency cycle: b -> a -> b")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn reading_own_id_adds_no_edge_and_dynamic_subscript_warns() {
+    let children = "  children:\n    - id: a\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata: {name: {{ children.a.metadata.name | default('a') }}}\n        data: {x: {{ children[spec.which] is defined }}}\n";
+    let d = diagnostics(&format!("{TWO}{children}"));
+    assert!(
+        !d.iter()
+            .any(|m| m.contains("cycle") || m.contains("itself")),
+        "{d:?}"
+    );
+    assert!(
+        d.iter()
+            .any(|m| m.contains("warning") && m.contains("computed subscript")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn related_entries_are_validated() {
+    let related = "  related:\n    - id: a\n      apiVersion: v1\n      kind: ConfigMap\n      name: x\n      selector: {}\n    - id: b\n      apiVersion: v1\n      kind: Secret\n      name: \"{{ children.a }}\"\n  children:\n    - id: b\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata: {name: {{ related.nope.x | default('y') }}}\n";
+    let d = diagnostics(&format!("{TWO}{related}"));
+    let has = |s: &str| d.iter().any(|m| m.contains(s));
+    assert!(has("exactly one of `name`"), "{d:?}");
+    assert!(has("unique across children and related"), "{d:?}");
+    assert!(has("`children` is not in the evaluation context"), "{d:?}");
+    assert!(
+        has("`related.nope`: the rule has no related entry"),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_var_sees_only_vars_declared_before_it() {
+    let vars = "  vars:\n    - name: a\n      value: vars.b\n    - name: b\n      value: \"1\"\n  children: []\n";
+    let d = diagnostics(&format!("{TWO}{vars}"));
+    assert!(d.iter().any(|m| m.contains("`vars.b`")), "{d:?}");
+}

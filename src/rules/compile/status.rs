@@ -11,7 +11,7 @@ pub(super) fn compile_status(
     status: &super::model::StatusSpec,
     parent: &Gvk,
     builder: &mut EngineBuilder,
-    child_ids: &BTreeSet<&str>,
+    known: &Known,
 ) -> (Vec<CompiledField>, Vec<CompiledCondition>) {
     let mut fields = Vec::new();
     let mut conditions = Vec::new();
@@ -44,7 +44,7 @@ pub(super) fn compile_status(
         }
         let source = match (&f.from, &f.json_path, &f.value) {
             (Some(from), Some(jp), None) => {
-                if !child_ids.contains(from.as_str()) {
+                if !known.children.contains(from.as_str()) {
                     ck.error(&format!("{at}.from"), format!("unknown child id `{from}`"));
                 }
                 match jsonpath_rust::parser::parse_json_path(jp) {
@@ -68,7 +68,7 @@ pub(super) fn compile_status(
                         Code::Expression(id, value),
                     );
                     let names = builder.expression_names(id, true);
-                    ck.check_names(&format!("{at}.value"), names, &base, child_ids);
+                    ck.check_names(&format!("{at}.value"), names, &base, known);
                     Some(FieldSource::Value(id))
                 }
                 Err(err) => {
@@ -125,7 +125,7 @@ pub(super) fn compile_status(
                     Code::Expression(id, &c.when),
                 );
                 let names = builder.expression_names(id, true);
-                ck.check_names(&format!("{at}.when"), names, &base, child_ids);
+                ck.check_names(&format!("{at}.when"), names, &base, known);
                 Some(id)
             }
             Err(err) => {
@@ -139,7 +139,7 @@ pub(super) fn compile_status(
                 Ok(id) => {
                     lint(ck, builder, &format!("{at}.message"), Code::Text(&id, text));
                     let names = builder.template_names(&id, true);
-                    ck.check_names(&format!("{at}.message"), names, &base, child_ids);
+                    ck.check_names(&format!("{at}.message"), names, &base, known);
                     Some(id)
                 }
                 Err(err) => {

@@ -1,0 +1,213 @@
+//! `related:` entries, `vars:` and implicit dependencies in a pass.
+
+use super::*;
+
+fn object(kind: &str, ns: Option<&str>, name: &str, labels: Value, extra: Value) -> Value {
+    let mut obj = json!({
+        "apiVersion": "v1",
+        "kind": kind,
+        "metadata": {"name": name, "labels": labels},
+    });
+    if let Some(ns) = ns {
+        obj["metadata"]["namespace"] = json!(ns);
+    }
+    if let (Value::Object(o), Value::Object(e)) = (&mut obj, extra) {
+        o.extend(e);
+    }
+    obj
+}
+
+const SETTINGS: &str = "  related:\n    - id: settings\n      apiVersion: v1\n      kind: ConfigMap\n      name: \"{{ spec.from }}\"\n";
+const COPY: &str = "    - id: copy\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ parent.metadata.name ~ '-copy' }}\n        data: {{ related.settings.data }}\n";
+
+#[test]
+fn related_by_name_is_read_into_the_context() {
+    let r = rule(&format!("{PARENT_KIND}{SETTINGS}  children:\n{COPY}"));
+    let src = object(
+        "ConfigMap",
+        Some("ns"),
+        "src",
+        json!({}),
+        json!({"data": {"k": "v"}}),
+    );
+    let p = run(&r, &parent(json!({"from": "src"})), vec![src]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].object["data"], json!({"k": "v"}));
+    assert_eq!(p.reads.len(), 1);
+    assert_eq!(p.reads[0].namespace.as_deref(), Some("ns"));
+    assert_eq!(p.reads[0].target, RelatedTarget::Name("src".into()));
+}
+
+#[test]
+fn missing_required_related_holds_back_its_readers_and_prunes_nothing() {
+    let r = rule(&format!("{PARENT_KIND}{SETTINGS}  children:\n{CM}{COPY}"));
+    let old_copy = live("ConfigMap", "a-copy", "copy", json!({}));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({"from": "src"})), vec![old_copy, cm]);
+    assert!(
+        p.errors.is_empty(),
+        "pending is not an error: {:?}",
+        p.errors
+    );
+    assert_eq!(
+        p.apply.len(),
+        1,
+        "the child that does not read it is applied"
+    );
+    assert_eq!(p.apply[0].id, "cm");
+    assert_eq!(p.pending.len(), 1);
+    assert_eq!(p.pending[0].id, "copy");
+    assert_eq!(p.pending[0].reason, "RelatedNotFound");
+    assert!(p.delete.is_empty(), "nothing pruned: {:?}", p.delete);
+    let ready = condition(&p, "Ready");
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "RelatedNotFound");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("related \"settings\""),
+        "{ready}"
+    );
+}
+
+#[test]
+fn optional_missing_related_is_absent_and_holds_nothing_back() {
+    let optional = SETTINGS.replace("      name:", "      optional: true\n      name:");
+    let copy = COPY.replace(
+        "{{ related.settings.data }}",
+        "{{ related.settings.data if related.settings is defined else {'none': 'yes'} }}",
+    );
+    let copy = copy.replace(
+        "      kind: ConfigMap\n      template",
+        "      kind: ConfigMap\n      dependsOn: [settings]\n      template",
+    );
+    let r = rule(&format!("{PARENT_KIND}{optional}  children:\n{copy}"));
+    let p = run(&r, &parent(json!({"from": "src"})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert!(p.pending.is_empty());
+    assert_eq!(p.apply[0].object["data"], json!({"none": "yes"}));
+}
+
+#[test]
+fn related_ready_when_false_holds_back_with_related_not_ready() {
+    let ready = SETTINGS.replace(
+        "      name:",
+        "      readyWhen: \"self.data.ready | default('no') == 'yes'\"\n      name:",
+    );
+    let r = rule(&format!("{PARENT_KIND}{ready}  children:\n{COPY}"));
+    let src = object(
+        "ConfigMap",
+        Some("ns"),
+        "src",
+        json!({}),
+        json!({"data": {"ready": "no"}}),
+    );
+    let p = run(&r, &parent(json!({"from": "src"})), vec![src.clone()]);
+    assert_eq!(p.pending[0].reason, "RelatedNotReady");
+    let mut src = src;
+    src["data"]["ready"] = json!("yes");
+    let p = run(&r, &parent(json!({"from": "src"})), vec![src]);
+    assert!(
+        p.pending.is_empty() && p.apply.len() == 1,
+        "{:?}",
+        p.pending
+    );
+}
+
+#[test]
+fn cross_namespace_read_is_refused_unless_the_rule_allows_it() {
+    let other = SETTINGS.replace(
+        "      name:",
+        "      namespace: \"{{ spec.ns }}\"\n      name:",
+    );
+    let r = rule(&format!("{PARENT_KIND}{other}  children:\n{COPY}"));
+    let secret = object(
+        "ConfigMap",
+        Some("other"),
+        "src",
+        json!({}),
+        json!({"data": {"k": "v"}}),
+    );
+    let p = run(
+        &r,
+        &parent(json!({"from": "src", "ns": "other"})),
+        vec![secret.clone()],
+    );
+    assert_eq!(p.failure_reason, Some("CrossNamespaceRefused"));
+    assert!(
+        p.apply.is_empty() && p.delete.is_empty(),
+        "nothing read or written"
+    );
+    assert!(
+        p.errors[0].contains("allowCrossNamespace"),
+        "{:?}",
+        p.errors
+    );
+
+    let allowed = other.replace(
+        "      name:",
+        "      allowCrossNamespace: true\n      name:",
+    );
+    let r = rule(&format!("{PARENT_KIND}{allowed}  children:\n{COPY}"));
+    let p = run(
+        &r,
+        &parent(json!({"from": "src", "ns": "other"})),
+        vec![secret],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].object["data"], json!({"k": "v"}));
+}
+
+#[test]
+fn related_by_selector_is_a_sorted_list_and_cluster_scoped_kinds_take_no_namespace() {
+    let related = "  related:\n    - id: teams\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {team: \"{{ spec.team }}\"}\n";
+    let each = "    - id: each\n      apiVersion: v1\n      kind: ConfigMap\n      forEach: related.teams\n      template: |\n        metadata:\n          name: {{ 'copy-' ~ item.metadata.name }}\n";
+    let r = rule(&format!("{PARENT_KIND}{related}  children:\n{each}"));
+    let ns =
+        |name: &str, team: &str| object("Namespace", None, name, json!({"team": team}), json!({}));
+    let p = run(
+        &r,
+        &parent(json!({"team": "a"})),
+        vec![ns("zeta", "a"), ns("alpha", "a"), ns("other", "b")],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let names: Vec<_> = p.apply.iter().map(|a| a.key.name.clone()).collect();
+    assert_eq!(names, ["copy-alpha", "copy-zeta"]);
+    assert_eq!(p.reads[0].namespace, None);
+    assert!(p.pending.is_empty(), "an empty or full list is not missing");
+}
+
+#[test]
+fn vars_are_computed_in_order_and_templates_yield_values() {
+    let vars = "  vars:\n    - name: full\n      value: \"parent.metadata.name ~ '-' ~ spec.env\"\n    - name: hosts\n      template: |\n        {% for h in spec.hosts %}\n        - {{ vars.full ~ '.' ~ h }}\n        {% endfor %}\n";
+    let child = "    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ vars.full }}\n        data:\n          hosts: {{ vars.hosts | join(',') }}\n";
+    let r = rule(&format!("{PARENT_KIND}{vars}  children:\n{child}"));
+    let p = run(
+        &r,
+        &parent(json!({"env": "prod", "hosts": ["x", "y"]})),
+        vec![],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].key.name, "a-prod");
+    assert_eq!(p.apply[0].object["data"]["hosts"], "a-prod.x,a-prod.y");
+}
+
+#[test]
+fn reading_a_sibling_is_an_implicit_dependency() {
+    let reader = "    - id: reader\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: reader\n        data:\n          uid: {{ children.cm.metadata.uid | default('none') }}\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{reader}{CM}"));
+    let order: Vec<_> = r
+        .order
+        .iter()
+        .map(|&i| r.children[i].spec.id.clone())
+        .collect();
+    assert_eq!(
+        order,
+        ["cm", "reader"],
+        "implicit edge orders the reader after cm"
+    );
+    let p = run(&r, &parent(json!({})), vec![]);
+    assert_eq!(p.pending.len(), 1, "reader waits for cm to exist");
+    assert_eq!(p.pending[0].id, "reader");
+}

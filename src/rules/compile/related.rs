@@ -1,0 +1,378 @@
+//! `related:` entries and `vars:`: validation and compilation.
+//!
+//! A related entry's name, namespace and selector are templates over the
+//! parent alone (`parent`, `spec`, `metadata`, `rule`): they decide what to
+//! read, so they cannot depend on what was read. Vars see everything before
+//! them: the parent, `related`, `children` and earlier vars.
+
+use std::collections::BTreeSet;
+
+use super::lint::{Code, lint};
+use super::{Checker, context_names, is_api_version, is_child_id, is_kind};
+use crate::kinds::Gvk;
+use crate::render::{EngineBuilder, ExprId, TemplateId, TemplateKind};
+use crate::rules::model::{
+    RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
+};
+
+/// Ids and names a template may refer to, for `check`.
+#[derive(Debug, Default)]
+pub struct Known {
+    pub children: BTreeSet<String>,
+    pub related: BTreeSet<String>,
+    /// Vars visible here (for a var: those declared before it).
+    pub vars: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+pub struct CompiledRelated {
+    pub spec: RelatedSpec,
+    pub gvk: Gvk,
+    pub name: Option<TemplateId>,
+    pub namespace: Option<TemplateId>,
+    pub selector: Option<CompiledSelector>,
+    pub ready_when: Option<ExprId>,
+}
+
+#[derive(Debug, Default)]
+pub struct CompiledSelector {
+    pub match_labels: Option<Templated<Vec<(String, TemplateId)>>>,
+    pub match_expressions: Option<Templated<Vec<CompiledRequirement>>>,
+}
+
+/// Parts written out in the rule, or one template yielding the whole part (YAML).
+#[derive(Debug)]
+pub enum Templated<T> {
+    Parts(T),
+    Whole(TemplateId),
+}
+
+#[derive(Debug)]
+pub struct CompiledRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    pub values: Vec<TemplateId>,
+}
+
+#[derive(Debug)]
+pub struct CompiledVar {
+    pub name: String,
+    pub source: VarSource,
+}
+
+#[derive(Debug)]
+pub enum VarSource {
+    Value(ExprId),
+    Template(TemplateId),
+}
+
+/// Names a related entry's name/namespace/selector templates may use.
+fn parent_only() -> BTreeSet<&'static str> {
+    ["parent", "spec", "metadata", "rule"].into_iter().collect()
+}
+
+fn text_template(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    field: &str,
+    name: &str,
+    kind: TemplateKind,
+    source: &str,
+    known: &Known,
+) -> Option<TemplateId> {
+    match builder.add_template(name, kind, source) {
+        Ok(id) => {
+            let code = match kind {
+                TemplateKind::Object => Code::Object(&id, source),
+                TemplateKind::Text => Code::Text(&id, source),
+            };
+            lint(ck, builder, field, code);
+            let names = builder.template_names(&id, true);
+            ck.check_names(field, names, &parent_only(), known);
+            Some(id)
+        }
+        Err(err) => {
+            ck.error(field, format!("template syntax: {err}"));
+            None
+        }
+    }
+}
+
+pub(super) fn compile_related(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    entries: &[RelatedSpec],
+    known: &Known,
+) -> Vec<CompiledRelated> {
+    let mut out = Vec::new();
+    for (i, r) in entries.iter().enumerate() {
+        let at = format!("spec.related[{i}]");
+        if !is_child_id(&r.id) {
+            ck.error(
+                &format!("{at}.id"),
+                format!("`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)", r.id),
+            );
+        }
+        if !is_api_version(&r.api_version) {
+            ck.error(
+                &format!("{at}.apiVersion"),
+                format!("`{}` is not a valid apiVersion", r.api_version),
+            );
+        }
+        if !is_kind(&r.kind) {
+            ck.error(
+                &format!("{at}.kind"),
+                format!("`{}` is not a valid kind (CamelCase)", r.kind),
+            );
+        }
+        if r.name.is_some() == r.selector.is_some() {
+            ck.error(
+                &at,
+                "set exactly one of `name` (one object) and `selector` (a list)",
+            );
+        }
+        if r.all_namespaces && r.selector.is_none() {
+            ck.error(
+                &format!("{at}.allNamespaces"),
+                "only a `selector:` entry can read all namespaces",
+            );
+        }
+        if r.all_namespaces && r.namespace.is_some() {
+            ck.error(
+                &format!("{at}.allNamespaces"),
+                "set either `namespace` or `allNamespaces`, not both",
+            );
+        }
+        let tname = |part: &str| format!("related:{}:{part}", r.id);
+        let name = r.name.as_ref().and_then(|src| {
+            text_template(
+                ck,
+                builder,
+                &format!("{at}.name"),
+                &tname("name"),
+                TemplateKind::Text,
+                src,
+                known,
+            )
+        });
+        let namespace = r.namespace.as_ref().and_then(|src| {
+            text_template(
+                ck,
+                builder,
+                &format!("{at}.namespace"),
+                &tname("namespace"),
+                TemplateKind::Text,
+                src,
+                known,
+            )
+        });
+        let selector = r.selector.as_ref().map(|sel| {
+            let field = format!("{at}.selector");
+            let match_labels = sel.match_labels.as_ref().map(|labels| match labels {
+                TemplatedLabels::Map(map) => Templated::Parts(
+                    map.iter()
+                        .filter_map(|(k, v)| {
+                            let f = format!("{field}.matchLabels.{k}");
+                            text_template(
+                                ck,
+                                builder,
+                                &f,
+                                &tname(&format!("label:{k}")),
+                                TemplateKind::Text,
+                                v,
+                                known,
+                            )
+                            .map(|t| (k.clone(), t))
+                        })
+                        .collect(),
+                ),
+                TemplatedLabels::Template(src) => {
+                    let f = format!("{field}.matchLabels");
+                    match text_template(
+                        ck,
+                        builder,
+                        &f,
+                        &tname("labels"),
+                        TemplateKind::Object,
+                        src,
+                        known,
+                    ) {
+                        Some(t) => Templated::Whole(t),
+                        None => Templated::Parts(Vec::new()),
+                    }
+                }
+            });
+            let match_expressions = sel.match_expressions.as_ref().map(|exprs| match exprs {
+                TemplatedExpressions::List(list) => Templated::Parts(
+                    list.iter()
+                        .enumerate()
+                        .map(|(j, req)| {
+                            let needs_values = matches!(
+                                req.operator,
+                                SelectorOperator::In | SelectorOperator::NotIn
+                            );
+                            if needs_values == req.values.is_empty() {
+                                ck.error(
+                                    &format!("{field}.matchExpressions[{j}].values"),
+                                    if needs_values {
+                                        "operators In and NotIn need values"
+                                    } else {
+                                        "operators Exists and DoesNotExist take no values"
+                                    },
+                                );
+                            }
+                            let values = req
+                                .values
+                                .iter()
+                                .enumerate()
+                                .filter_map(|(k, v)| {
+                                    let f = format!("{field}.matchExpressions[{j}].values[{k}]");
+                                    text_template(
+                                        ck,
+                                        builder,
+                                        &f,
+                                        &tname(&format!("expr:{j}:{k}")),
+                                        TemplateKind::Text,
+                                        v,
+                                        known,
+                                    )
+                                })
+                                .collect();
+                            CompiledRequirement {
+                                key: req.key.clone(),
+                                operator: req.operator,
+                                values,
+                            }
+                        })
+                        .collect(),
+                ),
+                TemplatedExpressions::Template(src) => {
+                    let f = format!("{field}.matchExpressions");
+                    match text_template(
+                        ck,
+                        builder,
+                        &f,
+                        &tname("exprs"),
+                        TemplateKind::Object,
+                        src,
+                        known,
+                    ) {
+                        Some(t) => Templated::Whole(t),
+                        None => Templated::Parts(Vec::new()),
+                    }
+                }
+            });
+            CompiledSelector {
+                match_labels,
+                match_expressions,
+            }
+        });
+        let ready_when = r.ready_when.as_ref().and_then(|src| {
+            let field = format!("{at}.readyWhen");
+            match builder.add_expression(src) {
+                Ok(id) => {
+                    lint(ck, builder, &field, Code::Expression(id, src));
+                    let names = builder.expression_names(id, true);
+                    let mut allowed = context_names(false, true);
+                    allowed.remove("vars");
+                    ck.check_names(&field, names, &allowed, known);
+                    Some(id)
+                }
+                Err(err) => {
+                    ck.error(&field, format!("expression syntax: {err}"));
+                    None
+                }
+            }
+        });
+        out.push(CompiledRelated {
+            spec: r.clone(),
+            gvk: Gvk::new(&r.api_version, &r.kind),
+            name,
+            namespace,
+            selector,
+            ready_when,
+        });
+    }
+    out
+}
+
+fn is_var_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+pub(super) fn compile_vars(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    vars: &[VarSpec],
+    known: &mut Known,
+) -> Vec<CompiledVar> {
+    let mut out = Vec::new();
+    known.vars.clear();
+    for (i, v) in vars.iter().enumerate() {
+        let at = format!("spec.vars[{i}]");
+        if !is_var_name(&v.name) {
+            ck.error(
+                &format!("{at}.name"),
+                format!(
+                    "`{}` is not a valid var name ([a-zA-Z_][a-zA-Z0-9_]*)",
+                    v.name
+                ),
+            );
+        }
+        if known.vars.contains(&v.name) {
+            ck.error(&format!("{at}.name"), format!("duplicate var `{}`", v.name));
+        }
+        let allowed = context_names(false, false);
+        let source = match (&v.value, &v.template) {
+            (Some(src), None) => {
+                let field = format!("{at}.value");
+                match builder.add_expression(src) {
+                    Ok(id) => {
+                        lint(ck, builder, &field, Code::Expression(id, src));
+                        let names = builder.expression_names(id, true);
+                        ck.check_names(&field, names, &allowed, known);
+                        Some(VarSource::Value(id))
+                    }
+                    Err(err) => {
+                        ck.error(&field, format!("expression syntax: {err}"));
+                        None
+                    }
+                }
+            }
+            (None, Some(src)) => {
+                let field = format!("{at}.template");
+                match builder.add_template(&format!("var:{}", v.name), TemplateKind::Object, src) {
+                    Ok(id) => {
+                        lint(ck, builder, &field, Code::Object(&id, src));
+                        let names = builder.template_names(&id, true);
+                        ck.check_names(&field, names, &allowed, known);
+                        Some(VarSource::Template(id))
+                    }
+                    Err(err) => {
+                        ck.error(&field, format!("template syntax: {err}"));
+                        None
+                    }
+                }
+            }
+            _ => {
+                ck.error(
+                    &at,
+                    "set exactly one of `value` (an expression) and `template` (YAML)",
+                );
+                None
+            }
+        };
+        known.vars.insert(v.name.clone());
+        if let Some(source) = source {
+            out.push(CompiledVar {
+                name: v.name.clone(),
+                source,
+            });
+        }
+    }
+    out
+}
