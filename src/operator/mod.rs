@@ -155,6 +155,11 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> anyhow::Resul
     }
     // Diagnostics of a partly broken set are logged by the reload loop's
     // first pass, which also reports them on `/status`.
+    if !partition.has_errors() {
+        for w in &partition.set.warnings {
+            warn!("{w}");
+        }
+    }
     let set = partition.set;
     let client = Client::try_default()
         .await
