@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod crd;
+pub mod drift;
 pub mod graph;
 pub mod kinds;
 pub mod operator;

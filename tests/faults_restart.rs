@@ -141,3 +141,55 @@ async fn a_restarted_operator_keeps_every_child_and_never_rerolls_a_create_only_
     }
     operator.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Pair").await;
+    let names = create_parents(&kind, &ns, 8).await;
+    let operator = start(&ns, &kind, 16);
+    let parents = kind.api(&ns);
+    for name in &names {
+        wait_ready_and_synced(&parents, name).await;
+    }
+    operator.stop().await;
+
+    let metrics = support::faults::free_address();
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.metrics_addr = Some(metrics);
+    let operator = Operator::spawn(
+        options,
+        support::operator::rule_set(&[&kind.rule(PAIR_RULE)]),
+        &ns.client,
+    );
+    let addr = metrics.to_string();
+    let count = names.len() as f64;
+    support::eventually(
+        "every parent reconciled after the restart",
+        support::operator::WAIT,
+        || {
+            let addr = addr.clone();
+            async move {
+                let n =
+                    support::faults::metric(&addr, "trellis_reconciles", &["result=\"ok\""]).await;
+                if n >= count { Ok(n) } else { Err(n) }
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(support::operator::QUIET).await;
+    let writes = support::faults::metric(&addr, "trellis_status_writes", &[]).await;
+    let created =
+        support::faults::metric(&addr, "trellis_child_operations", &["op=\"create\""]).await;
+    let updated =
+        support::faults::metric(&addr, "trellis_child_operations", &["op=\"update\""]).await;
+    let unchanged =
+        support::faults::metric(&addr, "trellis_child_operations", &["op=\"unchanged\""]).await;
+    eprintln!(
+        "[faults] restart with nothing changed: {writes} status writes, {created} creates, {updated} updates, {unchanged} unchanged"
+    );
+    assert_eq!((writes, created, updated), (0.0, 0.0, 0.0));
+    assert!(unchanged >= 2.0 * names.len() as f64, "{unchanged}");
+    operator.stop().await;
+}

@@ -7,7 +7,7 @@
 //!     └──────────────────────────┘ (inactive, retried)         ▼ done
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -397,7 +397,10 @@ async fn run_controller(
 ) {
     let rule = rules.borrow().clone();
     let parent_kind = kinds.parent.clone();
-    let mut parent_config = watcher::Config::default();
+    // Parents come as watch events, never as one LIST response: a list
+    // decodes as a whole, so one parent too deep to decode would fail every
+    // parent of the kind (see `decode`); events decode one by one.
+    let mut parent_config = watcher::Config::default().streaming_lists();
     if let Some(selector) = &rule.rule.spec.parent.selector {
         parent_config = parent_config.labels(&selector_string(selector));
     }
@@ -462,7 +465,6 @@ async fn run_controller(
         shared: shared.clone(),
         children: child_stores,
         parents: parents.clone(),
-        applied: Mutex::new(HashMap::new()),
         failures: Failures::default(),
         warned: Mutex::new(BTreeSet::new()),
     });

@@ -29,60 +29,65 @@ pub struct ParentObject {
     pub undecodable: Option<String>,
 }
 
-/// What is kept of an object that does not decode whole.
-#[derive(Deserialize)]
-struct Skeleton {
-    #[serde(rename = "apiVersion")]
-    api_version: Option<String>,
-    kind: Option<String>,
-    #[serde(default)]
-    metadata: ObjectMeta,
-    status: Option<Box<RawValue>>,
-}
+type RawMap = std::collections::BTreeMap<String, Box<RawValue>>;
 
 impl ParentObject {
-    /// Decodes one object's JSON text, keeping what it can.
+    /// Decodes one object's JSON text, keeping what it can: the top level
+    /// and `metadata` are split into raw values by a scan that does not
+    /// recurse; `managedFields` (which mirror the spec's depth) are dropped,
+    /// as the caches drop them anyway; every other field is decoded on its
+    /// own, so only the fields too deep to decode are lost.
     pub fn from_json(text: &str) -> Result<ParentObject, serde_json::Error> {
-        match serde_json::from_str::<DynamicObject>(text) {
-            Ok(object) => Ok(ParentObject {
-                object,
-                undecodable: None,
-            }),
-            Err(whole) => {
-                // Fields other than metadata and status are skipped by a
-                // scan that does not recurse, so a deep spec cannot fail this.
-                let skeleton: Skeleton = serde_json::from_str(text)?;
-                let mut data = Map::new();
-                if let Some(status) = skeleton
-                    .status
-                    .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-                {
-                    data.insert("status".into(), status);
+        let top: RawMap = serde_json::from_str(text)?;
+        let mut metadata: RawMap = match top.get("metadata") {
+            Some(raw) => serde_json::from_str(raw.get())?,
+            None => RawMap::new(),
+        };
+        metadata.remove("managedFields");
+        let metadata: ObjectMeta = serde_json::from_str(&serde_json::to_string(&metadata)?)?;
+        let text_of = |key: &str| -> Option<String> {
+            top.get(key)
+                .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        };
+        let types = match (text_of("apiVersion"), text_of("kind")) {
+            (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+            _ => None,
+        };
+        let mut data = Map::new();
+        let mut undecodable = None;
+        for (key, raw) in &top {
+            if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                continue;
+            }
+            match serde_json::from_str::<Value>(raw.get()) {
+                Ok(value) => {
+                    data.insert(key.clone(), value);
                 }
-                let types = match (skeleton.api_version, skeleton.kind) {
-                    (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
-                    _ => None,
-                };
-                Ok(ParentObject {
-                    object: DynamicObject {
-                        types,
-                        metadata: skeleton.metadata,
-                        data: Value::Object(data),
-                    },
-                    undecodable: Some(describe(&whole)),
-                })
+                Err(err) => undecodable = Some(describe(key, &err)),
             }
         }
+        if undecodable.is_some() {
+            // Without the whole spec nothing may be rendered from it.
+            data.retain(|k, _| k == "status");
+        }
+        Ok(ParentObject {
+            object: DynamicObject {
+                types,
+                metadata,
+                data: Value::Object(data),
+            },
+            undecodable,
+        })
     }
 }
 
 /// serde_json's message, in the words a parent author needs.
-fn describe(err: &serde_json::Error) -> String {
+fn describe(field: &str, err: &serde_json::Error) -> String {
     let text = err.to_string();
     if text.contains("recursion limit") {
-        format!("the object nests deeper than trellis decodes (128 levels): {text}")
+        format!("{field} nests deeper than trellis decodes (128 levels): {text}")
     } else {
-        format!("the object does not decode: {text}")
+        format!("{field} does not decode: {text}")
     }
 }
 
@@ -170,5 +175,18 @@ mod tests {
     #[test]
     fn malformed_metadata_is_still_an_error() {
         assert!(ParentObject::from_json(r#"{"metadata": 5}"#).is_err());
+        assert!(ParentObject::from_json("[]").is_err());
+    }
+
+    #[test]
+    fn deep_managed_fields_are_dropped_not_fatal() {
+        let fields = nested(300);
+        let text = format!(
+            r#"{{"apiVersion":"demo/v1","kind":"App","metadata":{{"name":"a","managedFields":[{{"manager":"m","fieldsV1":{fields}}}]}},"spec":{{"x":1}}}}"#
+        );
+        let p = ParentObject::from_json(&text).expect("decodes");
+        assert_eq!(p.undecodable, None);
+        assert_eq!(p.object.data["spec"]["x"], 1);
+        assert_eq!(p.object.metadata.managed_fields, None);
     }
 }

@@ -5,7 +5,7 @@
 //! since our own last apply), policies, pruning with UID preconditions, the
 //! status patch (skipped when unchanged), the cleanup finalizer and Events.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,8 +40,6 @@ pub struct RuleCtx {
     pub children: Vec<(Resolved, Store<DynamicObject>)>,
     /// The parent cache.
     pub parents: Store<ParentObject>,
-    /// Per child: (hash of what we applied, fingerprint of the object our apply returned).
-    pub applied: Mutex<HashMap<ObjectKey, (String, String)>>,
     /// Consecutive failures per parent: backoff and Warning dedup.
     pub failures: super::retry::Failures,
     /// Status paths already reported as dropped by the API server.
@@ -128,27 +126,6 @@ impl RuleCtx {
     /// Forgets bookkeeping about children and parents that are gone, so the
     /// maps do not grow with churn. Runs only when they look oversized.
     fn sweep(&self) {
-        let mut applied = lock(&self.applied);
-        // Cheap test first: counting the caches clones their indexes.
-        if applied.len() > 256 {
-            let children: usize = self.children.iter().map(|(_, s)| s.state().len()).sum();
-            if applied.len() > 2 * children + 256 {
-                let live: std::collections::HashSet<ObjectKey> = self
-                    .children
-                    .iter()
-                    .flat_map(|(kind, store)| {
-                        store.state().into_iter().map(|o| ObjectKey {
-                            group: kind.gvk.group.clone(),
-                            kind: kind.gvk.kind.clone(),
-                            namespace: o.namespace(),
-                            name: o.name_any(),
-                        })
-                    })
-                    .collect();
-                applied.retain(|k, _| live.contains(k));
-            }
-        }
-        drop(applied);
         if self.failures.len() > 256 {
             let parents: std::collections::HashSet<String> = self
                 .parents
@@ -408,7 +385,6 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 Ok(_) => {
                     ctx.shared.metrics.child_op(&rule.name, "delete");
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
-                    lock(&ctx.applied).remove(&delete.key);
                     ctx.event(
                         parent,
                         EventType::Normal,
@@ -556,11 +532,7 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
     match (apply.policy, live) {
         (Policy::CreateOnly, Some(_)) => return Ok(Outcome::Unchanged),
         (Policy::Recreate, Some(live)) => {
-            let live_hash = live
-                .pointer("/metadata/annotations")
-                .and_then(|a| a.get(ANNOTATION_RENDER_HASH))
-                .and_then(Value::as_str);
-            if live_hash != Some(apply.hash.as_str()) {
+            if live_render_hash(live) != Some(apply.hash.as_str()) {
                 let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
                 let params = DeleteParams {
                     preconditions: uid.map(|u| Preconditions {
@@ -577,7 +549,6 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
                         key: apply.key.to_string(),
                         source,
                     })?;
-                lock(&ctx.applied).remove(&apply.key);
                 info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
                 // The create follows once the deletion is observed.
                 return Ok(Outcome::Updated);
@@ -585,24 +556,20 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
         }
         _ => {}
     }
+    // Nothing to send when the live object carries this rendering's hash
+    // and still holds every field trellis sets: this survives a restart or
+    // a failover (the hash is on the object), and ignores what others add.
     if let Some(live) = live
-        && lock(&ctx.applied).get(&apply.key) == Some(&(apply.hash.clone(), fingerprint(live)))
+        && live_render_hash(live) == Some(apply.hash.as_str())
+        && !crate::drift::drifted(&apply.object, live)
     {
         return Ok(Outcome::Unchanged);
     }
 
     let params = PatchParams::apply(&ctx.field_manager()).force();
-    ctx.shared.gate.check()?;
-    let result = api
-        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+    api.patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
         .await
         .map_err(fail)?;
-    if let Ok(returned) = serde_json::to_value(&result) {
-        lock(&ctx.applied).insert(
-            apply.key.clone(),
-            (apply.hash.clone(), fingerprint(&returned)),
-        );
-    }
     Ok(if existed {
         Outcome::Updated
     } else {
@@ -665,30 +632,11 @@ fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<Strin
     }
 }
 
-/// Hash of an object without what changes under it without anyone editing
-/// it: status (its controller's), resourceVersion, generation, managedFields.
-/// Equal fingerprints mean nobody changed what trellis applied.
-fn fingerprint(obj: &Value) -> String {
-    // `shift_remove` keeps the remaining keys in order, so equal objects hash equal.
-    let mut obj = obj.clone();
-    if let Some(map) = obj.as_object_mut() {
-        map.shift_remove("status");
-    }
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        for volatile in ["resourceVersion", "generation", "managedFields"] {
-            meta.shift_remove(volatile);
-        }
-        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            a.shift_remove("kubectl.kubernetes.io/last-applied-configuration");
-            if a.is_empty() {
-                meta.shift_remove("annotations");
-            }
-        }
-    }
-    match obj.as_object() {
-        Some(map) => plan::object_hash(map),
-        None => String::new(),
-    }
+/// The render hash recorded on a live child by the apply that made it.
+fn live_render_hash(live: &Value) -> Option<&str> {
+    live.pointer("/metadata/annotations")
+        .and_then(|a| a.get(ANNOTATION_RENDER_HASH))
+        .and_then(Value::as_str)
 }
 
 /// Turns `Synced` into `False/ApplyError` (and `Ready` too when it claimed
@@ -1175,19 +1123,6 @@ mod tests {
             without_paths(&json!({"x": {"y": 1, "z": 2}}), &dropped),
             json!({"x": {"z": 2}})
         );
-    }
-
-    #[test]
-    fn fingerprint_ignores_status_and_bookkeeping_but_not_spec() {
-        let a = json!({"metadata": {"name": "x", "resourceVersion": "1", "generation": 1}, "spec": {"r": 1}, "status": {"a": 1}});
-        let b = json!({"metadata": {"name": "x", "resourceVersion": "9", "generation": 1}, "spec": {"r": 1}, "status": {"a": 2}});
-        let c = json!({"metadata": {"name": "x", "resourceVersion": "9", "generation": 2}, "spec": {"r": 2}});
-        assert_eq!(fingerprint(&a), fingerprint(&b));
-        // Removing bookkeeping in the middle must not reorder what follows.
-        let with_mf = json!({"metadata": {"name": "x", "managedFields": [], "uid": "u"}});
-        let without = json!({"metadata": {"name": "x", "uid": "u"}});
-        assert_eq!(fingerprint(&with_mf), fingerprint(&without));
-        assert_ne!(fingerprint(&a), fingerprint(&c));
     }
 
     #[test]

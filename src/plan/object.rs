@@ -168,8 +168,10 @@ pub(super) fn finish_object(
         name,
     };
     let hash = object_hash(&obj);
-    if child.spec.policy == Policy::Recreate {
-        // The live object must tell which rendering it came from.
+    {
+        // The live object tells which rendering it came from: what `recreate`
+        // compares, and what lets a restarted operator find its children
+        // as it left them without applying them again.
         let meta = obj.get_mut("metadata").and_then(Value::as_object_mut);
         if let Some(meta) = meta {
             let annotations = meta
