@@ -171,9 +171,12 @@ async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
         || {
             let addr = addr.clone();
             async move {
-                let n =
-                    support::faults::metric(&addr, "trellis_reconciles", &["result=\"ok\""]).await;
-                if n >= count { Ok(n) } else { Err(n) }
+                match support::faults::try_metric(&addr, "trellis_reconciles", &["result=\"ok\""])
+                    .await
+                {
+                    Some(n) if n >= count => Ok(n),
+                    other => Err(other),
+                }
             }
         },
     )

@@ -213,36 +213,30 @@ impl Drop for Proxy {
 }
 
 /// Scrapes the operator's `/metrics` at `addr` and sums the samples of
-/// `name` whose labels contain every `key="value"` in `labels`.
-pub async fn metric(addr: &str, name: &str, labels: &[&str]) -> f64 {
-    let text = scrape(addr).await;
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.split(['{', ' '])
-                .next()
-                .is_some_and(|n| n == name || n == format!("{name}_total"))
-        })
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// `name` whose labels contain every `key="value"` in `labels`; `None` while
+/// the endpoint does not answer.
+pub async fn try_metric(addr: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let socket: std::net::SocketAddr = addr.parse().ok()?;
+    let text = super::http_get(socket, "/metrics").await.ok()?;
+    Some(
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.split(['{', ' '])
+                    .next()
+                    .is_some_and(|n| n == name || n == format!("{name}_total"))
+            })
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
 }
 
-/// The raw text of `http://ADDR/metrics`.
-pub async fn scrape(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = TcpStream::connect(addr).await.expect("connect to metrics");
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
+/// [`try_metric`] of an endpoint that must answer.
+pub async fn metric(addr: &str, name: &str, labels: &[&str]) -> f64 {
+    try_metric(addr, name, labels)
         .await
-        .expect("send metrics request");
-    let mut body = String::new();
-    stream
-        .read_to_string(&mut body)
-        .await
-        .expect("read metrics");
-    body
+        .unwrap_or_else(|| panic!("the operator's /metrics at {addr} does not answer"))
 }
 
 /// A free loopback address for the operator's metrics endpoint.
