@@ -6,6 +6,8 @@ mod support;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ListParams};
+use std::time::Duration;
+
 use serde_json::json;
 
 use support::operator::{Operator, TestKind, install_kind, wait_ready_and_synced};
@@ -195,4 +197,56 @@ async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
     assert_eq!((writes, created, updated), (0.0, 0.0, 0.0));
     assert!(unchanged >= 2.0 * names.len() as f64, "{unchanged}");
     operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trellis_killed_mid_convergence_and_started_again_loses_and_duplicates_nothing() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Pair").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/pair.yaml"), kind.rule(PAIR_RULE)).expect("rule");
+    let names = create_parents(&kind, &ns, 40).await;
+    let mut first = support::process::Replica::start("first", &ns, dir.path(), &[]);
+    // Kill it with SIGKILL once some, not all, children exist.
+    let before = support::eventually("some Secrets created", support::operator::WAIT, || async {
+        let s = secret_data(&ns).await;
+        if s.len() >= 5 { Ok(s) } else { Err(s.len()) }
+    })
+    .await;
+    first.signal("-KILL");
+    first.exited(Duration::from_secs(10)).await;
+    let at_kill = secret_data(&ns).await;
+    eprintln!(
+        "[faults] SIGKILL with {} of {} Secrets created",
+        at_kill.len(),
+        names.len()
+    );
+    let second = support::process::Replica::start("second", &ns, dir.path(), &[]);
+    let started = std::time::Instant::now();
+    let parents = kind.api(&ns);
+    for name in &names {
+        wait_ready_and_synced(&parents, name).await;
+    }
+    eprintln!(
+        "[faults] restart after SIGKILL -> all {} parents converged in {:.2?}",
+        names.len(),
+        started.elapsed()
+    );
+    let after = secret_data(&ns).await;
+    assert_eq!(after.len(), names.len(), "one Secret per parent");
+    for (name, password) in before.iter().chain(at_kill.iter()) {
+        let now = after.iter().find(|(n, _)| n == name).map(|(_, p)| p);
+        assert_eq!(now, Some(password), "secret {name} re-rolled or lost");
+    }
+    let cms: Api<ConfigMap> = ns.api();
+    let list = cms
+        .list(&ListParams::default().labels("trellis.dev/rule=pair"))
+        .await
+        .expect("list");
+    assert_eq!(list.items.len(), names.len(), "one ConfigMap per parent");
+    eprintln!(
+        "[faults] writes by the restarted process: {}",
+        second.writes().await
+    );
 }

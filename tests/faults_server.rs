@@ -66,6 +66,7 @@ struct Setup {
 }
 
 async fn setup(name: &str) -> Setup {
+    support::faults::logs();
     let cp = PrivateCluster::start(name).await;
     let client = cp.client().await;
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");

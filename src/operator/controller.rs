@@ -360,6 +360,22 @@ fn relist_signal<K, E>(
     }
 }
 
+/// A watch's errors stay with that watch: logged here, and retried by its
+/// own backoff ([`WatchBackoff`]). Passed on, they would reach the
+/// controller's trigger stream, whose one backoff pauses *every* watch of
+/// the rule, growing to 30 s, on any one watch's error.
+fn own_errors<K: Send + 'static>(
+    what: String,
+    stream: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    stream.filter(move |item| {
+        if let Err(err) = item {
+            warn!(watch = %what, "watch failed, retrying: {err}");
+        }
+        future::ready(item.is_ok())
+    })
+}
+
 /// What makes a parent worth a pass: anything but its status (and the
 /// bookkeeping that changes with it). trellis's own status writes must not
 /// wake the parent they were written for.
@@ -420,7 +436,11 @@ async fn run_controller(
     let child_config = watcher::Config::default().labels(&format!("{LABEL_RULE}={}", rule.name));
     let mut child_stores = Vec::new();
     let mut controller = Controller::for_stream_with(
-        parent_stream.applied_objects().predicate_filter(
+        own_errors(
+            format!("{} {}", rule.name, parent_kind.gvk),
+            parent_stream.applied_objects(),
+        )
+        .predicate_filter(
             outside_status,
             kube::runtime::utils::PredicateConfig::default(),
         ),
@@ -444,8 +464,11 @@ async fn run_controller(
         );
         child_stores.push((kind.clone(), store));
         let mapper = parent_of(parents.clone(), parent_kind.clone());
-        controller =
-            controller.watches_stream_with(stream.touched_objects(), mapper, kind.resource.clone());
+        let objects = own_errors(
+            format!("{} {}", rule.name, kind.gvk),
+            stream.touched_objects(),
+        );
+        controller = controller.watches_stream_with(objects, mapper, kind.resource.clone());
     }
     info!(
         rule = %rule.name,

@@ -98,6 +98,22 @@ pub enum Error {
     NotLeader(#[from] super::leader::NotLeader),
 }
 
+impl Error {
+    /// The request got no HTTP answer (connection refused, reset, timeout).
+    fn is_transport(&self) -> bool {
+        self.kube_error()
+            .is_some_and(|e| !matches!(e, kube::Error::Api(_)))
+    }
+
+    fn kube_error(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Apply { source, .. } | Error::Delete { source, .. } => Some(source),
+            Error::Status(e) | Error::Finalizer(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// The API server's own message, without the debug dump around it.
 fn brief(err: &kube::Error) -> String {
     match err {
@@ -179,6 +195,25 @@ impl RuleCtx {
             }
         }
         out
+    }
+
+    /// Counts a failed request by HTTP status code (`transport`: no answer).
+    fn count_api_error(&self, err: &Error) {
+        let Some(e) = err.kube_error() else {
+            return;
+        };
+        let code = match e {
+            kube::Error::Api(status) => status.code.to_string(),
+            _ => "transport".to_owned(),
+        };
+        self.shared
+            .metrics
+            .api_errors
+            .get_or_create(&crate::telemetry::ApiErrorLabel {
+                rule: self.rule().name.clone(),
+                code,
+            })
+            .inc();
     }
 
     /// Publishes the parents-in-backoff gauge of this rule.
@@ -360,7 +395,14 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             }
             Err(err) => {
                 warn!(rule = %rule.name, parent = %key, child = %apply.id, "{err}");
+                ctx.count_api_error(&err);
+                // No answer at all (the API server is gone): the other
+                // children would fail the same way; the backoff retries.
+                let unreachable = err.is_transport();
                 apply_errors.push(err);
+                if unreachable {
+                    break;
+                }
             }
         }
     }
@@ -531,28 +573,26 @@ async fn apply_child(ctx: &RuleCtx, apply: &Apply, live: Option<&Value>) -> Resu
     }
     match (apply.policy, live) {
         (Policy::CreateOnly, Some(_)) => return Ok(Outcome::Unchanged),
-        (Policy::Recreate, Some(live)) => {
-            if live_render_hash(live) != Some(apply.hash.as_str()) {
-                let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
-                let params = DeleteParams {
-                    preconditions: uid.map(|u| Preconditions {
-                        uid: Some(u.to_owned()),
-                        resource_version: None,
-                    }),
-                    propagation_policy: Some(PropagationPolicy::Background),
-                    ..DeleteParams::default()
-                };
-                ctx.shared.gate.check()?;
-                api.delete(&apply.key.name, &params)
-                    .await
-                    .map_err(|source| Error::Delete {
-                        key: apply.key.to_string(),
-                        source,
-                    })?;
-                info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
-                // The create follows once the deletion is observed.
-                return Ok(Outcome::Updated);
-            }
+        (Policy::Recreate, Some(live)) if live_render_hash(live) != Some(apply.hash.as_str()) => {
+            let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
+            let params = DeleteParams {
+                preconditions: uid.map(|u| Preconditions {
+                    uid: Some(u.to_owned()),
+                    resource_version: None,
+                }),
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..DeleteParams::default()
+            };
+            ctx.shared.gate.check()?;
+            api.delete(&apply.key.name, &params)
+                .await
+                .map_err(|source| Error::Delete {
+                    key: apply.key.to_string(),
+                    source,
+                })?;
+            info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
+            // The create follows once the deletion is observed.
+            return Ok(Outcome::Updated);
         }
         _ => {}
     }

@@ -168,7 +168,9 @@ pub(super) fn finish_object(
         name,
     };
     let hash = object_hash(&obj);
-    {
+    // A createOnly child is never updated (and its rendering may hold a
+    // random secret): it needs no record of its rendering.
+    if child.spec.policy != Policy::CreateOnly {
         // The live object tells which rendering it came from: what `recreate`
         // compares, and what lets a restarted operator find its children
         // as it left them without applying them again.

@@ -266,3 +266,14 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The operator's log on the test's stderr, filtered by `RUST_LOG`
+/// (nothing unless it is set): the fault tests are the ones to debug.
+pub fn logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}

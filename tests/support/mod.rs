@@ -70,6 +70,7 @@ use kube::{Client, Config};
 pub mod faults;
 pub mod node;
 pub mod operator;
+pub mod process;
 
 /// The label put on every namespace made by [`namespace`].
 pub const TEST_LABEL: &str = "trellis.dev/test";
