@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
+use crate::crd::offline::OfflineCrds;
 use crate::kinds::{self, Gvk};
 use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
 use crate::render::Limits;
@@ -232,6 +233,9 @@ pub enum Command {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
+        /// CRD manifests (a file or a directory): warn about status fields they would drop
+        #[arg(long, value_name = "PATH")]
+        crds: Option<PathBuf>,
         #[command(flatten)]
         limits: RenderLimits,
     },
@@ -245,6 +249,9 @@ pub enum Command {
         /// Live children (YAML stream), matched by kind and name
         #[arg(long)]
         observed: Option<PathBuf>,
+        /// CRD manifests (a file or a directory): the parent's scope and schema come from them
+        #[arg(long, value_name = "PATH")]
+        crds: Option<PathBuf>,
         /// Output format
         #[arg(short = 'o', long, value_enum, default_value = "yaml")]
         output: Output,
@@ -315,10 +322,15 @@ fn load(dirs: &[PathBuf], limits: Limits) -> Result<RuleSet, ExitCode> {
     }
 }
 
-pub fn check(dirs: &[PathBuf], limits: Limits) -> ExitCode {
+pub fn check(dirs: &[PathBuf], limits: Limits, crds_path: Option<&Path>) -> ExitCode {
+    let crds = match load_crds(crds_path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     match load(dirs, limits) {
         Ok(set) => {
-            let warnings = set.warnings.len();
+            let dropped = crds.as_ref().map_or(0, |c| warn_dropped(&set, c));
+            let warnings = set.warnings.len() + dropped;
             stderr!(
                 "{} rule(s) OK{}",
                 set.rules.len(),
@@ -382,6 +394,11 @@ pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
             .as_ref()
             .map(|_| crate::crd::scope(&rule.rule))
     });
+    offline_scope_with(rule, hint)
+}
+
+/// Like [`offline_scope`], with the parent kind's scope given.
+pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&Gvk) -> Scope + '_ {
     move |gvk: &Gvk| match hint {
         Some(scope) if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind => scope,
         _ => kinds::scope(gvk),
@@ -400,8 +417,8 @@ fn label_observed(
     parent: &Value,
     mut observed: Vec<Value>,
     now: &str,
+    scope_of: &dyn Fn(&Gvk) -> Scope,
 ) -> Observed {
-    let scope_of = offline_scope(rule);
     let uid = parent
         .pointer("/metadata/uid")
         .and_then(Value::as_str)
@@ -415,7 +432,7 @@ fn label_observed(
                 parent,
                 observed: &labelled,
                 now,
-                scope_of: &scope_of,
+                scope_of,
             },
         );
         let mut changed = false;
@@ -464,14 +481,27 @@ pub fn render_document(
     observed: Vec<Value>,
     now: &str,
 ) -> Value {
-    let observed = label_observed(rule, parent, observed, now);
+    render_document_with(rule, parent, observed, now, None)
+}
+
+/// [`render_document`], with CRD manifests (`--crds`): the parent's scope
+/// comes from its CRD, and its spec is checked against the CRD's schema.
+pub fn render_document_with(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+    crds: Option<&OfflineCrds>,
+) -> Value {
+    let scope_of = offline_scope_with(rule, crate::crd::offline::parent_scope(rule, parent, crds));
+    let observed = label_observed(rule, parent, observed, now, &scope_of);
     let plan = plan::plan(
         rule,
         &Input {
             parent,
             observed: &observed,
             now,
-            scope_of: &offline_scope(rule),
+            scope_of: &scope_of,
         },
     );
     // `createOnly` children that exist are never sent again: show them apart.
@@ -495,12 +525,38 @@ pub fn render_document(
                 .collect::<Vec<_>>()
         );
     }
-    if !plan.errors.is_empty() {
-        doc["errors"] = json!(plan.errors);
+    let mut errors = plan.errors.clone();
+    if let Some((_, version)) = crds.and_then(|c| c.find(&rule.parent)) {
+        errors.extend(crate::crd::offline::validate_parent(version, parent));
+    }
+    if !errors.is_empty() {
+        doc["errors"] = json!(errors);
     }
     doc
 }
 
+/// Reads `--crds`, or says why not.
+fn load_crds(path: Option<&Path>) -> Result<Option<OfflineCrds>, ExitCode> {
+    path.map(OfflineCrds::load).transpose().map_err(|e| {
+        eprintln!("error: --crds: {e}");
+        ExitCode::from(1)
+    })
+}
+
+/// Warns about status fields the given CRDs would drop.
+fn warn_dropped(set: &RuleSet, crds: &OfflineCrds) -> usize {
+    let mut n = 0;
+    for rule in &set.rules {
+        if let Some((crd, version)) = crds.find(&rule.parent) {
+            let warnings = crate::crd::offline::dropped_status_fields(rule, crd, version);
+            n += warnings.len();
+            report(&warnings);
+        }
+    }
+    n
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn render(
     dirs: &[PathBuf],
     parent_path: &Path,
@@ -508,11 +564,19 @@ pub fn render(
     output: Output,
     now: Option<String>,
     limits: Limits,
+    crds_path: Option<&Path>,
 ) -> ExitCode {
     let set = match load(dirs, limits) {
         Ok(set) => set,
         Err(code) => return code,
     };
+    let crds = match load_crds(crds_path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(c) = &crds {
+        warn_dropped(&set, c);
+    }
     let parents = match read_yaml_stream(parent_path) {
         Ok(p) => p,
         Err(e) => {
@@ -550,7 +614,7 @@ pub fn render(
         );
     }
     let now = now.unwrap_or_else(now_rfc3339);
-    let doc = render_document(rule, parent, observed, &now);
+    let doc = render_document_with(rule, parent, observed, &now, crds.as_ref());
     let text = match output {
         Output::Json => serde_json::to_string_pretty(&doc).map_err(|e| e.to_string()),
         Output::Yaml => yaml::to_string(&doc),
@@ -830,11 +894,27 @@ mod tests {
             json!(["App ns/a: cluster-scoped parent must not have metadata.namespace"])
         );
 
-        // Without the hint, a kind trellis does not know is namespaced.
-        let namespaced = rule(&format!(
+        // Without a hint, a CRD parent written without a namespace is
+        // cluster-scoped (so its namespaced children must name one)...
+        let unhinted = rule(&format!(
             "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
         ));
-        let doc = render_document(&namespaced, &parent(None), vec![], NOW);
+        let doc = render_document(&unhinted, &parent(None), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!(["template of child \"one\": the parent is cluster-scoped: \
+                 a namespaced child must set metadata.namespace"])
+        );
+        // ...and one with a namespace is namespaced.
+        let doc = render_document(&unhinted, &parent(Some("ns")), vec![], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"][0]["metadata"]["namespace"], "ns");
+
+        // A rule's `crd:` block is its parent's CRD: namespaced by default.
+        let with_crd = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n  crd: {{}}\n{CHAIN}"
+        ));
+        let doc = render_document(&with_crd, &parent(None), vec![], NOW);
         assert_eq!(
             doc["errors"],
             json!([

@@ -37,11 +37,16 @@ fn main() -> ExitCode {
             },
             log_format,
         ),
-        Command::Check { rules, limits } => cli::check(&rules, limits.limits()),
+        Command::Check {
+            rules,
+            crds,
+            limits,
+        } => cli::check(&rules, limits.limits(), crds.as_deref()),
         Command::Render {
             rules,
             parent,
             observed,
+            crds,
             output,
             now,
             limits,
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
             output,
             now,
             limits.limits(),
+            crds.as_deref(),
         ),
         Command::Rbac {
             rules,

@@ -13,6 +13,7 @@
 //! the findings, which `check` reports with the rule's file and line. Applying
 //! CRDs to a cluster is `operator::crds`'s business.
 
+pub mod offline;
 pub mod schema;
 
 #[cfg(test)]

@@ -712,3 +712,92 @@ fn rbac_for_manage_crds_grants_create_and_patch_on_the_generated_crds_by_name() 
         ]
     );
 }
+
+#[test]
+fn offline_crds_give_scope_schema_checks_and_dropped_status_warnings() {
+    use super::offline::{OfflineCrds, dropped_status_fields, parent_scope};
+    let dir = tempfile::tempdir().unwrap();
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "apps.demo.example.com"},
+        "spec": {
+            "group": "demo.example.com",
+            "scope": "Cluster",
+            "names": {"kind": "App", "plural": "apps"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "replicas": {"type": "integer", "maximum": 5, "default": 1},
+                    }},
+                    "status": {"type": "object", "properties": {
+                        "observedGeneration": {"type": "integer"},
+                        "conditions": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                        "ready": {"type": "integer"},
+                    }},
+                },
+            }}}],
+        },
+    });
+    std::fs::write(
+        dir.path().join("app.yaml"),
+        crate::yaml::to_string(&crd).unwrap(),
+    )
+    .unwrap();
+    let crds = OfflineCrds::load(dir.path()).unwrap();
+    let rule = crate::rules::testing::rule_with_spec(
+        "  parent: {apiVersion: demo.example.com/v1, kind: App}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {namespace: team, name: {{ parent.metadata.name }}}
+  status:
+    fields:
+      - {path: ready, value: '1'}
+      - {path: url, value: \"'x'\"}
+",
+    );
+    let parent = json!({"apiVersion": "demo.example.com/v1", "kind": "App",
+        "metadata": {"name": "a", "namespace": "ns"}, "spec": {"replicas": 9}});
+    assert_eq!(
+        parent_scope(&rule, &parent, Some(&crds)),
+        Some(crate::rules::model::Scope::Cluster)
+    );
+    let doc = crate::cli::render_document_with(
+        &rule,
+        &parent,
+        vec![],
+        "2026-11-29T00:00:00Z",
+        Some(&crds),
+    );
+    let errors: Vec<&str> = doc["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("cluster-scoped parent must not have metadata.namespace")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("the CRD's schema refuses spec.replicas")),
+        "{errors:?}"
+    );
+    let (crd_doc, version) = crds.find(&rule.parent).unwrap();
+    let warnings = dropped_status_fields(&rule, crd_doc, version);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].field, "spec.status.fields[1].path");
+    assert!(
+        warnings[0].message.contains("would drop .status.url"),
+        "{}",
+        warnings[0]
+    );
+}

@@ -1,0 +1,203 @@
+//! CRD manifests read from disk (`render`/`check --crds PATH`): what the
+//! offline commands learn from them about a parent kind — its scope, its
+//! schema, and which status fields its status schema would prune.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::kinds::Gvk;
+use crate::rules::model::Scope;
+use crate::rules::{CompiledRule, Diagnostic};
+
+/// Every CustomResourceDefinition found under a path (a file or a directory
+/// of `*.yaml`/`*.yml`/`*.json`).
+#[derive(Debug, Clone, Default)]
+pub struct OfflineCrds {
+    crds: Vec<Value>,
+}
+
+impl OfflineCrds {
+    pub fn load(path: &Path) -> Result<OfflineCrds, String> {
+        let mut files = Vec::new();
+        if path.is_dir() {
+            let entries =
+                std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            for entry in entries.flatten() {
+                let p = entry.path();
+                let ext = p.extension().and_then(|x| x.to_str()).unwrap_or_default();
+                if matches!(ext, "yaml" | "yml" | "json") {
+                    files.push(p);
+                }
+            }
+            files.sort();
+        } else {
+            files.push(path.to_path_buf());
+        }
+        let mut crds = Vec::new();
+        for file in files {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let docs = crate::yaml::parse_documents(&text, &crate::yaml::Limits::FILES)
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+            crds.extend(docs.into_iter().map(|d| d.value).filter(|v| {
+                v.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition")
+            }));
+        }
+        Ok(OfflineCrds { crds })
+    }
+
+    /// The CRD and its version that serve `gvk`.
+    pub fn find(&self, gvk: &Gvk) -> Option<(&Value, &Value)> {
+        self.crds.iter().find_map(|crd| {
+            let spec = crd.get("spec")?;
+            if spec.get("group")?.as_str()? != gvk.group
+                || spec.pointer("/names/kind")?.as_str()? != gvk.kind
+            {
+                return None;
+            }
+            let version =
+                spec.get("versions")?.as_array()?.iter().find(|v| {
+                    v.get("name").and_then(Value::as_str) == Some(gvk.version.as_str())
+                })?;
+            Some((crd, version))
+        })
+    }
+}
+
+/// The scope a CRD declares.
+pub fn scope_of(crd: &Value) -> Scope {
+    match crd.pointer("/spec/scope").and_then(Value::as_str) {
+        Some("Cluster") => Scope::Cluster,
+        _ => Scope::Namespaced,
+    }
+}
+
+/// The parent's scope offline, when anything says: the `--crds` manifest,
+/// the rule's `spec.parent.scope`, its generated CRD (`crd:`); else, for a
+/// CRD kind, a parent written without `metadata.namespace` is cluster-scoped.
+pub fn parent_scope(
+    rule: &CompiledRule,
+    parent: &Value,
+    crds: Option<&OfflineCrds>,
+) -> Option<Scope> {
+    if let Some((crd, _)) = crds.and_then(|c| c.find(&rule.parent)) {
+        return Some(scope_of(crd));
+    }
+    let spec = &rule.rule.spec;
+    spec.parent
+        .scope
+        .or_else(|| spec.crd.as_ref().map(|_| super::scope(&rule.rule)))
+        .or_else(|| {
+            let has_ns = parent.pointer("/metadata/namespace").is_some();
+            (!rule.parent.is_builtin() && !has_ns).then_some(Scope::Cluster)
+        })
+}
+
+/// Whether a status schema keeps `.status.<path>`.
+fn keeps(mut schema: &Value, path: &[&str]) -> bool {
+    for seg in path {
+        if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+            || schema
+                .get("additionalProperties")
+                .is_some_and(Value::is_object)
+        {
+            return true;
+        }
+        match schema.get("properties").and_then(|p| p.get(*seg)) {
+            Some(next) => schema = next,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Warnings for the rule's status fields that the CRD's status schema would
+/// prune (what the running operator reports as `StatusFieldDropped`).
+pub fn dropped_status_fields(rule: &CompiledRule, crd: &Value, version: &Value) -> Vec<Diagnostic> {
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("?");
+    let Some(status) = version.pointer("/schema/openAPIV3Schema/properties/status") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut paths: Vec<(String, String)> = vec![
+        ("spec.status".into(), "observedGeneration".into()),
+        ("spec.status".into(), "conditions".into()),
+    ];
+    for (i, f) in rule
+        .rule
+        .spec
+        .status
+        .iter()
+        .flat_map(|s| &s.fields)
+        .enumerate()
+    {
+        paths.push((format!("spec.status.fields[{i}].path"), f.path.clone()));
+    }
+    for (field, path) in paths {
+        let segs: Vec<&str> = path.split('.').collect();
+        if !keeps(status, &segs) {
+            out.push(Diagnostic::warning(
+                &rule.file,
+                rule.lines.line_of(&field),
+                &field,
+                format!(
+                    "the CRD {name} would drop .status.{path}: its status schema does not declare it"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// Fills in `default:` values as the API server does at admission.
+fn apply_defaults(schema: &Value, value: &mut Value) {
+    if let (Some(props), Some(obj)) = (
+        schema.get("properties").and_then(Value::as_object),
+        value.as_object_mut(),
+    ) {
+        for (name, prop) in props {
+            if !obj.contains_key(name)
+                && let Some(d) = prop.get("default")
+            {
+                obj.insert(name.clone(), d.clone());
+            }
+            if let Some(v) = obj.get_mut(name) {
+                apply_defaults(prop, v);
+            }
+        }
+    }
+    if let (Some(items), Some(list)) = (schema.get("items"), value.as_array_mut()) {
+        for v in list {
+            apply_defaults(items, v);
+        }
+    }
+}
+
+/// The parent's `.spec` checked against the CRD's spec schema (after its
+/// defaults), as the API server would at admission; one message per problem.
+pub fn validate_parent(version: &Value, parent: &Value) -> Vec<String> {
+    let Some(schema) = version.pointer("/schema/openAPIV3Schema/properties/spec") else {
+        return Vec::new();
+    };
+    let mut spec = parent
+        .get("spec")
+        .cloned()
+        .unwrap_or(Value::Object(Default::default()));
+    apply_defaults(schema, &mut spec);
+    match jsonschema::draft4::new(schema) {
+        Ok(validator) => validator
+            .iter_errors(&spec)
+            .map(|e| {
+                let at = e.instance_path().to_string().replace('/', ".");
+                format!("the CRD's schema refuses spec{at}: {e}")
+            })
+            .collect(),
+        Err(e) => vec![format!(
+            "the CRD's spec schema cannot be checked offline: {e}"
+        )],
+    }
+}
