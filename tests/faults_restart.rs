@@ -250,3 +250,56 @@ async fn trellis_killed_mid_convergence_and_started_again_loses_and_duplicates_n
         second.writes().await
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_on_an_owned_field_is_answered_with_one_write_per_foreign_write() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Pair").await;
+    kind.create(&ns, "fought", json!({"greeting": "ours"}), &[])
+        .await;
+    let metrics = support::faults::free_address();
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.metrics_addr = Some(metrics);
+    let operator = Operator::spawn(
+        options,
+        support::operator::rule_set(&[&kind.rule(PAIR_RULE)]),
+        &ns.client,
+    );
+    let parents = kind.api(&ns);
+    wait_ready_and_synced(&parents, "fought").await;
+    let addr = metrics.to_string();
+    let updates = |addr: String| async move {
+        support::faults::metric(&addr, "trellis_child_operations", &["op=\"update\""]).await
+    };
+    let before = updates(addr.clone()).await;
+    let cms: Api<ConfigMap> = ns.api();
+    let foreign = 10;
+    let started = std::time::Instant::now();
+    for i in 0..foreign {
+        let patch = json!({"data": {"greeting": format!("theirs {i}")}});
+        cms.patch(
+            "fought-config",
+            &kube::api::PatchParams::apply("someone-else").force(),
+            &kube::api::Patch::Apply(&json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "fought-config"},
+                "data": patch["data"],
+            })),
+        )
+        .await
+        .expect("foreign write");
+        support::operator::wait_data(&cms, "fought-config", "restored", "greeting", "ours").await;
+    }
+    let per_write = started.elapsed() / foreign;
+    tokio::time::sleep(support::operator::QUIET).await;
+    let answered = updates(addr).await - before;
+    eprintln!(
+        "[faults] second writer: {foreign} foreign writes answered by {answered} writes, restored in {per_write:.2?} each on average"
+    );
+    assert!(
+        answered >= foreign as f64 && answered <= foreign as f64 + 1.0,
+        "{answered} writes for {foreign} foreign writes"
+    );
+    operator.stop().await;
+}
