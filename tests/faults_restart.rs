@@ -54,9 +54,25 @@ async fn create_parents(kind: &TestKind, ns: &support::TestNamespace, n: usize) 
 }
 
 fn start(ns: &support::TestNamespace, kind: &TestKind, concurrency: usize) -> Operator {
+    start_with(ns, kind, concurrency, None)
+}
+
+/// The operator with its `/metrics` on a free port; the port's address.
+fn start_measured(ns: &support::TestNamespace, kind: &TestKind) -> (Operator, String) {
+    let metrics = support::faults::free_address();
+    (start_with(ns, kind, 16, Some(metrics)), metrics.to_string())
+}
+
+fn start_with(
+    ns: &support::TestNamespace,
+    kind: &TestKind,
+    concurrency: usize,
+    metrics: Option<std::net::SocketAddr>,
+) -> Operator {
     let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
     options.concurrency = concurrency;
     options.instance = "test".into();
+    options.metrics_addr = metrics;
     Operator::spawn(
         options,
         support::operator::rule_set(&[&kind.rule(PAIR_RULE)]),
@@ -156,16 +172,7 @@ async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
     }
     operator.stop().await;
 
-    let metrics = support::faults::free_address();
-    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
-    options.instance = "test".into();
-    options.metrics_addr = Some(metrics);
-    let operator = Operator::spawn(
-        options,
-        support::operator::rule_set(&[&kind.rule(PAIR_RULE)]),
-        &ns.client,
-    );
-    let addr = metrics.to_string();
+    let (operator, addr) = start_measured(&ns, &kind);
     let count = names.len() as f64;
     support::eventually(
         "every parent reconciled after the restart",
@@ -257,18 +264,9 @@ async fn a_second_writer_on_an_owned_field_is_answered_with_one_write_per_foreig
     let (kind, _cleanup) = install_kind(&ns, "Pair").await;
     kind.create(&ns, "fought", json!({"greeting": "ours"}), &[])
         .await;
-    let metrics = support::faults::free_address();
-    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
-    options.instance = "test".into();
-    options.metrics_addr = Some(metrics);
-    let operator = Operator::spawn(
-        options,
-        support::operator::rule_set(&[&kind.rule(PAIR_RULE)]),
-        &ns.client,
-    );
+    let (operator, addr) = start_measured(&ns, &kind);
     let parents = kind.api(&ns);
     wait_ready_and_synced(&parents, "fought").await;
-    let addr = metrics.to_string();
     let updates = |addr: String| async move {
         support::faults::metric(&addr, "trellis_child_operations", &["op=\"update\""]).await
     };
