@@ -115,7 +115,19 @@ fn rules_pass_check_without_errors_or_warnings() {
     );
     let mut names: Vec<&str> = set.rules.iter().map(|r| r.name.as_str()).collect();
     names.sort();
-    assert_eq!(names, ["database", "deployment-expose", "tenant", "webapp"]);
+    assert_eq!(
+        names,
+        [
+            "config-propagation",
+            "database",
+            "db-user",
+            "deployment-expose",
+            "shards",
+            "tenant",
+            "tls-service",
+            "webapp"
+        ]
+    );
 }
 
 #[test]

@@ -429,3 +429,15 @@ fn conversion_filters_work_in_expressions() {
         Value::from(2)
     );
 }
+
+#[test]
+fn default_of_a_missing_list_has_length_zero() {
+    assert_eq!(
+        eval(
+            "children.copy | default([]) | length",
+            json!({"children": {}})
+        )
+        .unwrap(),
+        Value::from(0)
+    );
+}
