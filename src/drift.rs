@@ -16,6 +16,8 @@
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
+use crate::render::parse_quantity as quantity;
+
 /// True when `live` no longer holds every field of `rendered`.
 pub fn drifted(rendered: &Value, live: &Value) -> bool {
     let rendered = secret_string_data_as_data(rendered);
@@ -75,43 +77,6 @@ fn scalar_eq(want: &Value, live: &Value) -> bool {
 
 fn suffixed(s: &str) -> bool {
     s.ends_with(|c: char| c.is_ascii_alphabetic())
-}
-
-/// A Kubernetes quantity (`500m`, `1Gi`, `2`) in base units.
-fn quantity(s: &str) -> Option<f64> {
-    const SUFFIXES: [(&str, f64); 14] = [
-        ("Ki", 1024.0),
-        ("Mi", 1_048_576.0),
-        ("Gi", 1_073_741_824.0),
-        ("Ti", 1_099_511_627_776.0),
-        ("Pi", 1_125_899_906_842_624.0),
-        ("Ei", 1_152_921_504_606_846_976.0),
-        ("n", 1e-9),
-        ("u", 1e-6),
-        ("m", 1e-3),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-    ];
-    let (number, factor) = SUFFIXES
-        .iter()
-        .find_map(|(suffix, f)| s.strip_suffix(suffix).map(|n| (n, *f)))
-        .or_else(|| {
-            let digits = s.trim_start_matches(['+', '-']);
-            (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit() || c == '.'))
-                .then_some((s, 1.0))
-        })?;
-    if number.is_empty()
-        || !number
-            .trim_start_matches(['+', '-'])
-            .chars()
-            .all(|c| c.is_ascii_digit() || c == '.')
-    {
-        return None;
-    }
-    number.parse::<f64>().ok().map(|n| n * factor)
 }
 
 /// A Secret's `stringData` is write-only: the live object has it base64

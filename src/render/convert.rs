@@ -58,7 +58,8 @@ pub fn quantity(value: &Value) -> Result<Value, Error> {
     }
 }
 
-fn parse_quantity(text: &str) -> Option<f64> {
+/// A Kubernetes quantity in base units; `None` when `text` is not one.
+pub fn parse_quantity(text: &str) -> Option<f64> {
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
         .unwrap_or(text.len());

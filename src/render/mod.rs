@@ -15,6 +15,7 @@
 
 mod calls;
 mod convert;
+pub use convert::parse_quantity;
 mod filters;
 mod patterns;
 
