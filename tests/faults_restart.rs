@@ -80,6 +80,29 @@ fn start_with(
     )
 }
 
+/// `n` parents, and an operator that has made all of them Ready.
+async fn converged(
+    ns: &support::TestNamespace,
+    kind: &TestKind,
+    n: usize,
+) -> (Vec<String>, Operator) {
+    let names = create_parents(kind, ns, n).await;
+    let operator = start(ns, kind, 16);
+    let parents = kind.api(ns);
+    for name in &names {
+        wait_ready_and_synced(&parents, name).await;
+    }
+    (names, operator)
+}
+
+/// Asserts that every Secret in `before` still holds its password.
+fn assert_secrets_kept(before: &[(String, String)], after: &[(String, String)]) {
+    for (name, password) in before {
+        let now = after.iter().find(|(n, _)| n == name).map(|(_, p)| p);
+        assert_eq!(now, Some(password), "secret {name} re-rolled or lost");
+    }
+}
+
 async fn secret_data(ns: &support::TestNamespace) -> Vec<(String, String)> {
     let secrets: Api<Secret> = ns.api();
     let list = secrets
@@ -133,12 +156,8 @@ async fn parents_made_before_the_operator_starts_are_all_reconciled_and_it_stops
 async fn a_restarted_operator_keeps_every_child_and_never_rerolls_a_create_only_secret() {
     let ns = support::namespace().await;
     let (kind, _cleanup) = install_kind(&ns, "Pair").await;
-    let names = create_parents(&kind, &ns, 6).await;
-    let operator = start(&ns, &kind, 16);
+    let (names, operator) = converged(&ns, &kind, 6).await;
     let parents = kind.api(&ns);
-    for name in &names {
-        wait_ready_and_synced(&parents, name).await;
-    }
     let before = secret_data(&ns).await;
     assert_eq!(before.len(), names.len());
     operator.stop().await;
@@ -153,10 +172,7 @@ async fn a_restarted_operator_keeps_every_child_and_never_rerolls_a_create_only_
     support::operator::wait_data(&cms, "p0-config", "the edit", "greeting", "edited").await;
     let after = secret_data(&ns).await;
     assert_eq!(after.len(), names.len() + 1, "{after:?}");
-    for (name, password) in &before {
-        let now = after.iter().find(|(n, _)| n == name).map(|(_, p)| p);
-        assert_eq!(now, Some(password), "secret {name} re-rolled or lost");
-    }
+    assert_secrets_kept(&before, &after);
     operator.stop().await;
 }
 
@@ -164,12 +180,7 @@ async fn a_restarted_operator_keeps_every_child_and_never_rerolls_a_create_only_
 async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
     let ns = support::namespace().await;
     let (kind, _cleanup) = install_kind(&ns, "Pair").await;
-    let names = create_parents(&kind, &ns, 8).await;
-    let operator = start(&ns, &kind, 16);
-    let parents = kind.api(&ns);
-    for name in &names {
-        wait_ready_and_synced(&parents, name).await;
-    }
+    let (names, operator) = converged(&ns, &kind, 8).await;
     operator.stop().await;
 
     let (operator, addr) = start_measured(&ns, &kind);
@@ -242,10 +253,8 @@ async fn trellis_killed_mid_convergence_and_started_again_loses_and_duplicates_n
     );
     let after = secret_data(&ns).await;
     assert_eq!(after.len(), names.len(), "one Secret per parent");
-    for (name, password) in before.iter().chain(at_kill.iter()) {
-        let now = after.iter().find(|(n, _)| n == name).map(|(_, p)| p);
-        assert_eq!(now, Some(password), "secret {name} re-rolled or lost");
-    }
+    assert_secrets_kept(&before, &after);
+    assert_secrets_kept(&at_kill, &after);
     let cms: Api<ConfigMap> = ns.api();
     let list = cms
         .list(&ListParams::default().labels("trellis.dev/rule=pair"))
