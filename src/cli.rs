@@ -276,7 +276,14 @@ pub enum Command {
     },
     /// Print the JSON Schema of the rule format
     Schema,
-    /// Print the dependency graph of rules' children (all rules, or RULE)
+    /// Print the dependency graph of rules' children and related entries
+    /// (all rules, or RULE)
+    ///
+    /// Nodes are children and related entries (read, never written); edges
+    /// point from what must be ready first to what waits for it: solid for
+    /// `dependsOn`, dotted for an implicit dependency (the child reads
+    /// `children.X` or `related.Y`). forEach, includeWhen, policy, and a
+    /// related entry's selector/optional/readyWhen are marked on the node.
     Graph {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]

@@ -1,15 +1,17 @@
-//! `trellis graph`: the dependency graph of rules' children, as Graphviz DOT
-//! or a Mermaid flowchart.
+//! `trellis graph`: the dependency graph of rules' children and related
+//! entries, as Graphviz DOT or a Mermaid flowchart.
 //!
 //! ```text
 //!  CompiledRule ──Graph::of──▶ Graph { nodes, edges }  ──to_dot / to_mermaid──▶ text
 //! ```
 //!
 //! The graph is plain data built from a compiled rule; the two printers only
-//! format it. A node has a [`NodeKind`] and an edge an [`EdgeKind`], so that a
-//! new kind of node (related objects) or of edge (dependencies inferred from
-//! templates) is one more variant and one more style, not a new printer.
-//! Edges point from what must be ready first to what waits for it.
+//! format it. A node is a child (an object the rule keeps) or a related entry
+//! (an object it only reads); an edge is explicit (`dependsOn`) or implicit (a
+//! template or expression of the child reads `children.X` / `related.Y`). The
+//! edges are the compiler's own dependency lists, so the graph shows exactly
+//! the order the planner applies in. Edges point from what must be ready
+//! first to what waits for it.
 
 use std::fmt::Write;
 
@@ -20,12 +22,16 @@ use crate::rules::model::Policy;
 pub enum NodeKind {
     /// A child the rule keeps in existence.
     Child,
+    /// A `related` entry: read, never written.
+    Related,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EdgeKind {
     /// Listed in `dependsOn`.
     Explicit,
+    /// Read by the child's template or expressions, not listed in `dependsOn`.
+    Implicit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +44,12 @@ pub struct Node {
     pub include_when: Option<String>,
     /// Set when not the default `apply`.
     pub policy: Option<Policy>,
+    /// Related entries: a `selector:` entry reads a list.
+    pub selector: bool,
+    /// Related entries: a missing object holds nothing back.
+    pub optional: bool,
+    /// Related entries: the entry has a `readyWhen`.
+    pub ready_when: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,36 +66,60 @@ pub struct Edge {
 pub struct Graph {
     pub rule: String,
     pub parent_kind: String,
+    /// Related entries first (in rule order), then children (in rule order).
     pub nodes: Vec<Node>,
     pub edges: Vec<Edge>,
 }
 
 impl Graph {
     pub fn of(rule: &CompiledRule) -> Graph {
-        let spec = &rule.rule.spec;
-        let nodes = spec
-            .children
-            .iter()
-            .map(|c| Node {
-                id: c.id.clone(),
-                kind: NodeKind::Child,
-                object_kind: c.kind.clone(),
-                for_each: c.for_each.clone(),
-                include_when: c.include_when.clone(),
-                policy: (c.policy != Policy::Apply).then_some(c.policy),
-            })
-            .collect();
-        let edges = spec
-            .children
-            .iter()
-            .flat_map(|c| {
-                c.depends_on.iter().map(|dep| Edge {
+        let related = rule.related.iter().map(|r| Node {
+            id: r.spec.id.clone(),
+            kind: NodeKind::Related,
+            object_kind: r.spec.kind.clone(),
+            for_each: None,
+            include_when: None,
+            policy: None,
+            selector: r.spec.selector.is_some(),
+            optional: r.spec.optional,
+            ready_when: r.spec.ready_when.is_some(),
+        });
+        let children = rule.children.iter().map(|c| Node {
+            id: c.spec.id.clone(),
+            kind: NodeKind::Child,
+            object_kind: c.spec.kind.clone(),
+            for_each: c.spec.for_each.clone(),
+            include_when: c.spec.include_when.clone(),
+            policy: (c.spec.policy != Policy::Apply).then_some(c.spec.policy),
+            selector: false,
+            optional: false,
+            ready_when: false,
+        });
+        let nodes = related.chain(children).collect();
+        let mut edges = Vec::new();
+        for c in &rule.children {
+            let deps = c
+                .depends_on_related
+                .iter()
+                .filter_map(|&k| rule.related.get(k).map(|r| &r.spec.id))
+                .chain(
+                    c.depends_on
+                        .iter()
+                        .filter_map(|&k| rule.children.get(k).map(|d| &d.spec.id)),
+                );
+            for dep in deps {
+                let kind = if c.spec.depends_on.contains(dep) {
+                    EdgeKind::Explicit
+                } else {
+                    EdgeKind::Implicit
+                };
+                edges.push(Edge {
                     from: dep.clone(),
-                    to: c.id.clone(),
-                    kind: EdgeKind::Explicit,
-                })
-            })
-            .collect();
+                    to: c.spec.id.clone(),
+                    kind,
+                });
+            }
+        }
         Graph {
             rule: rule.name.clone(),
             parent_kind: rule.parent.kind.clone(),
@@ -113,6 +149,22 @@ fn label_lines(node: &Node) -> Vec<String> {
     if let Some(p) = node.policy {
         lines.push(format!("policy: {}", policy_name(p)));
     }
+    if node.kind == NodeKind::Related {
+        lines.push(
+            if node.selector {
+                "read, by selector"
+            } else {
+                "read, by name"
+            }
+            .into(),
+        );
+        if node.optional {
+            lines.push("optional".into());
+        }
+        if node.ready_when {
+            lines.push("readyWhen".into());
+        }
+    }
     lines
 }
 
@@ -125,8 +177,10 @@ fn dot_escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
-/// Graphviz DOT: one cluster per rule; dashed nodes are conditional
-/// (`includeWhen`), 3-D boxes are one object per item (`forEach`).
+/// Graphviz DOT: one cluster per rule; cylinders are related entries (read,
+/// never written), 3-D boxes are one object per item (`forEach`), dashed
+/// nodes are conditional (`includeWhen`, or an `optional` related entry);
+/// dotted edges are implicit dependencies (a read, not in `dependsOn`).
 pub fn to_dot(graphs: &[Graph]) -> String {
     let mut out = String::from(
         "digraph trellis {\n  rankdir=LR;\n  node [shape=box, fontname=\"sans-serif\"];\n",
@@ -146,10 +200,13 @@ pub fn to_dot(graphs: &[Graph]) -> String {
                 .collect::<Vec<_>>()
                 .join("\\n");
             let mut attrs = vec![format!("label=\"{label}\"")];
+            if n.kind == NodeKind::Related {
+                attrs.push("shape=cylinder".into());
+            }
             if n.for_each.is_some() {
                 attrs.push("shape=box3d".into());
             }
-            if n.include_when.is_some() {
+            if n.include_when.is_some() || n.optional {
                 attrs.push("style=dashed".into());
             }
             let _ = writeln!(out, "    {} [{}];", node_name(g, &n.id), attrs.join(", "));
@@ -157,6 +214,7 @@ pub fn to_dot(graphs: &[Graph]) -> String {
         for e in &g.edges {
             let style = match e.kind {
                 EdgeKind::Explicit => "",
+                EdgeKind::Implicit => " [style=dotted]",
             };
             let _ = writeln!(
                 out,
@@ -179,8 +237,9 @@ fn mermaid_escape(s: &str) -> String {
 }
 
 /// A Mermaid flowchart (renders in GitHub's Markdown): one subgraph per
-/// rule; stadium-shaped nodes are conditional (`includeWhen`), double-edged
-/// ones are one object per item (`forEach`).
+/// rule; cylinders are related entries (read, never written), double-edged
+/// nodes are one object per item (`forEach`), stadium-shaped ones are
+/// conditional (`includeWhen`); dotted arrows are implicit dependencies.
 pub fn to_mermaid(graphs: &[Graph]) -> String {
     let mut out = String::from("flowchart LR\n");
     for g in graphs {
@@ -197,16 +256,18 @@ pub fn to_mermaid(graphs: &[Graph]) -> String {
                 .map(|l| mermaid_escape(l))
                 .collect::<Vec<_>>()
                 .join("<br/>");
-            let (open, close) = match (n.for_each.is_some(), n.include_when.is_some()) {
-                (true, _) => ("[[", "]]"),
-                (false, true) => ("([", "])"),
-                (false, false) => ("[", "]"),
+            let (open, close) = match (n.kind, n.for_each.is_some(), n.include_when.is_some()) {
+                (NodeKind::Related, _, _) => ("[(", ")]"),
+                (_, true, _) => ("[[", "]]"),
+                (_, false, true) => ("([", "])"),
+                (_, false, false) => ("[", "]"),
             };
             let _ = writeln!(out, "    {}{open}\"{label}\"{close}", node_name(g, &n.id));
         }
         for e in &g.edges {
             let arrow = match e.kind {
                 EdgeKind::Explicit => "-->",
+                EdgeKind::Implicit => "-.->",
             };
             let _ = writeln!(
                 out,
@@ -227,12 +288,23 @@ mod tests {
     fn graph() -> Graph {
         let rule = crate::rules::testing::rule_with_spec(
             r#"  parent: {apiVersion: demo.example.com/v1, kind: App}
+  related:
+    - id: settings
+      apiVersion: v1
+      kind: ConfigMap
+      name: "{{ spec.settings }}"
+      optional: true
+    - id: nodes
+      apiVersion: v1
+      kind: Namespace
+      selector: {}
+      readyWhen: "self | length > 0"
   children:
     - id: config
       apiVersion: v1
       kind: ConfigMap
       policy: createOnly
-      template: "metadata: {name: x}"
+      template: "metadata: {name: x}\ndata: {a: {{ related.settings.data.a | default('') }}}"
     - id: web-app
       apiVersion: apps/v1
       kind: Deployment
@@ -241,44 +313,90 @@ mod tests {
     - id: route
       apiVersion: networking.k8s.io/v1
       kind: Ingress
-      dependsOn: [web-app]
+      dependsOn: [web-app, nodes]
       includeWhen: "spec.expose"
       forEach: "spec.hosts | select('ne', \"a<b\")"
-      template: "metadata: {name: x}"
+      template: "metadata: {name: {{ children['config'].metadata.name }}}"
 "#,
         );
         Graph::of(&rule)
     }
 
+    fn edges(g: &Graph) -> Vec<(&str, &str, EdgeKind)> {
+        g.edges
+            .iter()
+            .map(|e| (e.from.as_str(), e.to.as_str(), e.kind))
+            .collect()
+    }
+
     #[test]
-    fn nodes_are_children_with_their_markers_and_edges_their_dependencies() {
+    fn nodes_are_related_entries_then_children_with_their_markers() {
         let g = graph();
         assert_eq!(g.rule, "app");
         assert_eq!(
-            g.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
-            ["config", "web-app", "route"]
-        );
-        assert_eq!(g.nodes[0].policy, Some(Policy::CreateOnly));
-        assert_eq!(g.nodes[1].policy, None);
-        assert_eq!(g.nodes[2].include_when.as_deref(), Some("spec.expose"));
-        assert_eq!(
-            g.edges
+            g.nodes
                 .iter()
-                .map(|e| (e.from.as_str(), e.to.as_str()))
+                .map(|n| (n.id.as_str(), n.kind))
                 .collect::<Vec<_>>(),
-            [("config", "web-app"), ("web-app", "route")]
+            [
+                ("settings", NodeKind::Related),
+                ("nodes", NodeKind::Related),
+                ("config", NodeKind::Child),
+                ("web-app", NodeKind::Child),
+                ("route", NodeKind::Child)
+            ]
+        );
+        assert!(g.nodes[0].optional && !g.nodes[0].selector && !g.nodes[0].ready_when);
+        assert!(!g.nodes[1].optional && g.nodes[1].selector && g.nodes[1].ready_when);
+        assert_eq!(g.nodes[2].policy, Some(Policy::CreateOnly));
+        assert_eq!(g.nodes[3].policy, None);
+        assert_eq!(g.nodes[4].include_when.as_deref(), Some("spec.expose"));
+    }
+
+    #[test]
+    fn edges_are_dependson_entries_and_reads_of_children_and_related() {
+        let g = graph();
+        assert_eq!(
+            edges(&g),
+            [
+                ("settings", "config", EdgeKind::Implicit),
+                ("config", "web-app", EdgeKind::Explicit),
+                ("nodes", "route", EdgeKind::Explicit),
+                ("web-app", "route", EdgeKind::Explicit),
+                ("config", "route", EdgeKind::Implicit),
+            ]
         );
     }
 
     #[test]
-    fn dot_marks_conditional_and_repeated_children_and_escapes_quotes() {
+    fn dot_marks_related_conditional_repeated_and_implicit_and_escapes_quotes() {
         let dot = to_dot(&[graph()]);
         assert!(dot.starts_with("digraph trellis {"), "{dot}");
         assert!(
             dot.contains("app__config [label=\"config\\nConfigMap\\npolicy: createOnly\"];"),
             "{dot}"
         );
+        assert!(
+            dot.contains(
+                "app__settings [label=\"settings\\nConfigMap\\nread, by name\\noptional\", shape=cylinder, style=dashed];"
+            ),
+            "{dot}"
+        );
+        assert!(
+            dot.contains(
+                "app__nodes [label=\"nodes\\nNamespace\\nread, by selector\\nreadyWhen\", shape=cylinder];"
+            ),
+            "{dot}"
+        );
         assert!(dot.contains("app__config -> app__web_app;"), "{dot}");
+        assert!(
+            dot.contains("app__settings -> app__config [style=dotted];"),
+            "{dot}"
+        );
+        assert!(
+            dot.contains("app__config -> app__route [style=dotted];"),
+            "{dot}"
+        );
         assert!(
             dot.contains("forEach: spec.hosts | select('ne', \\\"a<b\\\")"),
             "{dot}"
@@ -287,10 +405,16 @@ mod tests {
     }
 
     #[test]
-    fn mermaid_shapes_mark_conditional_and_repeated_children_and_labels_are_escaped() {
+    fn mermaid_shapes_mark_related_conditional_repeated_and_implicit_and_labels_are_escaped() {
         let m = to_mermaid(&[graph()]);
         assert!(
             m.starts_with("flowchart LR\n  subgraph app[\"rule app (parent App)\"]\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "    app__settings[(\"settings<br/>ConfigMap<br/>read, by name<br/>optional\")]\n"
+            ),
             "{m}"
         );
         assert!(
@@ -299,6 +423,7 @@ mod tests {
         );
         assert!(m.contains("    app__route[[\"route<br/>Ingress<br/>forEach: spec.hosts | select('ne', #quot;a#lt;b#quot;)<br/>includeWhen: spec.expose\"]]\n"), "{m}");
         assert!(m.contains("    app__web_app --> app__route\n"), "{m}");
+        assert!(m.contains("    app__settings -.-> app__config\n"), "{m}");
         assert!(m.ends_with("  end\n"), "{m}");
     }
 }
