@@ -26,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::Shared;
+use super::context::{self, RuleCtx};
 use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
-use super::reconcile::{self, RuleCtx};
+use super::reconcile;
 use super::retry::{Failures, WatchBackoff};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::rules::CompiledRule;
@@ -479,7 +480,7 @@ async fn run_controller(
     );
     drop(relisted_tx);
     let (caches_ready, listing) =
-        reconcile::caches_ready(child_stores.iter().map(|(_, s)| s.clone()).collect());
+        context::caches_ready(child_stores.iter().map(|(_, s)| s.clone()).collect());
     let ctx = Arc::new(RuleCtx {
         caches_ready,
         stop: stop.clone(),
@@ -554,12 +555,12 @@ fn parent_of(
     }
 }
 
-fn error_policy(parent: Arc<ParentObject>, err: &reconcile::Error, ctx: Arc<RuleCtx>) -> Action {
-    if let reconcile::Error::NotLeader(_) = err {
+fn error_policy(parent: Arc<ParentObject>, err: &context::Error, ctx: Arc<RuleCtx>) -> Action {
+    if let context::Error::NotLeader(_) = err {
         // Not a failure of the parent: becoming leader reconciles every one.
         return Action::await_change();
     }
-    let key = reconcile::parent_key(&parent.object);
+    let key = context::parent_key(&parent.object);
     let delay = ctx.failures.record(
         &key,
         parent.object.metadata.generation,

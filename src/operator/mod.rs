@@ -17,13 +17,17 @@
 //! goes through one gate ([`leader::Gate`]), open only on the replica that
 //! holds the Lease; the others run the same watches and write nothing.
 
+mod apply;
+mod context;
 mod controller;
 pub mod crds;
 mod decode;
 pub mod discovery;
+mod finalize;
 pub mod leader;
 mod reconcile;
 mod retry;
+mod status_write;
 mod supervisor;
 
 use std::collections::BTreeMap;

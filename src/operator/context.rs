@@ -1,0 +1,250 @@
+//! What one rule's reconciles share: the caches, the clients, the
+//! bookkeeping (backoff, warned status paths) and the errors a pass reports.
+//!
+//! The pass itself is in [`super::reconcile`]; applying a child, writing
+//! status and finalizing are in their own modules.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use kube::api::DynamicObject;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::Value;
+use tokio::sync::watch;
+use tracing::debug;
+
+use super::Shared;
+use super::decode::ParentObject;
+use super::discovery::{Resolved, RuleKinds};
+use crate::plan::LABEL_PARENT_UID;
+use crate::rules::CompiledRule;
+
+/// Everything one rule's reconciles share.
+pub struct RuleCtx {
+    /// The rule as currently loaded; a reload swaps it in place.
+    pub rules: watch::Receiver<Arc<CompiledRule>>,
+    pub kinds: RuleKinds,
+    pub shared: Arc<Shared>,
+    /// Caches of child kinds, filtered to this rule by label.
+    pub children: Vec<(Resolved, Store<DynamicObject>)>,
+    /// The parent cache.
+    pub parents: Store<ParentObject>,
+    /// Consecutive failures per parent: backoff and Warning dedup.
+    pub failures: super::retry::Failures,
+    /// Status paths already reported as dropped by the API server.
+    pub warned: Mutex<BTreeSet<String>>,
+    /// True once every child cache has listed (see [`caches_ready`]).
+    pub caches_ready: watch::Receiver<bool>,
+    /// Cancelled when the rule's watches stop: nothing may wait past it.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+/// Flags when every store has listed. One task awaits the stores, and the
+/// reconciles wait on the flag: a store's own readiness future wakes only
+/// its last waiter, so reconciles waiting on it directly would hold their
+/// slots forever when parents already exist at start.
+pub fn caches_ready(
+    stores: Vec<Store<DynamicObject>>,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(stores.is_empty());
+    let task = tokio::spawn(async move {
+        for store in &stores {
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(true);
+    });
+    (rx, task)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Plan(String),
+    #[error("applying {key}: {}", brief(source))]
+    Apply {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting {key}: {}", brief(source))]
+    Delete {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "{key} already exists and belongs to {owner}; it is not taken over: give the child a name of its own"
+    )]
+    Conflict { key: String, owner: String },
+    #[error("writing status: {}", brief(.0))]
+    Status(#[source] kube::Error),
+    #[error("updating finalizers: {}", brief(.0))]
+    Finalizer(#[source] kube::Error),
+    /// The gate closed (leadership lost or shutdown): the pass stops writing.
+    #[error(transparent)]
+    NotLeader(#[from] super::leader::NotLeader),
+}
+
+impl Error {
+    /// The request got no HTTP answer (connection refused, reset, timeout).
+    pub(super) fn is_transport(&self) -> bool {
+        self.kube_error()
+            .is_some_and(|e| !matches!(e, kube::Error::Api(_)))
+    }
+
+    pub(super) fn kube_error(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Apply { source, .. } | Error::Delete { source, .. } => Some(source),
+            Error::Status(e) | Error::Finalizer(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The API server's own message, without the debug dump around it.
+fn brief(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
+
+/// `namespace/name` (or `name`) of a parent, for logs and backoff keys.
+pub fn parent_key(parent: &DynamicObject) -> String {
+    match parent.namespace() {
+        Some(ns) => format!("{ns}/{}", parent.name_any()),
+        None => parent.name_any(),
+    }
+}
+
+impl RuleCtx {
+    pub fn rule(&self) -> Arc<CompiledRule> {
+        self.rules.borrow().clone()
+    }
+
+    /// Forgets bookkeeping about children and parents that are gone, so the
+    /// maps do not grow with churn. Runs only when they look oversized.
+    pub(super) fn sweep(&self) {
+        if self.failures.len() > 256 {
+            let parents: std::collections::HashSet<String> = self
+                .parents
+                .state()
+                .iter()
+                .map(|p| parent_key(&p.object))
+                .collect();
+            self.failures.retain(|k| parents.contains(k));
+        }
+    }
+
+    pub(super) fn field_manager(&self) -> String {
+        format!("trellis/{}", self.rule().name)
+    }
+
+    pub(super) fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+        let client = self.shared.client.clone();
+        match (kind.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(client, ns, &kind.resource),
+            _ => Api::all_with(client, &kind.resource),
+        }
+    }
+
+    /// Responses decode as [`ParentObject`]: a parent too deep to decode
+    /// can still be written to.
+    pub(super) fn parent_api(&self, parent: &DynamicObject) -> Api<ParentObject> {
+        let (client, kind) = (self.shared.client.clone(), &self.kinds.parent);
+        match (kind.namespaced, parent.namespace()) {
+            (true, Some(ns)) => Api::namespaced_with(client, &ns, &kind.resource),
+            _ => Api::all_with(client, &kind.resource),
+        }
+    }
+
+    pub(super) fn child_kind(&self, group: &str, kind: &str) -> Option<&Resolved> {
+        self.kinds
+            .children
+            .iter()
+            .find(|c| c.gvk.group == group && c.gvk.kind == kind)
+    }
+
+    /// Children of one parent, from the caches.
+    pub(super) fn observed(&self, uid: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (_, store) in &self.children {
+            for obj in store.state() {
+                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid)
+                    && let Ok(v) = serde_json::to_value(obj.as_ref())
+                {
+                    out.push(v);
+                }
+            }
+        }
+        out
+    }
+
+    /// Counts a failed request by HTTP status code (`transport`: no answer).
+    pub(super) fn count_api_error(&self, err: &Error) {
+        let Some(e) = err.kube_error() else {
+            return;
+        };
+        let code = match e {
+            kube::Error::Api(status) => status.code.to_string(),
+            _ => "transport".to_owned(),
+        };
+        self.shared
+            .metrics
+            .api_errors
+            .get_or_create(&crate::telemetry::ApiErrorLabel {
+                rule: self.rule().name.clone(),
+                code,
+            })
+            .inc();
+    }
+
+    /// Publishes the parents-in-backoff gauge of this rule.
+    pub fn report_backoff(&self) {
+        self.shared
+            .metrics
+            .parents_in_backoff
+            .get_or_create(&crate::telemetry::RuleLabel {
+                rule: self.rule().name.clone(),
+            })
+            .set(self.failures.holding(std::time::Instant::now()) as i64);
+    }
+
+    /// A Warning Event, unless the same one was written during this run of
+    /// failures: a retry of an identical failure adds no write.
+    pub(super) async fn warn(&self, parent: &DynamicObject, reason: &str, note: String) {
+        if self
+            .failures
+            .should_warn(&parent_key(parent), &format!("{reason}: {note}"))
+        {
+            self.event(parent, EventType::Warning, reason, note).await;
+        }
+    }
+
+    pub(super) async fn event(
+        &self,
+        parent: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        if !self.shared.gate.may_write() {
+            return;
+        }
+        let reference = parent.object_ref(&self.kinds.parent.resource);
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(crate::status::truncate(&note, 1000)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.shared.recorder.publish(&event, &reference).await {
+            debug!("cannot publish event: {err}");
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Finalizing a parent: the cleanup finalizer, children removed in reverse
+//! dependency order (one wave per child id) when the rule asks, a live
+//! check that none is left, and the finalizer released.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{
+    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+use tracing::info;
+
+use super::FINALIZER;
+use super::context::{Error, RuleCtx, parent_key};
+use crate::plan::{LABEL_CHILD, LABEL_PARENT_UID, LABEL_RULE, ObjectKey};
+
+pub(super) async fn set_finalizers(
+    ctx: &RuleCtx,
+    parent: &DynamicObject,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    ctx.shared.gate.check()?;
+    // resourceVersion makes this a compare-and-swap: other finalizers are never lost.
+    let patch = json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": parent.resource_version(),
+        }
+    });
+    ctx.parent_api(parent)
+        .patch(
+            &parent.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::Finalizer)?;
+    Ok(())
+}
+
+/// Whether any child of this parent still exists, by a live list per child
+/// kind (not the cache).
+async fn live_children_remain(
+    ctx: &RuleCtx,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<bool, Error> {
+    let rule = ctx.rule();
+    let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
+    let params = kube::api::ListParams::default().labels(&selector).limit(1);
+    for kind in &ctx.kinds.children {
+        // Children live in the parent's namespace unless the rule lets them out.
+        let anywhere = rule
+            .children
+            .iter()
+            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let namespace = parent.namespace().filter(|_| !anywhere);
+        let api = ctx.api_for(kind, namespace.as_deref());
+        match api.list_metadata(&params).await {
+            Ok(list) if !list.items.is_empty() => return Ok(true),
+            Ok(_) => {}
+            Err(source) => {
+                return Err(Error::Delete {
+                    key: format!("children of kind {}", kind.gvk),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// A parent being deleted: remove children (in reverse dependency order when
+/// asked, one wave per child id), then release the finalizer.
+pub(super) async fn finalize(
+    parent: &DynamicObject,
+    ctx: &RuleCtx,
+    uid: &str,
+) -> Result<Action, Error> {
+    if !parent.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let rule = &ctx.rule();
+    let key = parent_key(parent);
+    let observed = ctx.observed(uid);
+    let id_of = |o: &Value| {
+        o.pointer("/metadata/labels")
+            .and_then(|l| l.get(LABEL_CHILD))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let ordered = rule.rule.spec.deletion.is_some();
+    let wave: Vec<&Value> = if ordered {
+        // Last in dependency order goes first; ids the rule no longer has go first of all.
+        let rank = |o: &Value| {
+            let id = id_of(o);
+            rule.order
+                .iter()
+                .position(|&i| Some(&rule.children[i].spec.id) == id.as_ref())
+                .map(|p| p + 1)
+                .unwrap_or(usize::MAX)
+        };
+        let top = observed.iter().map(rank).max();
+        observed.iter().filter(|o| Some(rank(o)) == top).collect()
+    } else {
+        observed.iter().collect()
+    };
+    if wave.is_empty() {
+        // The cache may not have seen a child created moments ago: ask the
+        // API server before letting the parent go.
+        if live_children_remain(ctx, parent, uid).await? {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        let rest: Vec<String> = parent
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(ctx, parent, rest).await?;
+        info!(rule = %rule.name, parent = %key, "children removed; finalizer released");
+        return Ok(Action::await_change());
+    }
+    for obj in wave {
+        if obj.pointer("/metadata/deletionTimestamp").is_some() {
+            continue;
+        }
+        let Some(key) = ObjectKey::of(obj) else {
+            continue;
+        };
+        let Some(kind) = ctx.child_kind(&key.group, &key.kind) else {
+            continue;
+        };
+        let api = ctx.api_for(kind, key.namespace.as_deref());
+        let params = DeleteParams {
+            preconditions: obj
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(|u| Preconditions {
+                    uid: Some(u.to_owned()),
+                    resource_version: None,
+                }),
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        ctx.shared.gate.check()?;
+        match api.delete(&key.name, &params).await {
+            Ok(_) => {
+                info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)")
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(source) => {
+                return Err(Error::Delete {
+                    key: key.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    // Watches on the children wake us as they go; poll as a safety net.
+    Ok(Action::requeue(Duration::from_secs(2)))
+}
