@@ -620,7 +620,7 @@ pub fn render(
             plan::PLACEHOLDER_UID
         );
     }
-    let now = now.unwrap_or_else(now_rfc3339);
+    let now = now.unwrap_or_else(crate::clock::now_rfc3339);
     let doc = render_document_with(rule, parent, observed, &now, crds.as_ref());
     let text = match output {
         Output::Json => serde_json::to_string_pretty(&doc).map_err(|e| e.to_string()),
@@ -657,11 +657,6 @@ fn print_out(text: &str) -> Result<(), ExitCode> {
             Err(ExitCode::from(1))
         }
     }
-}
-
-/// Current time as RFC 3339 with second precision (`2026-11-29T08:00:00Z`).
-pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
 pub fn schema() -> ExitCode {

@@ -9,6 +9,7 @@
 //! share this library; `plan` is the only place that decides anything.
 
 pub mod cli;
+pub mod clock;
 pub mod crd;
 pub mod drift;
 pub mod graph;

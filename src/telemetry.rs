@@ -2,10 +2,14 @@
 //! `/metrics`, `/healthz`, `/readyz` and `/status` (rule states and the last
 //! reload's outcome, as JSON — where a rejected rule change explains itself;
 //! and the leader election's state).
+//!
+//! A leaf: it knows nothing of the operator. It defines what it reports
+//! ([`Snapshot`]: rule states, the last reload, the election) and the
+//! operator hands it a function that takes one.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
@@ -21,8 +25,6 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-use crate::operator::{ReloadStatus, RuleState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabel {
@@ -193,12 +195,81 @@ impl Metrics {
     }
 }
 
-/// What `/status` and `/readyz` read.
+/// Where a rule stands, for logs and `/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleState {
+    /// A kind it names is not served yet.
+    Waiting(String),
+    /// It may not do something it needs.
+    Inactive(String),
+    Running,
+}
+
+/// The outcome of the last look at the rules directories.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    /// RFC 3339 time of the last reload attempt that found a change.
+    pub at: Option<String>,
+    /// `None` when the last change loaded whole; else every diagnostic, one per line.
+    pub error: Option<String>,
+    /// Rules in force.
+    pub rules: usize,
+    pub successes: u64,
+    pub failures: u64,
+    /// Rule → the errors that kept it at its last good version (or, for a
+    /// rule that never loaded, from starting).
+    pub rejected: BTreeMap<String, Vec<String>>,
+    /// Errors that concern no rule by name (a new file that does not parse).
+    pub unattributed: Vec<String>,
+}
+
+/// The election as `/status` shows it.
+#[derive(Debug, Clone, Default)]
+pub struct LeaderStatus {
+    pub enabled: bool,
+    pub identity: String,
+    /// `namespace/name` of the Lease.
+    pub lease: String,
+    /// Whether this replica writes now.
+    pub leader: bool,
+    /// Who holds the Lease, as last seen.
+    pub holder: Option<String>,
+    /// RFC 3339 time `leader` last changed.
+    pub since: Option<String>,
+    /// How often this replica became leader.
+    pub terms: u64,
+}
+
+impl LeaderStatus {
+    pub fn to_json(&self) -> serde_json::Value {
+        if !self.enabled {
+            return json!({"enabled": false, "leader": true});
+        }
+        json!({
+            "enabled": true,
+            "identity": self.identity,
+            "lease": self.lease,
+            "leader": self.leader,
+            "holder": self.holder,
+            "since": self.since,
+            "terms": self.terms,
+        })
+    }
+}
+
+/// What `/status` and `/readyz` show, as of one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub reload: ReloadStatus,
+    pub rules: BTreeMap<String, RuleState>,
+    pub leader: LeaderStatus,
+}
+
+/// What the endpoints read: the metrics, and a way to take a [`Snapshot`]
+/// of the operator's state (the operator supplies it).
 pub struct Observability {
     pub metrics: Arc<Metrics>,
-    pub reload: Arc<Mutex<ReloadStatus>>,
-    pub rules: Arc<Mutex<BTreeMap<String, RuleState>>>,
-    pub leader: Arc<Mutex<crate::operator::leader::LeaderStatus>>,
+    pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
 }
 
 fn state_json(state: &RuleState) -> serde_json::Value {
@@ -220,13 +291,8 @@ async fn metrics(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
 }
 
 async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
-    let reload = crate::operator::lock(&obs.reload).clone();
-    let states = crate::operator::lock(&obs.rules).clone();
-    axum::Json(status_json(
-        &reload,
-        &states,
-        crate::operator::lock(&obs.leader).to_json(),
-    ))
+    let now = (obs.snapshot)();
+    axum::Json(status_json(&now.reload, &now.rules, now.leader.to_json()))
 }
 
 /// `/status`: each rule's state, with the errors of its rejected change
@@ -267,8 +333,7 @@ fn status_json(
 /// caches are warm and it can take over at once, so a rolling update and a
 /// PodDisruptionBudget count it.
 async fn readyz(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
-    let reload = crate::operator::lock(&obs.reload).clone();
-    let leader = crate::operator::lock(&obs.leader).clone();
+    let Snapshot { reload, leader, .. } = (obs.snapshot)();
     let role = if leader.enabled && !leader.leader {
         format!(
             " (standby; leader: {})",

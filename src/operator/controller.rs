@@ -34,16 +34,7 @@ use super::retry::{Failures, WatchBackoff};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::rules::CompiledRule;
 use crate::rules::model::{LabelSelector, SelectorOperator};
-
-/// Where a rule stands, for logs and (later) the status endpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuleState {
-    /// A kind it names is not served yet.
-    Waiting(String),
-    /// It may not do something it needs.
-    Inactive(String),
-    Running,
-}
+use crate::telemetry::RuleState;
 
 /// Runs one rule until `shutdown`; a new value on `rules` (same parent and
 /// child kinds) is picked up without restarting watches and re-reconciles

@@ -35,13 +35,12 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
-use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::telemetry::Metrics;
+use crate::telemetry::{LeaderStatus, Metrics};
 
 /// Where a Pod's service account says which namespace it runs in.
 pub const SERVICE_ACCOUNT_NAMESPACE: &str =
@@ -244,40 +243,6 @@ pub fn identity() -> String {
     format!("{host}_{:08x}", rand::random::<u32>())
 }
 
-/// The election as `/status` shows it.
-#[derive(Debug, Clone, Default)]
-pub struct LeaderStatus {
-    pub enabled: bool,
-    pub identity: String,
-    /// `namespace/name` of the Lease.
-    pub lease: String,
-    /// Whether this replica writes now.
-    pub leader: bool,
-    /// Who holds the Lease, as last seen.
-    pub holder: Option<String>,
-    /// RFC 3339 time `leader` last changed.
-    pub since: Option<String>,
-    /// How often this replica became leader.
-    pub terms: u64,
-}
-
-impl LeaderStatus {
-    pub fn to_json(&self) -> Value {
-        if !self.enabled {
-            return json!({"enabled": false, "leader": true});
-        }
-        json!({
-            "enabled": true,
-            "identity": self.identity,
-            "lease": self.lease,
-            "leader": self.leader,
-            "holder": self.holder,
-            "since": self.since,
-            "terms": self.terms,
-        })
-    }
-}
-
 /// Until when the Lease, as seen, lets `identity` write: its own last
 /// renewal plus the renew deadline; `None` when it names someone else, has
 /// no renewal, or that time has passed.
@@ -419,7 +384,7 @@ impl Campaign {
         status.leader = open;
         status.holder = holder;
         if changed {
-            status.since = Some(crate::cli::now_rfc3339());
+            status.since = Some(crate::clock::now_rfc3339());
             if open {
                 status.terms += 1;
                 info!(identity = %self.settings.identity, lease = %self.settings.lease(), "leading: this replica writes");

@@ -48,7 +48,7 @@ use tracing::{info, warn};
 use crate::render::Limits;
 use crate::rules::RuleSet;
 
-pub use controller::RuleState;
+pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
 
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";
@@ -212,7 +212,7 @@ pub async fn run_with(
             .manage_crds
             .then(|| crds::spawn(client.clone(), gate.clone(), shutdown.clone())),
     });
-    let leader_status = Arc::new(std::sync::Mutex::new(leader::LeaderStatus::default()));
+    let leader_status = Arc::new(std::sync::Mutex::new(LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {
         leader::Elector::start(
             client.clone(),
@@ -224,11 +224,18 @@ pub async fn run_with(
         )
     });
     if let Some(listener) = listener {
+        let (reload, rules, leader) = (
+            shared.reload.clone(),
+            shared.rule_states.clone(),
+            leader_status.clone(),
+        );
         let obs = Arc::new(crate::telemetry::Observability {
             metrics: shared.metrics.clone(),
-            reload: shared.reload.clone(),
-            rules: shared.rule_states.clone(),
-            leader: leader_status.clone(),
+            snapshot: Box::new(move || crate::telemetry::Snapshot {
+                reload: lock(&reload).clone(),
+                rules: lock(&rules).clone(),
+                leader: lock(&leader).clone(),
+            }),
         });
         tokio::spawn(crate::telemetry::serve(listener, obs, shutdown.clone()));
     }
@@ -271,24 +278,6 @@ pub async fn run_with(
     crd_task.abort();
     info!("trellis stopped");
     Ok(())
-}
-
-/// The outcome of the last look at the rules directories.
-#[derive(Debug, Clone, Default)]
-pub struct ReloadStatus {
-    /// RFC 3339 time of the last reload attempt that found a change.
-    pub at: Option<String>,
-    /// `None` when the last change loaded whole; else every diagnostic, one per line.
-    pub error: Option<String>,
-    /// Rules in force.
-    pub rules: usize,
-    pub successes: u64,
-    pub failures: u64,
-    /// Rule → the errors that kept it at its last good version (or, for a
-    /// rule that never loaded, from starting).
-    pub rejected: BTreeMap<String, Vec<String>>,
-    /// Errors that concern no rule by name (a new file that does not parse).
-    pub unattributed: Vec<String>,
 }
 
 /// Watches the rules directories and swaps in every rule that validates.
@@ -391,7 +380,7 @@ async fn reload_loop(
                 .get_or_create(&crate::telemetry::RuleLabel { rule: name.clone() })
                 .set(1);
         }
-        status.at = Some(crate::cli::now_rfc3339());
+        status.at = Some(crate::clock::now_rfc3339());
         status.rules = count;
         status.rejected = rejected_rules;
         status.unattributed = unattributed;

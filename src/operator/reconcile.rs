@@ -106,7 +106,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     }
 
     let observed = Observed::from_objects(ctx.observed(&uid));
-    let now = crate::cli::now_rfc3339();
+    let now = crate::clock::now_rfc3339();
     let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
     let plan = plan::plan(
         rule,
@@ -263,7 +263,7 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
     ctx.warn(parent, "Undecodable", why.to_owned()).await;
     let parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
     let observed = Observed::from_objects(Vec::new());
-    let now = crate::cli::now_rfc3339();
+    let now = crate::clock::now_rfc3339();
     let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
     let plan = plan::undecodable(
         &rule,
