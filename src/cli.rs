@@ -294,6 +294,45 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value = "mermaid")]
         output: GraphOutput,
     },
+    /// Against the live cluster (KUBECONFIG or in-cluster): what one pass of the
+    /// operator would change, per child, as a diff
+    ///
+    /// Plans the pass as `trellis run` would, from the live parent, its live
+    /// children and the related objects its rule reads, then asks the API
+    /// server what each write would do with server-side dry-run requests:
+    /// nothing is written. Lists children that would be created (+), updated
+    /// (~, field by field), recreated (!), pruned (-) or refused (x), children
+    /// held back, and changes to the parent's status. Run it with the edited
+    /// rules before shipping them (the operator can keep running).
+    ///
+    /// Exit code: 0 nothing would change, 1 something would, 2 a pass would
+    /// fail or the cluster could not be asked. Needs get/list on the parent,
+    /// child and related kinds, and patch (dry-run) on children and the
+    /// parent's status.
+    Diff {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// A manifest naming the parent (apiVersion, kind, metadata.namespace
+        /// and name); the live object of that name is diffed
+        #[arg(
+            required_unless_present = "all",
+            conflicts_with = "all",
+            value_name = "PARENT.yaml"
+        )]
+        parent: Option<PathBuf>,
+        /// Every parent of every rule
+        #[arg(long)]
+        all: bool,
+        /// With --all: only parents in this namespace
+        #[arg(short = 'n', long, requires = "all", value_name = "NS")]
+        namespace: Option<String>,
+        /// With --all: only this rule's parents
+        #[arg(long, requires = "all", value_name = "RULE")]
+        rule: Option<String>,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
     Crd {
         /// Rules directory (repeatable)
@@ -724,6 +763,73 @@ pub fn graph(dirs: &[PathBuf], rule: Option<&str>, output: GraphOutput) -> ExitC
         }
     );
     ExitCode::SUCCESS
+}
+
+/// `trellis diff` (a PARENT.yaml, or `--all` narrowed by `namespace` and
+/// `rule`): exit 0 nothing would change, 1 something would, 2 error.
+pub fn diff(
+    dirs: &[PathBuf],
+    parent_path: Option<&Path>,
+    namespace: Option<String>,
+    rule: Option<String>,
+    limits: Limits,
+) -> ExitCode {
+    let error = ExitCode::from(2);
+    let Ok(set) = load(dirs, limits) else {
+        return error;
+    };
+    let manifest = match parent_path.map(read_yaml_stream).transpose() {
+        Ok(None) => None,
+        Ok(Some(docs)) => match <[Value; 1]>::try_from(docs) {
+            Ok([doc]) => Some(doc),
+            Err(docs) => {
+                stderr!(
+                    "error: the parent file holds {} documents, not one",
+                    docs.len()
+                );
+                return error;
+            }
+        },
+        Err(e) => {
+            stderr!("error: {e}");
+            return error;
+        }
+    };
+    let target = match &manifest {
+        Some(doc) => crate::diff::live::Target::Parent(doc),
+        None => crate::diff::live::Target::All { namespace, rule },
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            stderr!("error: cannot start the async runtime: {e}");
+            return error;
+        }
+    };
+    let report = runtime.block_on(async {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
+        })?;
+        crate::diff::live::diff(&client, &set, &target).await
+    });
+    match report {
+        Ok(report) => {
+            for note in &report.notes {
+                stderr!("note: {note}");
+            }
+            if print_out(&crate::diff::print(&report.diffs)).is_err() {
+                return error;
+            }
+            ExitCode::from(crate::diff::exit_code(&report.diffs))
+        }
+        Err(e) => {
+            stderr!("error: {e}");
+            error
+        }
+    }
 }
 
 /// The YAML stream `trellis crd` prints: one document per rule with `crd:`,

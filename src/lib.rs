@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod clock;
 pub mod crd;
+pub mod diff;
 pub mod drift;
 pub mod graph;
 pub mod kinds;

@@ -66,6 +66,14 @@ fn main() -> ExitCode {
         } => cli::rbac(&rules, &name, manage_crds),
         Command::Schema => cli::schema(),
         Command::Crd { rules } => cli::crd(&rules),
+        Command::Diff {
+            rules,
+            parent,
+            all: _,
+            namespace,
+            rule,
+            limits,
+        } => cli::diff(&rules, parent.as_deref(), namespace, rule, limits.limits()),
         Command::Graph {
             rules,
             rule,

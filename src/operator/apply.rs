@@ -128,7 +128,7 @@ pub(super) async fn apply_child(
 /// another rule's label, or — for an object without trellis's labels —
 /// whoever made it. Such an object is never written unless the rule lets
 /// the child `adopt` it and it has no controller owner.
-fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<String> {
+pub fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<String> {
     let label = |obj: &Value, name: &str| {
         obj.pointer("/metadata/labels")
             .and_then(|l| l.get(name))
@@ -179,7 +179,7 @@ fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<Strin
 }
 
 /// The render hash recorded on a live child by the apply that made it.
-fn live_render_hash(live: &Value) -> Option<&str> {
+pub fn live_render_hash(live: &Value) -> Option<&str> {
     live.pointer("/metadata/annotations")
         .and_then(|a| a.get(ANNOTATION_RENDER_HASH))
         .and_then(Value::as_str)

@@ -49,6 +49,8 @@ use crate::render::Limits;
 use crate::rules::RuleSet;
 
 pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
+/// What a pass decides about an existing object, shared with `trellis diff`.
+pub use apply::{foreign_owner, live_render_hash};
 
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";

@@ -1,0 +1,504 @@
+//! The cluster side of `trellis diff`: reads the live parent, its children
+//! and the related objects its rule reads, plans one pass exactly as the
+//! operator would, and asks the API server what each write would do with
+//! server-side **dry-run** requests. Nothing here writes: every request is a
+//! GET, a LIST, or carries `dryRun=All`.
+//!
+//! Where the operator would skip a write (a `createOnly` child that exists,
+//! a child whose live object carries this rendering's hash and every field
+//! it sets), so does this, with the same functions
+//! ([`crate::operator::live_render_hash`], [`crate::drift::drifted`],
+//! [`crate::operator::foreign_owner`]).
+
+use std::collections::BTreeSet;
+
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams, TypeMeta};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{ChildChange, ChildDiff, FieldChange, ParentDiff, field_changes, object_changes};
+use crate::kinds::Gvk;
+use crate::operator::discovery::{Resolved, resolve};
+use crate::operator::{FINALIZER, PAUSED_ANNOTATION, foreign_owner, live_render_hash};
+use crate::plan::{
+    self, ANNOTATION_RENDER_HASH, Apply, Input, LABEL_PARENT_UID, LABEL_RULE, ObjectKey, Observed,
+    RelatedRead, RelatedTarget,
+};
+use crate::rules::model::{Policy, Scope};
+use crate::rules::{CompiledRule, RuleSet};
+
+/// Which parents to diff.
+pub enum Target<'a> {
+    /// The live object named by this manifest (apiVersion, kind, namespace, name).
+    Parent(&'a Value),
+    /// Every parent of every rule (or of `rule`), in every watched namespace
+    /// (or in `namespace`).
+    All {
+        namespace: Option<String>,
+        rule: Option<String>,
+    },
+}
+
+/// What `trellis diff` found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub diffs: Vec<ParentDiff>,
+    /// Said on stderr: a rule skipped because its parent kind is not served.
+    pub notes: Vec<String>,
+}
+
+/// Every kind one rule touches, resolved through discovery.
+struct Kinds {
+    parent: Resolved,
+    /// Child and related kinds.
+    others: Vec<Resolved>,
+}
+
+impl Kinds {
+    async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, String> {
+        // The 404 of discovery says little: say what is likely missing.
+        let parent = resolve(client, &rule.parent).await.map_err(|_| {
+            format!(
+                "{} is not served by the API server (is its CRD installed?)",
+                rule.parent
+            )
+        })?;
+        let mut others: Vec<Resolved> = Vec::new();
+        let gvks = rule
+            .children
+            .iter()
+            .map(|c| c.gvk.clone())
+            .chain(rule.related.iter().map(|r| r.gvk.clone()));
+        for gvk in gvks {
+            if !others.iter().any(|o| o.gvk == gvk) {
+                others.push(resolve(client, &gvk).await?);
+            }
+        }
+        Ok(Kinds { parent, others })
+    }
+
+    fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
+        std::iter::once(&self.parent)
+            .chain(&self.others)
+            .find(|k| k.gvk.group == group && k.gvk.kind == kind)
+    }
+
+    fn scope_of(&self, gvk: &Gvk) -> Scope {
+        match self.find(&gvk.group, &gvk.kind) {
+            Some(k) if k.namespaced => Scope::Namespaced,
+            Some(_) => Scope::Cluster,
+            None => crate::kinds::scope(gvk),
+        }
+    }
+}
+
+fn api(client: &Client, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+    match (kind.namespaced, namespace) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &kind.resource),
+        _ => Api::all_with(client.clone(), &kind.resource),
+    }
+}
+
+/// An object as JSON, with its apiVersion/kind (list items may lack them).
+fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
+    obj.types = Some(TypeMeta {
+        api_version: kind.resource.api_version.clone(),
+        kind: kind.resource.kind.clone(),
+    });
+    serde_json::to_value(&obj).unwrap_or(Value::Null)
+}
+
+fn describe(kind: &str, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// Diffs the targeted parents. `Err` when the cluster cannot answer (or the
+/// manifest names no rule's parent); a failing pass is reported in the diff.
+pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result<Report, String> {
+    let mut report = Report::default();
+    match target {
+        Target::Parent(manifest) => {
+            let s = |p: &str| manifest.pointer(p).and_then(Value::as_str);
+            let (Some(api_version), Some(kind), Some(name)) =
+                (s("/apiVersion"), s("/kind"), s("/metadata/name"))
+            else {
+                return Err("the parent manifest needs apiVersion, kind and metadata.name".into());
+            };
+            let gvk = Gvk::new(api_version, kind);
+            let rules: Vec<_> = set.for_parent(&gvk).collect();
+            if rules.is_empty() {
+                return Err(format!("no rule has parent {api_version} {kind}"));
+            }
+            for rule in rules {
+                let kinds = Kinds::of(client, rule).await?;
+                let namespace = s("/metadata/namespace");
+                let live = api(client, &kinds.parent, namespace)
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| format!("{}: {e}", describe(kind, namespace, name)))?
+                    .ok_or_else(|| {
+                        format!(
+                            "{} does not exist on the cluster (diff compares a live parent)",
+                            describe(kind, namespace, name)
+                        )
+                    })?;
+                let live = to_value(live, &kinds.parent);
+                report
+                    .diffs
+                    .push(diff_parent(client, rule, &kinds, &live).await?);
+            }
+        }
+        Target::All { namespace, rule } => {
+            if let Some(name) = rule
+                && set.get(name).is_none()
+            {
+                return Err(format!("no rule named `{name}`"));
+            }
+            for r in &set.rules {
+                if rule.as_ref().is_some_and(|n| *n != r.name) {
+                    continue;
+                }
+                let kinds = match Kinds::of(client, r).await {
+                    Ok(k) => k,
+                    Err(e) => {
+                        report.notes.push(format!("rule {}: skipped: {e}", r.name));
+                        continue;
+                    }
+                };
+                let parents = api(client, &kinds.parent, namespace.as_deref())
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| format!("listing {}: {e}", r.parent))?;
+                let mut parents: Vec<Value> = parents
+                    .items
+                    .into_iter()
+                    .map(|p| to_value(p, &kinds.parent))
+                    .collect();
+                parents.sort_by_key(|p| ObjectKey::of(p).map(|k| (k.namespace, k.name)));
+                for p in &parents {
+                    if plan::parent_matches(r, p) {
+                        report.diffs.push(diff_parent(client, r, &kinds, p).await?);
+                    }
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// One parent under one rule: the pass the operator would run, dry.
+async fn diff_parent(
+    client: &Client,
+    rule: &CompiledRule,
+    kinds: &Kinds,
+    parent: &Value,
+) -> Result<ParentDiff, String> {
+    let s = |p: &str| parent.pointer(p).and_then(Value::as_str);
+    let (name, namespace) = (
+        s("/metadata/name").unwrap_or_default(),
+        s("/metadata/namespace"),
+    );
+    let mut out = ParentDiff {
+        rule: rule.name.clone(),
+        parent: describe(&rule.parent.kind, namespace, name),
+        ..ParentDiff::default()
+    };
+    if !plan::parent_matches(rule, parent) {
+        out.skipped = Some("outside the rule's parent namespaces or selector".into());
+        return Ok(out);
+    }
+    if s("/metadata/deletionTimestamp").is_some() {
+        out.skipped = Some("being deleted: the operator only removes its children".into());
+        return Ok(out);
+    }
+    if parent.pointer(&format!(
+        "/metadata/annotations/{}",
+        PAUSED_ANNOTATION.replace('/', "~1")
+    )) == Some(&json!("true"))
+    {
+        out.skipped = Some(format!("paused ({PAUSED_ANNOTATION}=true)"));
+        return Ok(out);
+    }
+    let uid = s("/metadata/uid").unwrap_or_default();
+
+    // The children, as the operator's caches hold them.
+    let mut objects = Vec::new();
+    let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
+    for child in &rule.children {
+        let Some(kind) = kinds.find(&child.gvk.group, &child.gvk.kind) else {
+            continue;
+        };
+        if objects
+            .iter()
+            .any(|(g, _): &(Gvk, Value)| g.group == child.gvk.group && g.kind == child.gvk.kind)
+        {
+            continue;
+        }
+        let list = api(client, kind, None)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| format!("listing {} children: {e}", child.gvk))?;
+        objects.extend(
+            list.items
+                .into_iter()
+                .map(|o| (child.gvk.clone(), to_value(o, kind))),
+        );
+    }
+    let mut objects: Vec<Value> = objects.into_iter().map(|(_, v)| v).collect();
+
+    // Plan, fetch what the related entries read, plan again until the
+    // reads stop changing (a related name may come from a var).
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let scope_of = |g: &Gvk| kinds.scope_of(g);
+    let mut fetched: BTreeSet<String> = BTreeSet::new();
+    let mut observed;
+    let mut pass;
+    let mut rounds = 0;
+    loop {
+        observed = Observed::from_objects(objects.iter().cloned());
+        pass = plan::plan(
+            rule,
+            &Input {
+                parent,
+                observed: &observed,
+                now: &now,
+                scope_of: &scope_of,
+            },
+        );
+        let new: Vec<&RelatedRead> = pass
+            .reads
+            .iter()
+            .filter(|r| !fetched.contains(&format!("{r:?}")))
+            .collect();
+        rounds += 1;
+        if new.is_empty() || rounds > 4 {
+            break;
+        }
+        for read in new {
+            fetched.insert(format!("{read:?}"));
+            objects.extend(fetch_related(client, kinds, read).await?);
+        }
+    }
+
+    for apply in &pass.apply {
+        let change =
+            child_change(client, rule, kinds, apply, observed.objects.get(&apply.key)).await;
+        out.children.push(ChildDiff {
+            id: apply.id.clone(),
+            key: apply.key.clone(),
+            change,
+        });
+    }
+    for delete in &pass.delete {
+        out.children.push(ChildDiff {
+            id: delete.id.clone(),
+            key: delete.key.clone(),
+            change: ChildChange::Prune,
+        });
+    }
+    out.pending = pass.pending.clone();
+    out.errors = pass.errors.clone();
+
+    let finalizers: Vec<String> = parent
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|f| {
+            f.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    if pass.needs_finalizer && !finalizers.iter().any(|f| f == FINALIZER) {
+        let mut after = finalizers.clone();
+        after.push(FINALIZER.to_owned());
+        out.parent_fields.push(FieldChange {
+            path: "metadata.finalizers".into(),
+            before: (!finalizers.is_empty()).then(|| json!(finalizers)),
+            after: Some(json!(after)),
+        });
+    }
+    if let Some(status) = &pass.status {
+        out.parent_fields
+            .extend(status_changes(client, kinds, parent, name, namespace, status).await?);
+    }
+    Ok(out)
+}
+
+/// The objects one related read covers.
+async fn fetch_related(
+    client: &Client,
+    kinds: &Kinds,
+    read: &RelatedRead,
+) -> Result<Vec<Value>, String> {
+    let gvk = Gvk::new(&read.api_version, &read.kind);
+    let Some(kind) = kinds.find(&gvk.group, &gvk.kind) else {
+        return Ok(Vec::new());
+    };
+    let api = api(client, kind, read.namespace.as_deref());
+    let fail = |e: kube::Error| format!("reading related `{}` ({gvk}): {e}", read.id);
+    match &read.target {
+        RelatedTarget::Name(name) => Ok(api
+            .get_opt(name)
+            .await
+            .map_err(fail)?
+            .map(|o| to_value(o, kind))
+            .into_iter()
+            .collect()),
+        RelatedTarget::Selector(_) => {
+            let list = api.list(&ListParams::default()).await.map_err(fail)?;
+            Ok(list
+                .items
+                .into_iter()
+                .filter(|o| {
+                    let labels = serde_json::to_value(o.labels()).ok();
+                    read.covers(
+                        o.namespace().as_deref(),
+                        &o.name_any(),
+                        labels.as_ref().and_then(Value::as_object),
+                    )
+                })
+                .map(|o| to_value(o, kind))
+                .collect())
+        }
+    }
+}
+
+/// What the operator's apply of one child would do, decided as it decides
+/// and, where it would write, answered by a dry-run.
+async fn child_change(
+    client: &Client,
+    rule: &CompiledRule,
+    kinds: &Kinds,
+    apply: &Apply,
+    observed: Option<&Value>,
+) -> ChildChange {
+    let refused = |why: String| ChildChange::Refused { why };
+    let Some(kind) = kinds.find(&apply.key.group, &apply.key.kind) else {
+        return refused(format!("{}: kind not resolved", apply.key));
+    };
+    let api = api(client, kind, apply.key.namespace.as_deref());
+    let mut live = observed.cloned();
+    if live.is_none() {
+        // Not labelled for this parent: new, or someone else's.
+        match api.get_opt(&apply.key.name).await {
+            Err(e) => return refused(format!("reading {}: {e}", apply.key)),
+            Ok(Some(existing)) => {
+                let existing = to_value(existing, kind);
+                let adopt = rule.child(&apply.id).is_some_and(|c| c.spec.adopt);
+                if let Some(owner) = foreign_owner(&existing, &apply.object, adopt) {
+                    return refused(format!("{} exists and belongs to {owner}", apply.key));
+                }
+                live = Some(existing);
+            }
+            Ok(None) => {}
+        }
+    }
+    let manager = format!("trellis/{}", rule.name);
+    match (apply.policy, &live) {
+        (Policy::CreateOnly, Some(_)) => return ChildChange::Unchanged,
+        (Policy::CreateOnly, None) => {
+            let object: DynamicObject = match serde_json::from_value(apply.object.clone()) {
+                Ok(o) => o,
+                Err(e) => return refused(format!("{}: {e}", apply.key)),
+            };
+            let params = PostParams {
+                dry_run: true,
+                field_manager: Some(manager),
+            };
+            return match api.create(&params, &object).await {
+                Ok(created) => ChildChange::Create {
+                    object: to_value(created, kind),
+                },
+                Err(e) => refused(format!("creating {}: {e}", apply.key)),
+            };
+        }
+        (Policy::Recreate, Some(l)) if live_render_hash(l) != Some(apply.hash.as_str()) => {
+            return ChildChange::Recreate {
+                fields: rendered_changes(l, &apply.object),
+            };
+        }
+        (_, Some(l))
+            if live_render_hash(l) == Some(apply.hash.as_str())
+                && !crate::drift::drifted(&apply.object, l) =>
+        {
+            return ChildChange::Unchanged;
+        }
+        _ => {}
+    }
+    let params = PatchParams::apply(&manager).force().dry_run();
+    match api
+        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+        .await
+    {
+        Err(e) => refused(format!("applying {}: {e}", apply.key)),
+        Ok(after) => {
+            let after = to_value(after, kind);
+            match &live {
+                None => ChildChange::Create { object: after },
+                Some(l) => {
+                    let mut fields = object_changes(l, &after);
+                    // The render hash changes with every other change: noise
+                    // beside them, the one change when alone.
+                    let hash = format!("metadata.annotations[\"{ANNOTATION_RENDER_HASH}\"]");
+                    if fields.len() > 1 {
+                        fields.retain(|f| f.path != hash);
+                    }
+                    if fields.is_empty() {
+                        ChildChange::Unchanged
+                    } else {
+                        ChildChange::Update { fields }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// For `recreate` (no dry-run of a delete-and-create): the rendered fields
+/// whose live value differs.
+fn rendered_changes(live: &Value, rendered: &Value) -> Vec<FieldChange> {
+    object_changes(live, rendered)
+        .into_iter()
+        .filter(|f| f.after.is_some())
+        .collect()
+}
+
+/// The parent's status write, dry: the same merge patch the operator sends.
+async fn status_changes(
+    client: &Client,
+    kinds: &Kinds,
+    parent: &Value,
+    name: &str,
+    namespace: Option<&str>,
+    status: &Value,
+) -> Result<Vec<FieldChange>, String> {
+    let api = api(client, &kinds.parent, namespace);
+    let patch = json!({ "status": status });
+    let params = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let result = if kinds.parent.status_subresource {
+        api.patch_status(name, &params, &Patch::Merge(&patch)).await
+    } else {
+        api.patch(name, &params, &Patch::Merge(&patch)).await
+    };
+    let after = result.map_err(|e| format!("status of {name}: {e}"))?;
+    let after = after.data.get("status").cloned().unwrap_or(json!({}));
+    let before = parent.get("status").cloned().unwrap_or(json!({}));
+    let mut changes = field_changes(&before, &after);
+    for c in &mut changes {
+        c.path = if c.path == "." {
+            "status".into()
+        } else if c.path.starts_with('[') {
+            format!("status{}", c.path)
+        } else {
+            format!("status.{}", c.path)
+        };
+    }
+    Ok(changes)
+}
