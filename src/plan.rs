@@ -16,6 +16,7 @@
 //! the operator and `trellis render` get the very same answer.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use minijinja::context;
 use minijinja::value::ValueKind;
@@ -80,10 +81,29 @@ impl std::fmt::Display for ObjectKey {
 }
 
 /// What the cluster holds that this parent's plan may read: every object
-/// trellis manages for it (found through the `trellis.dev/*` labels).
+/// trellis manages for it (found through the `trellis.dev/*` labels), and
+/// where `related:` entries are looked up.
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
     pub objects: BTreeMap<ObjectKey, Value>,
+    /// Where related objects come from. `None` (offline): from `objects`,
+    /// which then hold them next to the children.
+    pub related: Option<Arc<dyn RelatedSource>>,
+}
+
+/// A store of related objects the planner asks per read, so that only what
+/// a read names or selects is handed over, never a whole cache (the
+/// operator's watch caches implement it).
+pub trait RelatedSource: Send + Sync {
+    /// The objects of `gvk` that `read` covers: the one it names (or none),
+    /// or every one its selector matches, in any order.
+    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Vec<(ObjectKey, Value)>;
+}
+
+impl std::fmt::Debug for dyn RelatedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RelatedSource")
+    }
 }
 
 impl Observed {
@@ -93,7 +113,14 @@ impl Observed {
                 .into_iter()
                 .filter_map(|o| ObjectKey::of(&o).map(|k| (k, o)))
                 .collect(),
+            related: None,
         }
+    }
+
+    /// The same children, with related objects read from `source`.
+    pub fn with_related(mut self, source: Arc<dyn RelatedSource>) -> Observed {
+        self.related = Some(source);
+        self
     }
 
     /// Observed children of `rule` for the parent with `uid`, by child id.
@@ -658,7 +685,9 @@ mod related;
 use conditions::{build_status, child_ready, status_for_failure};
 use object::finish_object;
 pub use object::object_hash;
-pub use related::{MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, selector_matches};
+pub use related::{
+    MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, selector_matches, selector_matches_with,
+};
 
 #[cfg(test)]
 mod tests;

@@ -265,7 +265,7 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 
 /// Drops what the planner never reads before it reaches a cache, and fills
 /// in apiVersion/kind, which list responses leave out of their items.
-fn trim(
+pub(super) fn trim(
     resource: &kube::discovery::ApiResource,
 ) -> impl FnMut(&mut DynamicObject) + Send + 'static {
     let types = kube::core::TypeMeta {
@@ -306,13 +306,39 @@ where
 {
     let writer = Writer::new(kind.resource.clone());
     let store = writer.as_reader();
+    let stream = watch_stream(client, kind, namespaces, config, trim)
+        .reflect(writer)
+        .inspect(relist_signal(relisted));
+    (store, stream)
+}
+
+/// A watch of one kind (one namespace, or all and filtered to `namespaces`),
+/// with its own backoff and `trim` applied to every object.
+pub(super) fn watch_stream<K>(
+    client: &Client,
+    kind: &Resolved,
+    namespaces: &[String],
+    config: watcher::Config,
+    trim: impl FnMut(&mut K) + Send + 'static,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<
+            DynamicType = kube::discovery::ApiResource,
+            Scope = kube::core::DynamicResourceScope,
+        > + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let api: Api<K> = match (kind.namespaced, namespaces) {
         (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
         _ => Api::all_with(client.clone(), &kind.resource),
     };
     let keep: Option<BTreeSet<String>> =
         (kind.namespaced && namespaces.len() > 1).then(|| namespaces.iter().cloned().collect());
-    let stream = watcher(api, config)
+    watcher(api, config)
         .backoff(WatchBackoff::default())
         .modify(trim)
         .filter(move |event| {
@@ -329,9 +355,6 @@ where
             };
             future::ready(pass)
         })
-        .reflect(writer)
-        .inspect(relist_signal(relisted));
-    (store, stream)
 }
 
 /// Signals every relist after the first. A relist (after a 410 Gone, say)
@@ -356,7 +379,7 @@ fn relist_signal<K, E>(
 /// own backoff ([`WatchBackoff`]). Passed on, they would reach the
 /// controller's trigger stream, whose one backoff pauses *every* watch of
 /// the rule, growing to 30 s, on any one watch's error.
-fn own_errors<K: Send + 'static>(
+pub(super) fn own_errors<K: Send + 'static>(
     what: String,
     stream: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {

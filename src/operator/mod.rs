@@ -26,6 +26,7 @@ pub mod discovery;
 mod finalize;
 pub mod leader;
 mod reconcile;
+pub mod related;
 mod retry;
 mod status_write;
 mod supervisor;

@@ -47,12 +47,25 @@ impl RelatedRead {
         name: &str,
         labels: Option<&Map<String, Value>>,
     ) -> bool {
+        self.covers_with(namespace, name, |k| {
+            labels.and_then(|l| l.get(k)).and_then(Value::as_str)
+        })
+    }
+
+    /// [`covers`](Self::covers), with labels read through `label` (so a
+    /// cache's typed objects need no conversion to JSON first).
+    pub fn covers_with<'a>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        label: impl Fn(&str) -> Option<&'a str>,
+    ) -> bool {
         if self.namespace.is_some() && self.namespace.as_deref() != namespace {
             return false;
         }
         match &self.target {
             RelatedTarget::Name(n) => n == name,
-            RelatedTarget::Selector(sel) => selector_matches(sel, labels),
+            RelatedTarget::Selector(sel) => selector_matches_with(sel, label),
         }
     }
 }
@@ -71,7 +84,16 @@ pub(super) enum RelatedState {
 
 /// Whether `labels` satisfy a label selector.
 pub fn selector_matches(selector: &LabelSelector, labels: Option<&Map<String, Value>>) -> bool {
-    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    selector_matches_with(selector, |k| {
+        labels.and_then(|l| l.get(k)).and_then(Value::as_str)
+    })
+}
+
+/// [`selector_matches`], with labels read through `label`.
+pub fn selector_matches_with<'a>(
+    selector: &LabelSelector,
+    label: impl Fn(&str) -> Option<&'a str>,
+) -> bool {
     selector
         .match_labels
         .iter()
@@ -301,30 +323,12 @@ pub(super) fn resolve(
             target,
         };
         let found: Option<Value> = match &read.target {
-            RelatedTarget::Name(name) => {
-                let key = ObjectKey {
-                    group: entry.gvk.group.clone(),
-                    kind: entry.gvk.kind.clone(),
-                    namespace: read.namespace.clone(),
-                    name: name.clone(),
-                };
-                input.observed.objects.get(&key).cloned()
-            }
+            RelatedTarget::Name(_) => lookup(input, entry, &read)
+                .into_iter()
+                .next()
+                .map(|(_, o)| o),
             RelatedTarget::Selector(_) => {
-                let mut items: Vec<(&ObjectKey, &Value)> = input
-                    .observed
-                    .objects
-                    .iter()
-                    .filter(|(k, o)| {
-                        k.group == entry.gvk.group
-                            && k.kind == entry.gvk.kind
-                            && read.covers(
-                                k.namespace.as_deref(),
-                                &k.name,
-                                o.pointer("/metadata/labels").and_then(Value::as_object),
-                            )
-                    })
-                    .collect();
+                let mut items = lookup(input, entry, &read);
                 if items.len() > MAX_RELATED_ITEMS {
                     return Err(RelatedFailure {
                         reason: "RenderError",
@@ -338,9 +342,7 @@ pub(super) fn resolve(
                     });
                 }
                 items.sort_by(|a, b| (&a.0.namespace, &a.0.name).cmp(&(&b.0.namespace, &b.0.name)));
-                Some(Value::Array(
-                    items.into_iter().map(|(_, o)| o.clone()).collect(),
-                ))
+                Some(Value::Array(items.into_iter().map(|(_, o)| o).collect()))
             }
         };
         let state = match found {
@@ -378,6 +380,46 @@ pub(super) fn resolve(
         reads.push(read);
     }
     Ok((Value::Object(context), states, reads))
+}
+
+/// The objects `read` covers: from the related source when there is one
+/// (the operator's caches), else from the observed objects (offline).
+fn lookup(input: &Input, entry: &CompiledRelated, read: &RelatedRead) -> Vec<(ObjectKey, Value)> {
+    if let Some(source) = &input.observed.related {
+        return source.find(&entry.gvk, read);
+    }
+    match &read.target {
+        RelatedTarget::Name(name) => {
+            let key = ObjectKey {
+                group: entry.gvk.group.clone(),
+                kind: entry.gvk.kind.clone(),
+                namespace: read.namespace.clone(),
+                name: name.clone(),
+            };
+            input
+                .observed
+                .objects
+                .get(&key)
+                .map(|o| (key, o.clone()))
+                .into_iter()
+                .collect()
+        }
+        RelatedTarget::Selector(_) => input
+            .observed
+            .objects
+            .iter()
+            .filter(|(k, o)| {
+                k.group == entry.gvk.group
+                    && k.kind == entry.gvk.kind
+                    && read.covers(
+                        k.namespace.as_deref(),
+                        &k.name,
+                        o.pointer("/metadata/labels").and_then(Value::as_object),
+                    )
+            })
+            .map(|(k, o)| (k.clone(), o.clone()))
+            .collect(),
+    }
 }
 
 /// `ConfigMap team-a/settings`, `Namespace (selector env=prod)`.

@@ -1,0 +1,655 @@
+//! Related objects live: the watch-backed caches a rule's `related:` entries
+//! are read from, and the index from a related object to the parents that
+//! read it.
+//!
+//! ```text
+//!  related watch (one per kind, or per static selector) ──step──▶ store
+//!        │ under the index lock: old labels from the store, event applied
+//!        ▼
+//!  ReadIndex: (kind, namespace, name) / selector reads ──▶ parents to re-reconcile
+//!        ▲                                                    │ (controller trigger)
+//!        └── record(parent, plan.reads) after every pass ◀────┘
+//! ```
+//!
+//! The planner never sees a cache: it asks [`Caches`] (a
+//! [`RelatedSource`]) per read, and gets only the object a name read names
+//! or the objects a selector read matches. What to watch is decided from
+//! the rule alone ([`watch_specs`]): a selector with no template in it is a
+//! label-selected watch; anything else watches the whole kind, in the
+//! parent's namespaces unless an entry may read elsewhere. Watches keep
+//! whole objects (templates read `data`, `spec`, `status`), trimmed of
+//! managed fields like every other cache.
+//!
+//! What this module does not own: deciding what a pass reads (that is
+//! `plan::related`), and running the watches' controller (`controller`).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use futures::{FutureExt, StreamExt};
+use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::watcher;
+use serde_json::Value;
+use tracing::warn;
+
+use super::controller::{own_errors, selector_string, trim, watch_stream};
+use super::decode::ParentObject;
+use super::discovery::Resolved;
+use crate::kinds::Gvk;
+use crate::plan::{ObjectKey, RelatedRead, RelatedSource, RelatedTarget};
+use crate::rules::CompiledRule;
+use crate::rules::model::{
+    LabelSelector, LabelSelectorRequirement, RelatedSpec, TemplatedExpressions, TemplatedLabels,
+};
+
+/// One related watch a rule needs, decided from the rule alone (so a reload
+/// that changes it restarts the rule's watches).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WatchSpec {
+    pub gvk: Gvk,
+    /// A static selector's label selector string: the watch lists only
+    /// what it selects. `None`: the whole kind.
+    pub labels: Option<String>,
+    /// Some entry may read outside the parent's namespace
+    /// (`allowCrossNamespace`, `allNamespaces`).
+    pub anywhere: bool,
+}
+
+/// `{{`, `{%` or `{#`: a template, not a literal.
+fn is_templated(s: &str) -> bool {
+    s.contains("{{") || s.contains("{%") || s.contains("{#")
+}
+
+/// The entry's selector when nothing in it is templated.
+fn static_selector(spec: &RelatedSpec) -> Option<LabelSelector> {
+    let sel = spec.selector.as_ref()?;
+    let mut out = LabelSelector::default();
+    match &sel.match_labels {
+        None => {}
+        Some(TemplatedLabels::Map(map)) => {
+            for (k, v) in map {
+                if is_templated(v) {
+                    return None;
+                }
+                out.match_labels.insert(k.clone(), v.clone());
+            }
+        }
+        Some(TemplatedLabels::Template(_)) => return None,
+    }
+    match &sel.match_expressions {
+        None => {}
+        Some(TemplatedExpressions::List(list)) => {
+            for req in list {
+                if req.values.iter().any(|v| is_templated(v)) {
+                    return None;
+                }
+                out.match_expressions.push(LabelSelectorRequirement {
+                    key: req.key.clone(),
+                    operator: req.operator,
+                    values: req.values.clone(),
+                });
+            }
+        }
+        Some(TemplatedExpressions::Template(_)) => return None,
+    }
+    Some(out)
+}
+
+/// The related watches of a rule: per kind, one watch of the whole kind when
+/// any entry of it names objects or has a templated selector; otherwise one
+/// label-selected watch per distinct static selector.
+pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
+    let mut by_kind: BTreeMap<Gvk, Vec<&RelatedSpec>> = BTreeMap::new();
+    for entry in &rule.related {
+        by_kind
+            .entry(entry.gvk.clone())
+            .or_default()
+            .push(&entry.spec);
+    }
+    let mut out = Vec::new();
+    for (gvk, entries) in by_kind {
+        let anywhere = entries
+            .iter()
+            .any(|e| e.allow_cross_namespace || e.all_namespaces);
+        let selectors: Option<Vec<String>> = entries
+            .iter()
+            .map(|e| static_selector(e).map(|s| selector_string(&s)))
+            .collect();
+        match selectors {
+            // An empty selector selects everything: a whole-kind watch.
+            Some(mut labels) if labels.iter().all(|l| !l.is_empty()) => {
+                labels.sort();
+                labels.dedup();
+                out.extend(labels.into_iter().map(|l| WatchSpec {
+                    gvk: gvk.clone(),
+                    labels: Some(l),
+                    anywhere,
+                }));
+            }
+            _ => out.push(WatchSpec {
+                gvk,
+                labels: None,
+                anywhere,
+            }),
+        }
+    }
+    out
+}
+
+/// Group and kind: what a read and an event are matched on (any version).
+type GroupKind = (String, String);
+
+/// A change to related objects, as the index matches it against reads.
+#[derive(Debug, Clone)]
+pub struct Touched {
+    pub group: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    /// `None`: every object of the kind (a relist replaced the cache).
+    pub name: Option<String>,
+    /// The labels before and after (one set for a create or delete).
+    pub labels: Vec<BTreeMap<String, String>>,
+}
+
+impl Touched {
+    fn covered_by(&self, read: &RelatedRead, group: &str) -> bool {
+        if group != self.group || read.kind != self.kind {
+            return false;
+        }
+        let Some(name) = &self.name else {
+            return true;
+        };
+        self.labels.iter().any(|labels| {
+            read.covers_with(self.namespace.as_deref(), name, |k| {
+                labels.get(k).map(String::as_str)
+            })
+        })
+    }
+}
+
+/// Events kept to catch one that lands while a pass is between reading the
+/// caches and recording what it read (see [`ReadIndex::record`]).
+const RECENT_EVENTS: usize = 1024;
+
+/// Which parents read what: related object → parents. Pure, no I/O.
+#[derive(Debug)]
+pub struct ReadIndex<P> {
+    /// Every parent's reads of its last pass (with each read's group).
+    reads: HashMap<P, Vec<(String, RelatedRead)>>,
+    /// Name reads: (group, kind, namespace, name) → parents.
+    by_name: HashMap<(String, String, Option<String>, String), HashSet<P>>,
+    /// Parents with selector reads, per kind.
+    by_selector: HashMap<GroupKind, HashSet<P>>,
+    /// Parents with any read, per kind (a relist wakes them all).
+    by_kind: HashMap<GroupKind, HashSet<P>>,
+    /// Events seen so far; `recent` holds the last ones with their number.
+    seq: u64,
+    recent: VecDeque<(u64, Touched)>,
+}
+
+impl<P> Default for ReadIndex<P> {
+    fn default() -> Self {
+        ReadIndex {
+            reads: HashMap::new(),
+            by_name: HashMap::new(),
+            by_selector: HashMap::new(),
+            by_kind: HashMap::new(),
+            seq: 0,
+            recent: VecDeque::new(),
+        }
+    }
+}
+
+fn group_of(read: &RelatedRead) -> String {
+    Gvk::new(&read.api_version, &read.kind).group
+}
+
+impl<P: Clone + Eq + Hash> ReadIndex<P> {
+    /// The number of the last event seen: take it before a pass reads.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Parents indexed (with at least one read).
+    pub fn len(&self) -> usize {
+        self.reads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reads.is_empty()
+    }
+
+    /// Replaces what `parent` reads. Returns whether an event numbered after
+    /// `since` (the [`seq`](Self::seq) taken before the pass read the
+    /// caches) touched one of these reads: the pass may have missed it, and
+    /// the parent must be reconciled again.
+    pub fn record(&mut self, parent: &P, reads: &[RelatedRead], since: u64) -> bool {
+        self.forget(parent);
+        if reads.is_empty() {
+            return false;
+        }
+        let reads: Vec<(String, RelatedRead)> =
+            reads.iter().map(|r| (group_of(r), r.clone())).collect();
+        for (group, read) in &reads {
+            let gk = (group.clone(), read.kind.clone());
+            self.by_kind
+                .entry(gk.clone())
+                .or_default()
+                .insert(parent.clone());
+            match &read.target {
+                RelatedTarget::Name(name) => {
+                    self.by_name
+                        .entry((
+                            group.clone(),
+                            read.kind.clone(),
+                            read.namespace.clone(),
+                            name.clone(),
+                        ))
+                        .or_default()
+                        .insert(parent.clone());
+                }
+                RelatedTarget::Selector(_) => {
+                    self.by_selector
+                        .entry(gk)
+                        .or_default()
+                        .insert(parent.clone());
+                }
+            }
+        }
+        // Events older than the oldest kept one may be lost: assume missed.
+        let overflowed = self
+            .recent
+            .front()
+            .is_some_and(|(first, _)| *first > since + 1);
+        let missed = overflowed
+            || self
+                .recent
+                .iter()
+                .rev()
+                .take_while(|(n, _)| *n > since)
+                .any(|(_, t)| reads.iter().any(|(g, r)| t.covered_by(r, g)));
+        self.reads.insert(parent.clone(), reads);
+        missed
+    }
+
+    /// Drops a parent's reads (it was deleted, or reads nothing now).
+    pub fn forget(&mut self, parent: &P) {
+        let Some(old) = self.reads.remove(parent) else {
+            return;
+        };
+        for (group, read) in old {
+            let gk = (group.clone(), read.kind.clone());
+            remove_from(&mut self.by_kind, &gk, parent);
+            match read.target {
+                RelatedTarget::Name(name) => {
+                    remove_from(
+                        &mut self.by_name,
+                        &(group, read.kind, read.namespace, name),
+                        parent,
+                    );
+                }
+                RelatedTarget::Selector(_) => remove_from(&mut self.by_selector, &gk, parent),
+            }
+        }
+    }
+
+    /// Keeps only the parents `keep` accepts (a sweep after churn).
+    pub fn retain(&mut self, keep: impl Fn(&P) -> bool) {
+        let gone: Vec<P> = self.reads.keys().filter(|p| !keep(p)).cloned().collect();
+        for p in &gone {
+            self.forget(p);
+        }
+    }
+
+    /// Records a change and returns the parents whose reads cover it.
+    pub fn touch(&mut self, touched: Touched) -> Vec<P> {
+        self.seq += 1;
+        let mut out: HashSet<P> = HashSet::new();
+        let gk = (touched.group.clone(), touched.kind.clone());
+        match &touched.name {
+            None => {
+                if let Some(ps) = self.by_kind.get(&gk) {
+                    out.extend(ps.iter().cloned());
+                }
+            }
+            Some(name) => {
+                let key = (
+                    gk.0.clone(),
+                    gk.1.clone(),
+                    touched.namespace.clone(),
+                    name.clone(),
+                );
+                if let Some(ps) = self.by_name.get(&key) {
+                    out.extend(ps.iter().cloned());
+                }
+                // A cluster-scoped kind, or a name read in every namespace.
+                if touched.namespace.is_some() {
+                    let key = (gk.0.clone(), gk.1.clone(), None, name.clone());
+                    if let Some(ps) = self.by_name.get(&key) {
+                        out.extend(ps.iter().cloned());
+                    }
+                }
+                if let Some(ps) = self.by_selector.get(&gk) {
+                    for p in ps {
+                        let covered = self.reads.get(p).is_some_and(|reads| {
+                            reads.iter().any(|(g, r)| {
+                                matches!(r.target, RelatedTarget::Selector(_))
+                                    && touched.covered_by(r, g)
+                            })
+                        });
+                        if covered {
+                            out.insert(p.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if self.recent.len() == RECENT_EVENTS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((self.seq, touched));
+        out.into_iter().collect()
+    }
+}
+
+fn remove_from<K: Eq + Hash, P: Eq + Hash>(map: &mut HashMap<K, HashSet<P>>, key: &K, p: &P) {
+    if let Some(set) = map.get_mut(key) {
+        set.remove(p);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+/// A parent as the controller queues it.
+pub type ParentRef = ObjectRef<ParentObject>;
+
+/// One related watch, started.
+struct Watch {
+    spec: WatchSpec,
+    kind: Resolved,
+    /// Objects are decoded one by one, as parents are: one object too deep
+    /// to decode never fails the list of its kind (see `decode`).
+    store: Store<ParentObject>,
+}
+
+/// A rule's related caches and read index.
+pub struct Caches {
+    watches: Vec<Watch>,
+    index: Mutex<ReadIndex<ParentRef>>,
+    /// Parents a pass may have read stale data for: reconciled again.
+    missed: tokio::sync::mpsc::UnboundedSender<ParentRef>,
+}
+
+/// The parts [`Caches::start`] hands the controller.
+pub struct Started {
+    pub caches: Arc<Caches>,
+    /// Parents to re-reconcile (`Controller::reconcile_on`).
+    pub triggers: futures::stream::BoxStream<'static, ParentRef>,
+    /// What the caches-ready gate waits on.
+    pub ready: Vec<futures::future::BoxFuture<'static, bool>>,
+}
+
+impl Caches {
+    /// Sets up one watch per [`WatchSpec`]; nothing runs until `triggers`
+    /// is polled. `kinds` are the resolved related kinds; a namespaced kind
+    /// is watched in `parent_namespaces`, or in `operator_namespaces` when an
+    /// entry may read elsewhere or the parent is cluster-scoped (empty: all).
+    pub fn start(
+        client: &Client,
+        rule: &CompiledRule,
+        kinds: &[Resolved],
+        parent_cluster_scoped: bool,
+        parent_namespaces: &[String],
+        operator_namespaces: &[String],
+    ) -> Started {
+        let (missed, missed_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut watches = Vec::new();
+        let mut streams = Vec::new();
+        for spec in watch_specs(rule) {
+            let Some(kind) = kinds.iter().find(|k| k.gvk == spec.gvk) else {
+                continue;
+            };
+            let scope = if spec.anywhere || parent_cluster_scoped {
+                operator_namespaces
+            } else {
+                parent_namespaces
+            };
+            let mut config = watcher::Config::default().streaming_lists();
+            if let Some(labels) = &spec.labels {
+                config = config.labels(labels);
+            }
+            let writer = Writer::new(kind.resource.clone());
+            let store = writer.as_reader();
+            let mut trim = trim(&kind.resource);
+            let stream = watch_stream(client, kind, scope, config, move |o: &mut ParentObject| {
+                trim(&mut o.object)
+            });
+            let what = format!("{} related {}", rule.name, spec.gvk);
+            streams.push((own_errors(what, stream), writer, watches.len()));
+            watches.push(Watch {
+                spec,
+                kind: kind.clone(),
+                store,
+            });
+        }
+        let ready = watches
+            .iter()
+            .map(|w| {
+                let store = w.store.clone();
+                async move { store.wait_until_ready().await.is_ok() }.boxed()
+            })
+            .collect();
+        let caches = Arc::new(Caches {
+            watches,
+            index: Mutex::new(ReadIndex::default()),
+            missed,
+        });
+        let mut triggers: Vec<futures::stream::BoxStream<'static, ParentRef>> = Vec::new();
+        for (stream, mut writer, w) in streams {
+            let caches = caches.clone();
+            let mut listed = false;
+            triggers.push(
+                stream
+                    .flat_map(move |event| {
+                        let parents = match event {
+                            Ok(event) => caches.step(w, &mut writer, &mut listed, &event),
+                            Err(_) => Vec::new(),
+                        };
+                        futures::stream::iter(parents)
+                    })
+                    .boxed(),
+            );
+        }
+        triggers.push(tokio_stream_of(missed_rx));
+        Started {
+            caches,
+            triggers: futures::stream::select_all(triggers).boxed(),
+            ready,
+        }
+    }
+
+    /// Applies one event to watch `w`'s store and returns the parents to
+    /// re-reconcile. Runs under the index lock, so a pass recording its
+    /// reads sees every event either in the store or in `recent`.
+    fn step(
+        &self,
+        w: usize,
+        writer: &mut Writer<ParentObject>,
+        listed: &mut bool,
+        event: &watcher::Event<ParentObject>,
+    ) -> Vec<ParentRef> {
+        let Some(watch) = self.watches.get(w) else {
+            return Vec::new();
+        };
+        let gvk = &watch.kind.gvk;
+        let mut index = super::lock(&self.index);
+        match event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                let old = watch
+                    .store
+                    .get(&ObjectRef::from_obj_with(o, watch.kind.resource.clone()));
+                writer.apply_watcher_event(event);
+                let meta = &o.object.metadata;
+                let mut labels = vec![meta.labels.clone().unwrap_or_default()];
+                if let Some(old) = old {
+                    let before = old.object.metadata.labels.clone().unwrap_or_default();
+                    if before != labels[0] {
+                        labels.push(before);
+                    }
+                }
+                index.touch(Touched {
+                    group: gvk.group.clone(),
+                    kind: gvk.kind.clone(),
+                    namespace: meta.namespace.clone(),
+                    name: meta.name.clone(),
+                    labels,
+                })
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {
+                writer.apply_watcher_event(event);
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                writer.apply_watcher_event(event);
+                // A relist replaces the cache without reporting what went
+                // while the watch was down: every reader of the kind looks.
+                if std::mem::replace(listed, true) {
+                    index.touch(Touched {
+                        group: gvk.group.clone(),
+                        kind: gvk.kind.clone(),
+                        namespace: None,
+                        name: None,
+                        labels: Vec::new(),
+                    })
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    /// Take before a pass reads the caches; hand to [`record`](Self::record).
+    pub fn seq(&self) -> u64 {
+        super::lock(&self.index).seq()
+    }
+
+    /// Records what a parent's pass read; one that may have missed an event
+    /// is queued again.
+    pub fn record(&self, parent: ParentRef, reads: &[RelatedRead], since: u64) {
+        let missed = super::lock(&self.index).record(&parent, reads, since);
+        if missed {
+            let _ = self.missed.send(parent);
+        }
+    }
+
+    pub fn forget(&self, parent: &ParentRef) {
+        super::lock(&self.index).forget(parent);
+    }
+
+    /// Forgets parents gone from the cache, when the index looks oversized.
+    pub fn sweep(&self, parents: &Store<ParentObject>) {
+        let mut index = super::lock(&self.index);
+        if index.len() > parents.len() + 256 {
+            index.retain(|p| parents.get(p).is_some());
+        }
+    }
+
+    /// Objects held in the related caches, by kind (for logs and tests).
+    pub fn sizes(&self) -> Vec<(String, usize)> {
+        self.watches
+            .iter()
+            .map(|w| (w.spec.gvk.to_string(), w.store.len()))
+            .collect()
+    }
+
+    /// The watch a read is served from: the whole-kind watch, or the
+    /// label-selected one with the read's selector.
+    fn watch_for(&self, gvk: &Gvk, read: &RelatedRead) -> Option<&Watch> {
+        let same_kind = |w: &&Watch| w.kind.gvk.group == gvk.group && w.kind.gvk.kind == gvk.kind;
+        if let Some(w) = self
+            .watches
+            .iter()
+            .filter(same_kind)
+            .find(|w| w.spec.labels.is_none())
+        {
+            return Some(w);
+        }
+        let RelatedTarget::Selector(sel) = &read.target else {
+            return None;
+        };
+        let wanted = selector_string(sel);
+        self.watches
+            .iter()
+            .filter(same_kind)
+            .find(|w| w.spec.labels.as_deref() == Some(wanted.as_str()))
+    }
+}
+
+/// A cached object as the planner reads it; an undecodable one is skipped
+/// (and said so): a template must not read half an object.
+fn to_entry(o: &ParentObject) -> Option<(ObjectKey, Value)> {
+    if let Some(why) = &o.undecodable {
+        warn!(
+            object = %format!("{}/{}", o.object.metadata.namespace.as_deref().unwrap_or(""), o.object.metadata.name.as_deref().unwrap_or("")),
+            "related object skipped: {why}"
+        );
+        return None;
+    }
+    let value = serde_json::to_value(&o.object).ok()?;
+    Some((ObjectKey::of(&value)?, value))
+}
+
+impl RelatedSource for Caches {
+    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Vec<(ObjectKey, Value)> {
+        let Some(watch) = self.watch_for(gvk, read) else {
+            return Vec::new();
+        };
+        let covers = |o: &ParentObject| {
+            let meta = &o.object.metadata;
+            read.covers_with(
+                meta.namespace.as_deref(),
+                meta.name.as_deref().unwrap_or_default(),
+                |k| {
+                    meta.labels
+                        .as_ref()
+                        .and_then(|l| l.get(k))
+                        .map(String::as_str)
+                },
+            )
+        };
+        match &read.target {
+            RelatedTarget::Name(name) => {
+                let mut key = ObjectRef::new_with(name, watch.kind.resource.clone());
+                if let (true, Some(ns)) = (watch.kind.namespaced, &read.namespace) {
+                    key = key.within(ns);
+                }
+                watch
+                    .store
+                    .get(&key)
+                    .filter(|o| covers(o))
+                    .and_then(|o| to_entry(&o))
+                    .into_iter()
+                    .collect()
+            }
+            RelatedTarget::Selector(_) => watch
+                .store
+                .state_filter(covers)
+                .iter()
+                .filter_map(|o| to_entry(o))
+                .collect(),
+        }
+    }
+}
+
+/// An unbounded receiver as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> futures::stream::BoxStream<'static, T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+#[cfg(test)]
+mod tests;
