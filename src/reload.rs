@@ -297,8 +297,9 @@ pub fn diff(old: &RuleSet, new: &RuleSet) -> BTreeMap<String, Change> {
     changes
 }
 
-/// Whether the watches a rule needs, or the permissions it needs (a policy
-/// change can add a verb, which only a new preflight checks), changed.
+/// Whether the watches a rule needs (related watches included: a selector
+/// made static, a new cross-namespace entry), or the permissions it needs
+/// (a policy change can add a verb, which only a new preflight checks), changed.
 fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
     let permissions = |r: &CompiledRule| {
         let mut p: Vec<String> = crate::rbac::rule_permissions(r)
@@ -321,6 +322,7 @@ fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
     a.rule.spec.parent != b.rule.spec.parent
         || child_kinds(a) != child_kinds(b)
         || permissions(a) != permissions(b)
+        || crate::operator::related::watch_specs(a) != crate::operator::related::watch_specs(b)
 }
 
 #[cfg(test)]

@@ -35,29 +35,41 @@ pub struct RuleCtx {
     pub failures: super::retry::Failures,
     /// Status paths already reported as dropped by the API server.
     pub warned: Mutex<BTreeSet<String>>,
-    /// True once every child cache has listed (see [`caches_ready`]).
+    /// The related caches and the index of what each parent read.
+    pub related: Arc<super::related::Caches>,
+    /// True once every child and related cache has listed (see [`caches_ready`]).
     pub caches_ready: watch::Receiver<bool>,
     /// Cancelled when the rule's watches stop: nothing may wait past it.
     pub stop: tokio_util::sync::CancellationToken,
 }
 
-/// Flags when every store has listed. One task awaits the stores, and the
+/// Flags when every store has listed (each future: one store's readiness,
+/// `false` when it was dropped). One task awaits the stores, and the
 /// reconciles wait on the flag: a store's own readiness future wakes only
 /// its last waiter, so reconciles waiting on it directly would hold their
 /// slots forever when parents already exist at start.
 pub fn caches_ready(
-    stores: Vec<Store<DynamicObject>>,
+    stores: Vec<futures::future::BoxFuture<'static, bool>>,
 ) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(stores.is_empty());
     let task = tokio::spawn(async move {
-        for store in &stores {
-            if store.wait_until_ready().await.is_err() {
+        for store in stores {
+            if !store.await {
                 return;
             }
         }
         let _ = tx.send(true);
     });
     (rx, task)
+}
+
+/// A store's readiness as [`caches_ready`] takes it.
+pub fn listed<K>(store: Store<K>) -> futures::future::BoxFuture<'static, bool>
+where
+    K: kube::runtime::reflector::Lookup + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    Box::pin(async move { store.wait_until_ready().await.is_ok() })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +150,7 @@ impl RuleCtx {
                 .collect();
             self.failures.retain(|k| parents.contains(k));
         }
+        self.related.sweep(&self.parents);
     }
 
     pub(super) fn field_manager(&self) -> String {

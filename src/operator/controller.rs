@@ -30,6 +30,7 @@ use super::context::{self, RuleCtx};
 use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
 use super::reconcile;
+use super::related;
 use super::retry::{Failures, WatchBackoff};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::rules::CompiledRule;
@@ -98,7 +99,14 @@ async fn rule_loop(
             }
         };
         retry = Duration::from_secs(1);
-        let missing = preflight(&shared.client, &rule, &kinds, &namespaces).await;
+        let missing = preflight(
+            &shared.client,
+            &rule,
+            &kinds,
+            &namespaces,
+            &shared.namespaces,
+        )
+        .await;
         if !missing.is_empty() {
             report(
                 &mut last_state,
@@ -164,15 +172,28 @@ async fn preflight(
     rule: &CompiledRule,
     kinds: &RuleKinds,
     namespaces: &[String],
+    operator_namespaces: &[String],
 ) -> Vec<String> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let namespaced_scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().cloned().map(Some).collect()
+    let scopes_of = |namespaces: &[String]| -> Vec<Option<String>> {
+        if namespaces.is_empty() {
+            vec![None]
+        } else {
+            namespaces.iter().cloned().map(Some).collect()
+        }
     };
+    let namespaced_scopes = scopes_of(namespaces);
+    // Related kinds an entry may read outside the parent's namespace are
+    // watched in every namespace the operator watches (see `related`).
+    let wide_scopes = scopes_of(operator_namespaces);
+    let wide: Vec<crate::kinds::Gvk> = related::watch_specs(rule)
+        .into_iter()
+        .filter(|w| w.anywhere || !kinds.parent.namespaced)
+        .map(|w| w.gvk)
+        .collect();
     let resolved: Vec<&Resolved> = std::iter::once(&kinds.parent)
         .chain(kinds.children.iter())
+        .chain(kinds.related.iter())
         .collect();
     let mut missing = Vec::new();
     for mut perm in crate::rbac::rule_permissions(rule) {
@@ -188,8 +209,12 @@ async fn preflight(
             }
             None => crate::kinds::is_cluster_scoped_resource(&perm.group, &perm.resource),
         };
+        let read_wide = matches!(perm.verb, "get" | "list" | "watch")
+            && known.is_some_and(|r| wide.contains(&r.gvk));
         let scopes = if cluster_scoped {
             &[None][..]
+        } else if read_wide {
+            &wide_scopes[..]
         } else {
             &namespaced_scopes[..]
         };
@@ -448,12 +473,29 @@ async fn run_controller(
         },
     );
 
+    let related = related::Caches::start(
+        &shared.client,
+        &rule,
+        &kinds.related,
+        !parent_kind.namespaced,
+        &namespaces,
+        &shared.namespaces,
+    );
+    // A deleted parent reads nothing any more.
+    let forget = {
+        let (caches, resource) = (related.caches.clone(), parent_kind.resource.clone());
+        move |event: &Result<watcher::Event<ParentObject>, watcher::Error>| {
+            if let Ok(watcher::Event::Delete(p)) = event {
+                caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
+            }
+        }
+    };
     let child_config = watcher::Config::default().labels(&format!("{LABEL_RULE}={}", rule.name));
     let mut child_stores = Vec::new();
     let mut controller = Controller::for_stream_with(
         own_errors(
             format!("{} {}", rule.name, parent_kind.gvk),
-            parent_stream.applied_objects(),
+            parent_stream.inspect(forget).applied_objects(),
         )
         .predicate_filter(
             outside_status,
@@ -489,13 +531,22 @@ async fn run_controller(
         rule = %rule.name,
         parent = %parent_kind.gvk,
         children = %kinds.children.iter().map(|c| c.gvk.to_string()).collect::<Vec<_>>().join(", "),
+        related = %kinds.related.iter().map(|c| c.gvk.to_string()).collect::<Vec<_>>().join(", "),
         namespaces = %if namespaces.is_empty() { "all".to_owned() } else { namespaces.join(",") },
         "watching"
     );
     drop(relisted_tx);
-    let (caches_ready, listing) =
-        context::caches_ready(child_stores.iter().map(|(_, s)| s.clone()).collect());
+    // Related events re-reconcile exactly the parents whose reads cover them.
+    controller = controller.reconcile_on(related.triggers);
+    let (caches_ready, listing) = context::caches_ready(
+        child_stores
+            .iter()
+            .map(|(_, s)| context::listed(s.clone()))
+            .chain(related.ready)
+            .collect(),
+    );
     let ctx = Arc::new(RuleCtx {
+        related: related.caches,
         caches_ready,
         stop: stop.clone(),
         rules: rules.clone(),

@@ -26,6 +26,8 @@ pub struct RuleKinds {
     pub parent: Resolved,
     /// One entry per distinct child kind, in first-use order.
     pub children: Vec<Resolved>,
+    /// One entry per distinct related kind, in first-use order.
+    pub related: Vec<Resolved>,
 }
 
 impl RuleKinds {
@@ -38,7 +40,10 @@ impl RuleKinds {
         let namespaced = if &self.parent.gvk == gvk {
             self.parent.namespaced
         } else {
-            self.child(gvk).map(|c| c.namespaced).unwrap_or(true)
+            self.child(gvk)
+                .or_else(|| self.related.iter().find(|r| &r.gvk == gvk))
+                .map(|c| c.namespaced)
+                .unwrap_or(true)
         };
         if namespaced {
             crate::rules::model::Scope::Namespaced
@@ -62,7 +67,7 @@ pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, String> {
     }
 }
 
-/// Resolves the parent and every child kind of a rule.
+/// Resolves the parent, every child kind and every related kind of a rule.
 pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKinds, String> {
     let parent = resolve(client, &rule.parent).await?;
     let mut children: Vec<Resolved> = Vec::new();
@@ -72,5 +77,16 @@ pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKi
         }
         children.push(resolve(client, &child.gvk).await?);
     }
-    Ok(RuleKinds { parent, children })
+    let mut related: Vec<Resolved> = Vec::new();
+    for entry in &rule.related {
+        if related.iter().any(|r| r.gvk == entry.gvk) {
+            continue;
+        }
+        related.push(resolve(client, &entry.gvk).await?);
+    }
+    Ok(RuleKinds {
+        parent,
+        children,
+        related,
+    })
 }

@@ -101,11 +101,16 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         return Ok(Action::await_change());
     }
     let parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
+    let parent_ref = super::related::parent_ref(parent, &ctx.kinds.parent.resource);
     if !plan::parent_matches(rule, &parent_json) {
+        ctx.related.forget(&parent_ref);
         return Ok(Action::await_change());
     }
 
-    let observed = Observed::from_objects(ctx.observed(&uid));
+    // Related objects are looked up in their caches per read; `since` lets
+    // the index catch an event landing between those reads and the record.
+    let since = ctx.related.seq();
+    let observed = Observed::from_objects(ctx.observed(&uid)).with_related(ctx.related.clone());
     let now = crate::clock::now_rfc3339();
     let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
     let plan = plan::plan(
@@ -116,6 +121,15 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             now: &now,
             scope_of: &scope_of,
         },
+    );
+    ctx.related.record(parent_ref, &plan.reads, since);
+    debug!(
+        rule = %rule.name,
+        parent = %key,
+        reads = plan.reads.len(),
+        apply = plan.apply.len(),
+        pending = plan.pending.len(),
+        "planned"
     );
 
     if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {

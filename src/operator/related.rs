@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
@@ -366,6 +366,19 @@ fn remove_from<K: Eq + Hash, P: Eq + Hash>(map: &mut HashMap<K, HashSet<P>>, key
 /// A parent as the controller queues it.
 pub type ParentRef = ObjectRef<ParentObject>;
 
+/// The queue's reference to a parent object.
+pub fn parent_ref(
+    parent: &kube::api::DynamicObject,
+    resource: &kube::discovery::ApiResource,
+) -> ParentRef {
+    let meta = &parent.metadata;
+    let r = ObjectRef::new_with(meta.name.as_deref().unwrap_or_default(), resource.clone());
+    match &meta.namespace {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
 /// One related watch, started.
 struct Watch {
     spec: WatchSpec,
@@ -437,10 +450,7 @@ impl Caches {
         }
         let ready = watches
             .iter()
-            .map(|w| {
-                let store = w.store.clone();
-                async move { store.wait_until_ready().await.is_ok() }.boxed()
-            })
+            .map(|w| super::context::listed(w.store.clone()))
             .collect();
         let caches = Arc::new(Caches {
             watches,
