@@ -5,6 +5,7 @@
 
 mod support;
 
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
@@ -12,7 +13,8 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use support::operator::{
-    Cleanup, Operator, WAIT, rule_set, wait_exists, wait_for, wait_ready_and_synced,
+    Cleanup, Operator, WAIT, rule_set, service_account_with_role, wait_exists, wait_for,
+    wait_ready_and_synced,
 };
 
 /// A rule in a group of this test's own, with bounds, an enum, a CEL rule,
@@ -275,14 +277,16 @@ fn established(crd: &CustomResourceDefinition) -> Result<(), String> {
     }
 }
 
+/// Runs with exactly the ClusterRole `trellis rbac --manage-crds` prints
+/// (bound to a ServiceAccount the operator impersonates): that is enough to
+/// create and update the rule's CRD, and not enough to write any other.
 #[tokio::test]
-async fn manage_crds_installs_the_generated_crd_and_updates_it_when_the_rule_changes() {
+async fn manage_crds_with_only_the_rbac_role_installs_and_updates_its_crd_and_no_other() {
     let ns = support::namespace().await;
     let group = format!("{}.trellis.test", support::unique_name("managed"));
     let crd_name = format!("gadgets.{group}");
     let mut cleanup = Cleanup::default();
     cleanup.add::<CustomResourceDefinition>(&crd_name);
-    let _cleanup = cleanup;
 
     let dir = tempfile::tempdir().expect("rules dir");
     let rule_file = dir.path().join("gadget.yaml");
@@ -301,7 +305,17 @@ async fn manage_crds_installs_the_generated_crd_and_updates_it_when_the_rule_cha
     options.manage_crds = true;
     options.reload_debounce = std::time::Duration::from_millis(200);
     options.reload_poll = std::time::Duration::from_secs(1);
-    let operator = Operator::spawn(options, set, &ns.client);
+    let role = trellis::rbac::cluster_role_with(&set, &support::unique_name("trellis-crds"), true);
+    let probe = ResourceAttributes {
+        group: Some("apiextensions.k8s.io".into()),
+        resource: Some("customresourcedefinitions".into()),
+        verb: Some("patch".into()),
+        name: Some(crd_name.clone()),
+        ..Default::default()
+    };
+    let operator_client = service_account_with_role(&ns, role, probe, &mut cleanup).await;
+    let _cleanup = cleanup;
+    let operator = Operator::spawn(options, set, &operator_client);
 
     let crd = wait_crd(
         &ns.client,
@@ -376,5 +390,22 @@ async fn manage_crds_installs_the_generated_crd_and_updates_it_when_the_rule_cha
     })
     .await;
     assert_eq!(accepted.data["spec"]["color"], "red");
+
+    // The same identity is refused a CRD that no rule names.
+    let other_group = format!("{}.trellis.test", support::unique_name("unnamed"));
+    let other = rule_set(&[&gadget_rule(&other_group)]).rules[0]
+        .crd
+        .clone()
+        .expect("the rule sets crd:");
+    let err = trellis::operator::crds::apply(&operator_client, &other)
+        .await
+        .expect_err("a CRD not named by the role is refused");
+    assert!(err.contains("forbidden"), "{err}");
+    let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
+    let stored = crds
+        .get_opt(&format!("gadgets.{other_group}"))
+        .await
+        .expect("get CRD");
+    assert!(stored.is_none(), "the refused CRD exists");
     operator.stop().await;
 }

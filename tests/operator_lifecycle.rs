@@ -2,20 +2,18 @@
 //! late, several rules in one process, and permissions.
 mod support;
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use support::operator::{
     Cleanup, LogCapture, Operator, QUIET, TestKind, WAIT, assert_absent, condition_state,
-    impersonating, install_kind, rule_set, wait_condition, wait_exists, wait_finalizer, wait_for,
-    wait_gone,
+    install_kind, rule_set, service_account_with_role, wait_condition, wait_exists, wait_finalizer,
+    wait_for, wait_gone,
 };
 
 /// One ConfigMap per parent; `@NAME@` is the rule's name.
@@ -263,52 +261,13 @@ async fn service_account_client(
             }
         }
     }
-    let role: ClusterRole = serde_json::from_value(role).expect("ClusterRole");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "trellis", "namespace": ns.name()}],
-    }))
-    .expect("ClusterRoleBinding");
-    cleanup.add::<ClusterRole>(&name);
-    cleanup.add::<ClusterRoleBinding>(&name);
-    Api::<ClusterRole>::all(ns.client.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create ClusterRole");
-    Api::<ClusterRoleBinding>::all(ns.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create ClusterRoleBinding");
-
-    let client = impersonating(&format!("system:serviceaccount:{}:trellis", ns.name())).await;
-    // The authorizer learns of new bindings through a watch: wait until it has.
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    support::eventually("the new binding to take effect", WAIT, || async {
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    resource: Some("configmaps".into()),
-                    verb: Some("get".into()),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| e.to_string())?;
-        answer
-            .status
-            .is_some_and(|s| s.allowed)
-            .then_some(())
-            .ok_or("not allowed yet".to_owned())
-    })
-    .await;
-    client
+    let probe = ResourceAttributes {
+        resource: Some("configmaps".into()),
+        verb: Some("get".into()),
+        namespace: Some(ns.name().to_owned()),
+        ..Default::default()
+    };
+    service_account_with_role(ns, role, probe, cleanup).await
 }
 
 fn forbidden_lines(logs: &LogCapture) -> Vec<String> {

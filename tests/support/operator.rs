@@ -21,8 +21,12 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
@@ -352,6 +356,63 @@ pub async fn impersonating(user: &str) -> Client {
         .expect("client config");
     config.auth_info.impersonate = Some(user.to_owned());
     Client::try_from(config).expect("impersonating client")
+}
+
+/// Creates `role` (a ClusterRole manifest, e.g. what `trellis rbac` prints)
+/// and binds it to the ServiceAccount `trellis` of the test's namespace;
+/// returns a client acting as it, once the authorizer allows it `probe`
+/// (it learns of new bindings through a watch). Both are removed by `cleanup`.
+pub async fn service_account_with_role(
+    ns: &TestNamespace,
+    role: Value,
+    probe: ResourceAttributes,
+    cleanup: &mut Cleanup,
+) -> Client {
+    let role: ClusterRole = serde_json::from_value(role).expect("ClusterRole");
+    let name = role
+        .metadata
+        .name
+        .clone()
+        .expect("the ClusterRole has a name");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "trellis", "namespace": ns.name()}],
+    }))
+    .expect("ClusterRoleBinding");
+    cleanup.add::<ClusterRole>(&name);
+    cleanup.add::<ClusterRoleBinding>(&name);
+    Api::<ClusterRole>::all(ns.client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create ClusterRole");
+    Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create ClusterRoleBinding");
+
+    let client = impersonating(&format!("system:serviceaccount:{}:trellis", ns.name())).await;
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    super::eventually("the new binding to take effect", WAIT, || async {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(probe.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| e.to_string())?;
+        answer
+            .status
+            .is_some_and(|s| s.allowed)
+            .then_some(())
+            .ok_or("not allowed yet".to_owned())
+    })
+    .await;
+    client
 }
 
 /// The condition `type_` of an object's `.status.conditions`.
