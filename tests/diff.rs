@@ -348,3 +348,64 @@ async fn the_diff_command_exits_one_on_a_change_and_two_for_a_missing_parent() {
         "diff wrote to the cluster"
     );
 }
+
+const COPY_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: copier
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  related:
+    - id: source
+      apiVersion: v1
+      kind: ConfigMap
+      name: "{{ spec.from }}"
+  children:
+    - id: copy
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-copy" }}
+        data: {{ related.source.data }}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_reads_the_related_objects_the_rule_reads() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Copier").await;
+    let rules = kind.rule(COPY_RULE);
+    kind.create(&ns, "c", json!({"from": "settings"}), &[])
+        .await;
+    let parent = manifest(&kind, &ns, "c");
+
+    // The source is missing: the copy is held back, nothing else happens.
+    let report = dry(&ns, &kind, &rules, Target::Parent(&parent)).await;
+    let text = print(&report.diffs);
+    assert!(
+        text.contains("  . copy held back: RelatedNotFound"),
+        "{text}"
+    );
+    assert!(report.diffs[0].children.is_empty(), "{text}");
+
+    // Once it exists, its data is what the copy would be created with.
+    let cms: Api<ConfigMap> = ns.api();
+    let source: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings"}, "data": {"color": "blue"}
+    }))
+    .expect("ConfigMap");
+    cms.create(&Default::default(), &source)
+        .await
+        .expect("create source");
+    let report = dry(&ns, &kind, &rules, Target::Parent(&parent)).await;
+    let text = print(&report.diffs);
+    assert!(
+        matches!(change_of(&report, "copy"), ChildChange::Create { .. }),
+        "{text}"
+    );
+    assert!(text.contains("      + data.color: \"blue\"\n"), "{text}");
+    assert_eq!(exit_code(&report.diffs), 1, "{text}");
+}
