@@ -177,8 +177,52 @@ fn apply_defaults(schema: &Value, value: &mut Value) {
     }
 }
 
+/// A CRD's OpenAPI v3 schema as the JSON Schema (draft 4) that accepts what
+/// the API server accepts, where the two differ in words only: `nullable:
+/// true` admits `null`, `x-kubernetes-int-or-string` an integer or a string,
+/// and `x-kubernetes-list-type: set` refuses duplicates. What has no JSON
+/// Schema counterpart (CEL `x-kubernetes-validations`, `map` list keys) is
+/// not checked offline.
+fn as_json_schema(schema: &Value) -> Value {
+    let Value::Object(map) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::new();
+    for (k, v) in map {
+        let v = match (k.as_str(), v) {
+            ("properties", Value::Object(props)) => Value::Object(
+                props
+                    .iter()
+                    .map(|(name, p)| (name.clone(), as_json_schema(p)))
+                    .collect(),
+            ),
+            ("items" | "additionalProperties" | "not", v) => as_json_schema(v),
+            ("allOf" | "anyOf" | "oneOf", Value::Array(list)) => {
+                Value::Array(list.iter().map(as_json_schema).collect())
+            }
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    let flag = |name: &str| map.get(name) == Some(&Value::Bool(true));
+    if flag("nullable")
+        && let Some(Value::String(t)) = map.get("type")
+    {
+        out.insert("type".into(), serde_json::json!([t, "null"]));
+    }
+    if flag("x-kubernetes-int-or-string") {
+        out.insert("type".into(), serde_json::json!(["integer", "string"]));
+    }
+    if map.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("set") {
+        out.insert("uniqueItems".into(), Value::Bool(true));
+    }
+    Value::Object(out)
+}
+
 /// The parent's `.spec` checked against the CRD's spec schema (after its
 /// defaults), as the API server would at admission; one message per problem.
+/// Not checked offline: CEL rules, and fields the schema does not declare
+/// (the API server prunes those silently rather than refusing them).
 pub fn validate_parent(version: &Value, parent: &Value) -> Vec<String> {
     let Some(schema) = version.pointer("/schema/openAPIV3Schema/properties/spec") else {
         return Vec::new();
@@ -188,7 +232,7 @@ pub fn validate_parent(version: &Value, parent: &Value) -> Vec<String> {
         .cloned()
         .unwrap_or(Value::Object(Default::default()));
     apply_defaults(schema, &mut spec);
-    match jsonschema::draft4::new(schema) {
+    match jsonschema::draft4::new(&as_json_schema(schema)) {
         Ok(validator) => validator
             .iter_errors(&spec)
             .map(|e| {

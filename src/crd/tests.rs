@@ -801,3 +801,41 @@ fn offline_crds_give_scope_schema_checks_and_dropped_status_warnings() {
         warnings[0]
     );
 }
+
+#[test]
+fn offline_parent_check_reads_nullable_int_or_string_and_set_lists_as_the_api_server_does() {
+    use super::offline::validate_parent;
+    let version = json!({"schema": {"openAPIV3Schema": {"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "note": {"type": "string", "nullable": true},
+            "port": {"x-kubernetes-int-or-string": true},
+            "tags": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "set"},
+            "nested": {"type": "object", "properties": {
+                "hosts": {"type": "array", "items": {"type": "string", "nullable": true}},
+            }},
+        }},
+    }}}});
+    let check = |spec: Value| validate_parent(&version, &json!({"spec": spec}));
+    assert_eq!(
+        check(json!({"note": null, "port": "http", "tags": ["a", "b"]})),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        check(json!({"port": 8080, "nested": {"hosts": [null, "a"]}})),
+        Vec::<String>::new()
+    );
+    let refused = check(json!({"port": true, "tags": ["a", "a"], "note": 1}));
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.starts_with("the CRD's schema refuses spec.tags")),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.starts_with("the CRD's schema refuses spec.port")),
+        "{refused:?}"
+    );
+}
