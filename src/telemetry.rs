@@ -65,6 +65,24 @@ pub struct Metrics {
     pub undecodable: Family<KindLabel, Counter>,
     /// 1 for each rule the last reload rejected (it keeps its last good version).
     pub rule_rejected: Family<RuleLabel, Gauge>,
+    /// Every request sent to the API server, watches included.
+    pub api_requests: Family<RequestLabel, Counter>,
+    /// Events written, by rule and reason.
+    pub events: Family<EventLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabel {
+    /// `get`, `list`, `watch`, `create`, `apply`, `patch`, `update`, `delete`, …
+    pub verb: String,
+    /// `configmaps`, `apps/deployments`, `example.com/widgets/status`, …
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    pub rule: String,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -158,7 +176,21 @@ impl Default for Metrics {
             "1 for a rule whose last change was rejected (it runs its last good version, or not at all)",
             rule_rejected.clone(),
         );
+        let api_requests = Family::<RequestLabel, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests sent to the API server by verb and resource (watches included)",
+            api_requests.clone(),
+        );
+        let events = Family::<EventLabel, Counter>::default();
+        registry.register(
+            "events",
+            "Events written by rule and reason",
+            events.clone(),
+        );
         Metrics {
+            api_requests,
+            events,
             rule_rejected,
             parents_in_backoff,
             api_errors,
@@ -182,6 +214,15 @@ impl Metrics {
             .get_or_create(&OpLabel {
                 rule: rule.to_owned(),
                 op: op.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn api_request(&self, verb: &str, resource: &str) {
+        self.api_requests
+            .get_or_create(&RequestLabel {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
             })
             .inc();
     }

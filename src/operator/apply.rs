@@ -10,7 +10,7 @@ use kube::api::{
     DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
 use serde_json::Value;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::context::{Error, RuleCtx};
 use crate::plan::{ANNOTATION_RENDER_HASH, Apply, LABEL_PARENT_UID, LABEL_RULE};
@@ -19,15 +19,51 @@ use crate::rules::model::Policy;
 /// What happened to one child.
 pub(super) enum Outcome {
     Unchanged,
+    /// Written moments ago with this rendering, not in the cache yet: not
+    /// sent again (the pass checks once more later).
+    Unseen,
     Created,
     Updated,
 }
 
+/// The outcome, and the object as the API server answered a write: the
+/// pass reads it as observed state instead of waiting for the watch.
+pub(super) struct Applied {
+    pub outcome: Outcome,
+    pub object: Option<Value>,
+}
+
+impl Applied {
+    fn unchanged() -> Applied {
+        Applied {
+            outcome: Outcome::Unchanged,
+            object: None,
+        }
+    }
+
+    fn written(outcome: Outcome, object: DynamicObject) -> Applied {
+        Applied {
+            outcome,
+            object: serde_json::to_value(&object).ok(),
+        }
+    }
+}
+
+/// Applies one child of the parent with uid `parent_uid`; `live` is the
+/// object as this parent's cached children hold it.
+///
+/// A child not among them is new, not cached yet, or someone else's, and
+/// is written without a read first: what the caches know decides what they
+/// can (another parent's object, one this process just made), and the API
+/// server refuses the rest — a create-only POST meets `AlreadyExists`, an
+/// unforced apply meets a field another manager owns or a second controller
+/// reference. Only a refused write is followed by a read, to name the owner.
 pub(super) async fn apply_child(
     ctx: &RuleCtx,
     apply: &Apply,
     live: Option<&Value>,
-) -> Result<Outcome, Error> {
+    parent_uid: &str,
+) -> Result<Applied, Error> {
     let fail = |source| Error::Apply {
         key: apply.key.to_string(),
         source,
@@ -36,49 +72,72 @@ pub(super) async fn apply_child(
         return Err(Error::Plan(format!("{}: kind not resolved", apply.key)));
     };
     let api = ctx.api_for(kind, apply.key.namespace.as_deref());
-    // Whether the object exists, even where the cache has not caught up:
-    // decides between "created" and "applied" in logs and Events.
-    let mut existed = live.is_some();
-    if live.is_none() {
-        // Not among this parent's cached children: new, not in the cache yet,
-        // or made for another parent (two parents rendering one name), which
-        // a forced apply would silently take over.
-        if let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? {
-            existed = true;
-            let existing = serde_json::to_value(&existing).unwrap_or_default();
-            let adopt = ctx
-                .rule()
-                .children
-                .iter()
-                .any(|c| c.spec.id == apply.id && c.spec.adopt);
-            if let Some(owner) = foreign_owner(&existing, &apply.object, adopt) {
-                return Err(Error::Conflict {
-                    key: apply.key.to_string(),
-                    owner,
-                });
-            }
-            if apply.policy == Policy::CreateOnly {
-                return Ok(Outcome::Unchanged);
-            }
-        } else if apply.policy == Policy::CreateOnly {
-            // A create, not an apply: should the object appear meanwhile it
-            // is kept as it is (a `rand_alnum` secret is never re-rolled).
-            let object: DynamicObject = serde_json::from_value(apply.object.clone())
-                .map_err(|e| Error::Plan(format!("{}: {e}", apply.key)))?;
-            let params = PostParams {
-                field_manager: Some(ctx.field_manager()),
-                ..PostParams::default()
-            };
-            ctx.shared.gate.check()?;
-            return match api.create(&params, &object).await {
-                Ok(_) => Ok(Outcome::Created),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Unchanged),
-                Err(source) => Err(fail(source)),
-            };
+    let adopt = ctx
+        .rule()
+        .children
+        .iter()
+        .any(|c| c.spec.id == apply.id && c.spec.adopt);
+    let conflict = |owner| Error::Conflict {
+        key: apply.key.to_string(),
+        owner,
+    };
+    // Whether this parent's object is known to exist: a forced apply
+    // (ours to overwrite) rather than an unforced one (maybe someone's).
+    let mut ours = live.is_some();
+    if live.is_some() {
+        ctx.forget_created(&apply.key);
+    } else if let Some(cached) = ctx.cached_child(&apply.key) {
+        // Another parent's (or unlabelled) object of this rule: the cache knows.
+        if let Some(owner) = foreign_owner(&cached, &apply.object, adopt) {
+            return Err(conflict(owner));
         }
+        ours = true;
+    } else if let Some((uid, hash, fresh)) = ctx.created_for(&apply.key) {
+        // Made by this process moments ago; the cache has not seen it yet.
+        if uid != parent_uid {
+            return Err(conflict(format!("parent uid {uid}")));
+        }
+        if fresh && hash == apply.hash {
+            return Ok(Applied {
+                outcome: Outcome::Unseen,
+                object: None,
+            });
+        }
+        ours = true;
+    }
+    if live.is_none() && apply.policy == Policy::CreateOnly {
+        // A create, not an apply: should the object exist it is kept as it
+        // is (a `rand_alnum` secret is never re-rolled).
+        let object: DynamicObject = serde_json::from_value(apply.object.clone())
+            .map_err(|e| Error::Plan(format!("{}: {e}", apply.key)))?;
+        let params = PostParams {
+            field_manager: Some(ctx.field_manager()),
+            ..PostParams::default()
+        };
+        ctx.shared.gate.check()?;
+        return match api.create(&params, &object).await {
+            Ok(made) => {
+                ctx.remember_created(&apply.key, parent_uid, &apply.hash);
+                Ok(Applied::written(Outcome::Created, made))
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Refused: it exists. Whose is it?
+                match api.get_opt(&apply.key.name).await.map_err(fail)? {
+                    Some(existing) => {
+                        let existing = serde_json::to_value(&existing).unwrap_or_default();
+                        match foreign_owner(&existing, &apply.object, adopt) {
+                            Some(owner) => Err(conflict(owner)),
+                            None => Ok(Applied::unchanged()),
+                        }
+                    }
+                    None => Err(fail(kube::Error::Api(e))),
+                }
+            }
+            Err(source) => Err(fail(source)),
+        };
     }
     match (apply.policy, live) {
-        (Policy::CreateOnly, Some(_)) => return Ok(Outcome::Unchanged),
+        (Policy::CreateOnly, Some(_)) => return Ok(Applied::unchanged()),
         (Policy::Recreate, Some(live)) if live_render_hash(live) != Some(apply.hash.as_str()) => {
             let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
             let params = DeleteParams {
@@ -98,7 +157,10 @@ pub(super) async fn apply_child(
                 })?;
             info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
             // The create follows once the deletion is observed.
-            return Ok(Outcome::Updated);
+            return Ok(Applied {
+                outcome: Outcome::Updated,
+                object: None,
+            });
         }
         _ => {}
     }
@@ -109,18 +171,118 @@ pub(super) async fn apply_child(
         && live_render_hash(live) == Some(apply.hash.as_str())
         && !crate::drift::drifted(&apply.object, live)
     {
-        return Ok(Outcome::Unchanged);
+        return Ok(Applied::unchanged());
     }
 
-    let params = PatchParams::apply(&ctx.field_manager()).force();
-    api.patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+    let manager = ctx.field_manager();
+    ctx.shared.gate.check()?;
+    if ours {
+        let params = PatchParams::apply(&manager).force();
+        let written = api
+            .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+            .await
+            .map_err(fail)?;
+        let outcome = if live.is_some() {
+            Outcome::Updated
+        } else {
+            Outcome::Created
+        };
+        return Ok(Applied::written(outcome, written));
+    }
+    // Unknown to the caches: most likely new. Unforced, so that the API
+    // server refuses to let it take a field from anyone else.
+    let params = PatchParams::apply(&manager);
+    match api
+        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
         .await
-        .map_err(fail)?;
-    Ok(if existed {
-        Outcome::Updated
+    {
+        Ok(written) => {
+            let value = serde_json::to_value(&written).unwrap_or_default();
+            let others = other_managers(&value, &manager);
+            if others.is_empty() || adopt {
+                ctx.remember_created(&apply.key, parent_uid, &apply.hash);
+                let outcome = if others.is_empty() {
+                    Outcome::Created
+                } else {
+                    Outcome::Updated
+                };
+                return Ok(Applied::written(outcome, written));
+            }
+            // It existed, made by someone else, and nothing we set collided
+            // with their fields: give back exactly what this apply added
+            // (an empty apply drops the fields only we own) and refuse.
+            let empty = serde_json::json!({
+                "apiVersion": apply.object["apiVersion"],
+                "kind": apply.object["kind"],
+                "metadata": {
+                    "name": apply.key.name,
+                    "namespace": apply.key.namespace,
+                },
+            });
+            if let Err(err) = api
+                .patch(&apply.key.name, &params, &Patch::Apply(&empty))
+                .await
+            {
+                warn!(rule = %ctx.rule().name, object = %apply.key, "cannot give back the fields applied to an object that is not ours: {err}");
+            }
+            Err(conflict(someone_else(others.into_iter())))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
+            // Refused: a field another manager owns, or another controller.
+            let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? else {
+                return Err(fail(kube::Error::Api(e)));
+            };
+            let existing = serde_json::to_value(&existing).unwrap_or_default();
+            if let Some(owner) = foreign_owner(&existing, &apply.object, adopt) {
+                return Err(conflict(owner));
+            }
+            if e.code == 422 {
+                return Err(fail(kube::Error::Api(e)));
+            }
+            // Ours after all (or adopted): take the fields.
+            let written = api
+                .patch(
+                    &apply.key.name,
+                    &PatchParams::apply(&manager).force(),
+                    &Patch::Apply(&apply.object),
+                )
+                .await
+                .map_err(fail)?;
+            Ok(Applied::written(Outcome::Updated, written))
+        }
+        Err(source) => Err(fail(source)),
+    }
+}
+
+/// Managers of `object` other than `ours`, leaving out status writers (a
+/// controller reporting on an object does not make it theirs).
+fn other_managers<'a>(object: &'a Value, ours: &str) -> BTreeSet<&'a str> {
+    object
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m.get("subresource")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        })
+        .filter_map(|m| m["manager"].as_str())
+        .filter(|m| *m != ours)
+        .collect()
+}
+
+/// The owner named for an object trellis did not make.
+fn someone_else<'a>(managers: impl Iterator<Item = &'a str>) -> String {
+    let managers: Vec<&str> = managers.collect();
+    if managers.is_empty() {
+        "someone else: it was not created by trellis for this parent".to_owned()
     } else {
-        Outcome::Created
-    })
+        format!(
+            "someone else (managed by {}): it was not created by trellis for this parent",
+            managers.join(", ")
+        )
+    }
 }
 
 /// Who an existing object belongs to, when not to the parent (and rule)
@@ -158,23 +320,16 @@ pub fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<S
         (_, Some(other)) if Some(&other) != rule.as_ref() => Some(format!("rule {other}")),
         (Some(_), Some(_)) => None,
         _ if adopt && controller.is_none() => None,
-        _ => {
-            let managers: BTreeSet<&str> = existing
+        _ => Some(someone_else(
+            existing
                 .pointer("/metadata/managedFields")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
                 .filter_map(|m| m["manager"].as_str())
-                .collect();
-            Some(if managers.is_empty() {
-                "someone else: it was not created by trellis for this parent".to_owned()
-            } else {
-                format!(
-                    "someone else (managed by {}): it was not created by trellis for this parent",
-                    managers.into_iter().collect::<Vec<_>>().join(", ")
-                )
-            })
-        }
+                .collect::<BTreeSet<&str>>()
+                .into_iter(),
+        )),
     }
 }
 

@@ -4,8 +4,9 @@
 //! The pass itself is in [`super::reconcile`]; applying a child, writing
 //! status and finalizing are in their own modules.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType};
@@ -18,8 +19,10 @@ use tracing::debug;
 use super::Shared;
 use super::decode::ParentObject;
 use super::discovery::{Resolved, RuleKinds};
-use crate::plan::LABEL_PARENT_UID;
+use super::lock;
+use crate::plan::{LABEL_PARENT_UID, ObjectKey};
 use crate::rules::CompiledRule;
+use kube::runtime::reflector::ObjectRef;
 
 /// Everything one rule's reconciles share.
 pub struct RuleCtx {
@@ -41,7 +44,37 @@ pub struct RuleCtx {
     pub caches_ready: watch::Receiver<bool>,
     /// Cancelled when the rule's watches stop: nothing may wait past it.
     pub stop: tokio_util::sync::CancellationToken,
+    /// Children this process made, by key, with their parent's uid, until
+    /// the cache shows them: the next pass must not mistake one for
+    /// someone else's, nor let another parent take it.
+    pub created: Mutex<HashMap<ObjectKey, Created>>,
+    /// Parent uid → the status this process last wrote and the parent's
+    /// resourceVersion it was written over: until the parent cache moves
+    /// past that version, a pass reads the written status, not the stale
+    /// cached one (which would write the same status, and Event, again).
+    pub written: Mutex<HashMap<String, Written>>,
 }
+
+/// A status write the parent cache may not show yet.
+pub struct Written {
+    pub over: String,
+    pub status: Value,
+    pub at: Instant,
+}
+
+/// A child this process wrote without the cache showing it yet.
+pub struct Created {
+    pub parent_uid: String,
+    /// The render hash written.
+    pub hash: String,
+    pub at: Instant,
+}
+
+/// How long a made child is remembered when the cache does not show it.
+const CREATED_MEMORY: Duration = Duration::from_secs(300);
+/// How long a child written moments ago counts as there without the cache
+/// showing it; the pass that relies on it checks again after this.
+pub const UNSEEN_TRUST: Duration = Duration::from_secs(30);
 
 /// Flags when every store has listed (each future: one store's readiness,
 /// `false` when it was dropped). One task awaits the stores, and the
@@ -151,6 +184,91 @@ impl RuleCtx {
             self.failures.retain(|k| parents.contains(k));
         }
         self.related.sweep(&self.parents);
+        let mut created = lock(&self.created);
+        if created.len() > 1024 {
+            created.retain(|_, c| c.at.elapsed() < CREATED_MEMORY);
+        }
+        drop(created);
+        let mut written = lock(&self.written);
+        if written.len() > 1024 {
+            written.retain(|_, w| w.at.elapsed() < CREATED_MEMORY);
+        }
+    }
+
+    /// Records the status written over the parent's `resource_version`.
+    pub(super) fn remember_status(
+        &self,
+        uid: &str,
+        resource_version: Option<String>,
+        status: Value,
+    ) {
+        let Some(over) = resource_version else {
+            return;
+        };
+        let written = Written {
+            over,
+            status,
+            at: Instant::now(),
+        };
+        lock(&self.written).insert(uid.to_owned(), written);
+    }
+
+    /// The status last written, while the cached parent (at
+    /// `resource_version`) is still the one it was written over.
+    pub(super) fn unseen_status(&self, uid: &str, resource_version: Option<&str>) -> Option<Value> {
+        let mut written = lock(&self.written);
+        let entry = written.get(uid)?;
+        if Some(entry.over.as_str()) == resource_version {
+            return Some(entry.status.clone());
+        }
+        written.remove(uid);
+        None
+    }
+
+    /// Records a child written for the parent with `uid`, with `hash`.
+    pub(super) fn remember_created(&self, key: &ObjectKey, uid: &str, hash: &str) {
+        let created = Created {
+            parent_uid: uid.to_owned(),
+            hash: hash.to_owned(),
+            at: Instant::now(),
+        };
+        lock(&self.created).insert(key.clone(), created);
+    }
+
+    /// The parent uid and render hash of a child this process wrote
+    /// recently, and whether that was recent enough to trust it is still
+    /// there as written.
+    pub(super) fn created_for(&self, key: &ObjectKey) -> Option<(String, String, bool)> {
+        lock(&self.created)
+            .get(key)
+            .filter(|c| c.at.elapsed() < CREATED_MEMORY)
+            .map(|c| {
+                let fresh = c.at.elapsed() < UNSEEN_TRUST;
+                (c.parent_uid.clone(), c.hash.clone(), fresh)
+            })
+    }
+
+    /// The cache shows the child: no need to remember it.
+    pub(super) fn forget_created(&self, key: &ObjectKey) {
+        let mut created = lock(&self.created);
+        if !created.is_empty() {
+            created.remove(key);
+        }
+    }
+
+    /// An object of this rule's child caches by key, whatever parent it is for.
+    pub(super) fn cached_child(&self, key: &ObjectKey) -> Option<Value> {
+        let (kind, store) = self
+            .children
+            .iter()
+            .find(|(k, _)| k.gvk.group == key.group && k.gvk.kind == key.kind)?;
+        let mut at = ObjectRef::new_with(&key.name, kind.resource.clone());
+        if let Some(ns) = &key.namespace {
+            at = at.within(ns);
+        }
+        store
+            .get(&at)
+            .and_then(|obj| serde_json::to_value(obj.as_ref()).ok())
     }
 
     pub(super) fn field_manager(&self) -> String {
@@ -256,6 +374,14 @@ impl RuleCtx {
             action: "Reconcile".into(),
             secondary: None,
         };
+        self.shared
+            .metrics
+            .events
+            .get_or_create(&crate::telemetry::EventLabel {
+                rule: self.rule().name.clone(),
+                reason: reason.to_owned(),
+            })
+            .inc();
         if let Err(err) = self.shared.recorder.publish(&event, &reference).await {
             debug!("cannot publish event: {err}");
         }

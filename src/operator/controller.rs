@@ -556,6 +556,8 @@ async fn run_controller(
         parents: parents.clone(),
         failures: Failures::default(),
         warned: Mutex::new(BTreeSet::new()),
+        created: Mutex::default(),
+        written: Mutex::default(),
     });
     // A reloaded rule with the same kinds, or a watch that had to relist
     // (its server was gone): re-reconcile every parent at once, backoffs lifted.

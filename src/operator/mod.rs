@@ -27,8 +27,10 @@ mod finalize;
 pub mod leader;
 mod reconcile;
 pub mod related;
+mod requests;
 mod retry;
 mod status_write;
+mod summary;
 mod supervisor;
 
 use std::collections::BTreeMap;
@@ -181,6 +183,8 @@ pub async fn run_with(
     client: Client,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let metrics = Arc::<crate::telemetry::Metrics>::default();
+    let client = requests::counted(client, metrics.clone());
     let (epoch_tx, epoch_rx) = watch::channel(0u64);
     let recorder = Recorder::new(
         client.clone(),
@@ -209,7 +213,7 @@ pub async fn run_with(
         crd_epoch: epoch_rx,
         reload: Arc::default(),
         rule_states: Arc::default(),
-        metrics: Arc::default(),
+        metrics,
         gate: gate.clone(),
         crds: options
             .manage_crds

@@ -6,12 +6,12 @@
 //! [`super::status_write`]; a parent being deleted goes to
 //! [`super::finalize`].
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -20,8 +20,9 @@ use super::context::{Error, RuleCtx, parent_key};
 use super::decode::ParentObject;
 use super::finalize::{finalize, set_finalizers};
 use super::status_write::{mark_apply_error, write_status};
+use super::summary::{self, Summary};
 use super::{FINALIZER, PAUSED_ANNOTATION};
-use crate::plan::{self, Input, Observed};
+use crate::plan::{self, Input, ObjectKey, Observed};
 
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
@@ -100,7 +101,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         debug!(rule = %rule.name, parent = %key, "paused");
         return Ok(Action::await_change());
     }
-    let parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
+    let mut parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
+    if let Some(status) = ctx.unseen_status(&uid, parent.resource_version().as_deref()) {
+        parent_json["status"] = status;
+    }
     let parent_ref = super::related::parent_ref(parent, &ctx.kinds.parent.resource);
     if !plan::parent_matches(rule, &parent_json) {
         ctx.related.forget(&parent_ref);
@@ -110,19 +114,22 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     // Related objects are looked up in their caches per read; `since` lets
     // the index catch an event landing between those reads and the record.
     let since = ctx.related.seq();
-    let observed = Observed::from_objects(ctx.observed(&uid)).with_related(ctx.related.clone());
+    let mut observed = Observed::from_objects(ctx.observed(&uid)).with_related(ctx.related.clone());
     let now = crate::clock::now_rfc3339();
     let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
-    let plan = plan::plan(
-        rule,
-        &Input {
-            parent: &parent_json,
-            observed: &observed,
-            now: &now,
-            scope_of: &scope_of,
-        },
-    );
-    ctx.related.record(parent_ref, &plan.reads, since);
+    let plan_with = |observed: &Observed| {
+        plan::plan(
+            rule,
+            &Input {
+                parent: &parent_json,
+                observed,
+                now: &now,
+                scope_of: &scope_of,
+            },
+        )
+    };
+    let mut plan = plan_with(&observed);
+    ctx.related.record(parent_ref.clone(), &plan.reads, since);
     debug!(
         rule = %rule.name,
         parent = %key,
@@ -138,47 +145,82 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         set_finalizers(&ctx, parent, finalizers).await?;
     }
 
+    // Each round applies what the plan asks, then plans again with the
+    // objects the API server answered as observed state: a child whose
+    // dependency this pass made is applied in the same pass, and the status
+    // written once describes what the pass left, not the caches before it.
     let mut apply_errors = Vec::new();
-    for apply in &plan.apply {
-        let live = observed.objects.get(&apply.key);
-        let result = apply_child(&ctx, apply, live).await;
-        if let Err(Error::NotLeader(not)) = result {
-            return Err(not.into());
-        }
-        let op = match &result {
-            Ok(Outcome::Unchanged) => "unchanged",
-            Ok(Outcome::Created) => "create",
-            Ok(Outcome::Updated) => "update",
-            Err(_) => "error",
-        };
-        ctx.shared.metrics.child_op(&rule.name, op);
-        match result {
-            Ok(Outcome::Unchanged) => {}
-            Ok(Outcome::Created) => {
-                info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
-                ctx.event(
-                    parent,
-                    EventType::Normal,
-                    "Created",
-                    format!("created {} (child {})", apply.key, apply.id),
-                )
-                .await;
+    let mut summary = Summary::default();
+    // Key → hash sent this pass (or the recreate started): one write each,
+    // unless a later round renders it differently.
+    let mut sent: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    let mut counted: BTreeSet<ObjectKey> = BTreeSet::new();
+    // A child taken as written without the cache showing it: look again.
+    let mut unseen = false;
+    for _round in 0..=rule.children.len() {
+        let mut wrote = false;
+        for apply in &plan.apply {
+            if sent.get(&apply.key) == Some(&apply.hash) {
+                continue;
             }
-            Ok(Outcome::Updated) => {
-                info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "applied");
+            let live = observed.objects.get(&apply.key);
+            let result = apply_child(&ctx, apply, live, &uid).await;
+            if let Err(Error::NotLeader(not)) = result {
+                return Err(not.into());
             }
-            Err(err) => {
-                warn!(rule = %rule.name, parent = %key, child = %apply.id, "{err}");
-                ctx.count_api_error(&err);
-                // No answer at all (the API server is gone): the other
-                // children would fail the same way; the backoff retries.
-                let unreachable = err.is_transport();
-                apply_errors.push(err);
-                if unreachable {
-                    break;
+            let op = match &result {
+                Ok(a) => match a.outcome {
+                    Outcome::Unchanged | Outcome::Unseen => "unchanged",
+                    Outcome::Created => "create",
+                    Outcome::Updated => "update",
+                },
+                Err(_) => "error",
+            };
+            if op != "unchanged" || counted.insert(apply.key.clone()) {
+                ctx.shared.metrics.child_op(&rule.name, op);
+            }
+            match result {
+                Ok(applied) => {
+                    match applied.outcome {
+                        Outcome::Unchanged => continue,
+                        Outcome::Unseen => {
+                            unseen = true;
+                            continue;
+                        }
+                        Outcome::Created => {
+                            info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
+                            summary.created.push(apply.key.to_string());
+                        }
+                        Outcome::Updated => {
+                            info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "applied");
+                            summary.updated.push(apply.key.to_string());
+                        }
+                    }
+                    sent.insert(apply.key.clone(), apply.hash.clone());
+                    if let Some(object) = applied.object {
+                        observed.objects.insert(apply.key.clone(), object);
+                        wrote = true;
+                    }
+                }
+                Err(err) => {
+                    warn!(rule = %rule.name, parent = %key, child = %apply.id, "{err}");
+                    ctx.count_api_error(&err);
+                    // No answer at all (the API server is gone): the other
+                    // children would fail the same way; the backoff retries.
+                    let unreachable = err.is_transport();
+                    sent.insert(apply.key.clone(), apply.hash.clone());
+                    apply_errors.push(err);
+                    if unreachable {
+                        break;
+                    }
                 }
             }
         }
+        if !wrote || !apply_errors.is_empty() {
+            break;
+        }
+        plan = plan_with(&observed);
+        ctx.related.record(parent_ref.clone(), &plan.reads, since);
     }
 
     // Pruning waits for a pass in which everything applied.
@@ -201,13 +243,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 Ok(_) => {
                     ctx.shared.metrics.child_op(&rule.name, "delete");
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
-                    ctx.event(
-                        parent,
-                        EventType::Normal,
-                        "Deleted",
-                        format!("deleted {} (child {})", delete.key, delete.id),
-                    )
-                    .await;
+                    summary.deleted.push(delete.key.to_string());
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                 Err(source) => apply_errors.push(Error::Delete {
@@ -234,6 +270,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         mark_apply_error(status, &message, &parent_json, &now);
         ctx.warn(parent, "ApplyError", message).await;
     }
+    summary.ready = summary::ready_change(&parent_json, status.as_ref());
+    if let Some((type_, reason, note)) = summary.event() {
+        ctx.event(parent, type_, reason, note).await;
+    }
     if let Some(status) = status {
         write_status(&ctx, parent, &parent_json, status).await?;
     }
@@ -253,6 +293,11 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     if !plan.pending.is_empty() {
         // Child watches normally wake us when a dependency turns ready; this is the safety net.
         return Ok(Action::requeue(Duration::from_secs(10)));
+    }
+    if unseen {
+        // A deletion the cache saw before any pass saw the child would
+        // otherwise wait for the next change.
+        return Ok(Action::requeue(super::context::UNSEEN_TRUST));
     }
     Ok(match rule.resync {
         Some(every) => Action::requeue(every),

@@ -240,6 +240,9 @@ pub(super) async fn write_status(
         .get("status")
         .cloned()
         .unwrap_or(Value::Null);
+    if let Some(uid) = parent.uid() {
+        ctx.remember_status(&uid, parent.resource_version(), kept.clone());
+    }
     let mut paths = Vec::new();
     leaf_paths(&status, &mut Vec::new(), &mut paths);
     for segments in paths {

@@ -1,0 +1,194 @@
+//! What one pass tells on its parent: at most one Event, a summary of the
+//! children it created, updated and deleted, and the parent's Ready
+//! transition if it had one. Never one Event per child: at a thousand
+//! parents that is thousands of writes nobody reads. Failures are reported
+//! on their own (Warnings, deduplicated by the backoff).
+
+use kube::runtime::events::EventType;
+use serde_json::Value;
+
+/// Most objects named in one Event; the rest are counted.
+const NAMED: usize = 10;
+
+/// How the parent's `Ready` condition moved in this pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadyChange {
+    Became,
+    /// It was True; the message says why it is not any more.
+    Lost(String),
+}
+
+/// The children a pass wrote, as `Kind ns/name`.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub created: Vec<String>,
+    pub updated: Vec<String>,
+    pub deleted: Vec<String>,
+    pub ready: Option<ReadyChange>,
+}
+
+impl Summary {
+    /// The Event to write, if the pass is worth one: it created or deleted
+    /// a child, or the parent's readiness changed. An update alone (a
+    /// drift repaired, a rule edit rolled out) is in the logs and metrics.
+    pub fn event(&self) -> Option<(EventType, &'static str, String)> {
+        let mut parts = Vec::new();
+        for (verb, keys) in [
+            ("created", &self.created),
+            ("updated", &self.updated),
+            ("deleted", &self.deleted),
+        ] {
+            if !keys.is_empty() {
+                parts.push(format!("{verb} {}", list(keys)));
+            }
+        }
+        match &self.ready {
+            Some(ReadyChange::Became) => parts.push("Ready".to_owned()),
+            Some(ReadyChange::Lost(why)) if why.is_empty() => parts.push("no longer Ready".into()),
+            Some(ReadyChange::Lost(why)) => parts.push(format!("no longer Ready: {why}")),
+            None => {}
+        }
+        let (type_, reason) = if !self.created.is_empty() {
+            (EventType::Normal, "Created")
+        } else if !self.deleted.is_empty() {
+            (EventType::Normal, "Deleted")
+        } else {
+            match self.ready {
+                Some(ReadyChange::Became) => (EventType::Normal, "Ready"),
+                Some(ReadyChange::Lost(_)) => (EventType::Warning, "NotReady"),
+                None => return None,
+            }
+        };
+        Some((type_, reason, parts.join("; ")))
+    }
+}
+
+/// `3 children: ConfigMap a/x, Service a/y, Deployment.apps a/z`.
+fn list(keys: &[String]) -> String {
+    let noun = if keys.len() == 1 { "child" } else { "children" };
+    let mut named = keys
+        .iter()
+        .take(NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if keys.len() > NAMED {
+        named.push_str(&format!(" and {} more", keys.len() - NAMED));
+    }
+    format!("{} {noun}: {named}", keys.len())
+}
+
+/// The `Ready` transition from the parent's current status to `new`:
+/// turning True, or leaving True. A parent seen for the first time and not
+/// ready yet has no transition (it was never Ready).
+pub fn ready_change(parent: &Value, new: Option<&Value>) -> Option<ReadyChange> {
+    let ready = |status: Option<&Value>| {
+        status?
+            .get("conditions")?
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+    };
+    let before_true = ready(parent.get("status")).is_some_and(|c| c["status"] == "True");
+    let after = ready(new);
+    let after_true = after.as_ref().is_some_and(|c| c["status"] == "True");
+    match (before_true, after_true) {
+        (false, true) => Some(ReadyChange::Became),
+        (true, false) => Some(ReadyChange::Lost(
+            after
+                .as_ref()
+                .and_then(|c| c.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(ready: &str) -> Value {
+        json!({"conditions": [{"type": "Ready", "status": ready, "message": "Deployment a/web not ready"}]})
+    }
+
+    #[test]
+    fn a_pass_that_creates_children_is_one_event_naming_them_all() {
+        let summary = Summary {
+            created: vec![
+                "ConfigMap a/x".into(),
+                "Service a/y".into(),
+                "Deployment.apps a/z".into(),
+            ],
+            ready: Some(ReadyChange::Became),
+            ..Summary::default()
+        };
+        let (type_, reason, note) = summary.event().expect("an event");
+        assert_eq!((type_, reason), (EventType::Normal, "Created"));
+        assert_eq!(
+            note,
+            "created 3 children: ConfigMap a/x, Service a/y, Deployment.apps a/z; Ready"
+        );
+    }
+
+    #[test]
+    fn many_children_are_counted_past_the_first_ten() {
+        let summary = Summary {
+            deleted: (0..12).map(|i| format!("ConfigMap a/c{i}")).collect(),
+            ..Summary::default()
+        };
+        let (_, reason, note) = summary.event().expect("an event");
+        assert_eq!(reason, "Deleted");
+        assert!(
+            note.starts_with("deleted 12 children: ConfigMap a/c0,"),
+            "{note}"
+        );
+        assert!(note.ends_with("ConfigMap a/c9 and 2 more"), "{note}");
+    }
+
+    #[test]
+    fn updates_alone_and_a_quiet_pass_write_no_event() {
+        let summary = Summary {
+            updated: vec!["ConfigMap a/x".into()],
+            ..Summary::default()
+        };
+        assert!(summary.event().is_none());
+        assert!(Summary::default().event().is_none());
+    }
+
+    #[test]
+    fn readiness_lost_is_a_warning_with_the_reason() {
+        let summary = Summary {
+            ready: ready_change(&json!({"status": status("True")}), Some(&status("False"))),
+            ..Summary::default()
+        };
+        let (type_, reason, note) = summary.event().expect("an event");
+        assert_eq!((type_, reason), (EventType::Warning, "NotReady"));
+        assert_eq!(note, "no longer Ready: Deployment a/web not ready");
+    }
+
+    #[test]
+    fn only_a_change_of_ready_is_a_transition() {
+        let parent = |s: &str| json!({"status": status(s)});
+        assert_eq!(
+            ready_change(&parent("False"), Some(&status("True"))),
+            Some(ReadyChange::Became)
+        );
+        assert_eq!(ready_change(&parent("True"), Some(&status("True"))), None);
+        assert_eq!(ready_change(&parent("False"), Some(&status("False"))), None);
+        assert_eq!(
+            ready_change(&json!({}), Some(&status("False"))),
+            None,
+            "a new parent not ready yet was never Ready"
+        );
+        assert_eq!(
+            ready_change(&json!({}), Some(&status("True"))),
+            Some(ReadyChange::Became),
+            "ready at once"
+        );
+    }
+}

@@ -1,0 +1,232 @@
+//! Every write earns its place, counted from the operator's own
+//! `trellis_api_requests_total` (each request its client sends, by verb and
+//! resource), `trellis_status_writes_total` and `trellis_events_total`: a
+//! parent whose children are ready at once costs one write per child, one
+//! status write and one Event, and no read; an object someone else made is
+//! still never taken over when nothing it holds collides with the rendering.
+mod support;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use support::faults::{free_address, metric};
+use support::operator::{
+    Operator, QUIET, TestKind, condition, install_kind, wait_condition, wait_condition_reason,
+};
+
+/// Three children ready as soon as they exist; `extra` waits for `config`,
+/// so a pass that makes `config` makes `extra` too only if it reads its own
+/// writes.
+const READY_AT_ONCE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: writes
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-config" }}
+        data:
+          greeting: {{ spec.greeting | default("hello") }}
+    - id: svc
+      apiVersion: v1
+      kind: Service
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        spec:
+          clusterIP: None
+          selector: {app: {{ parent.metadata.name }}}
+          ports:
+            - port: 80
+    - id: extra
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [config]
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-extra" }}
+        data:
+          config: {{ children.config.metadata.name }}
+"#;
+
+fn start(ns: &support::TestNamespace, kind: &TestKind, rule: &str) -> (Operator, String) {
+    let addr = free_address();
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.metrics_addr = Some(addr);
+    let operator = Operator::spawn(
+        options,
+        support::operator::rule_set(&[&kind.rule(rule)]),
+        &ns.client,
+    );
+    (operator, addr.to_string())
+}
+
+async fn requests(addr: &str, verb: &str, resource: &str) -> f64 {
+    metric(
+        addr,
+        "trellis_api_requests",
+        &[
+            &format!("verb=\"{verb}\""),
+            &format!("resource=\"{resource}\""),
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_whose_children_are_ready_at_once_costs_one_write_each_one_status_one_event() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Quick").await;
+    let (operator, addr) = start(&ns, &kind, READY_AT_ONCE);
+    let names: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
+    for name in &names {
+        kind.create(&ns, name, json!({}), &[]).await;
+    }
+    let parents = kind.api(&ns);
+    for name in &names {
+        wait_condition(&parents, name, "Ready", "True").await;
+    }
+    tokio::time::sleep(QUIET).await;
+    let n = names.len() as f64;
+    let status = metric(&addr, "trellis_status_writes", &[]).await;
+    let events = metric(&addr, "trellis_events", &[]).await;
+    let created = metric(&addr, "trellis_events", &["reason=\"Created\""]).await;
+    let cm_applies = requests(&addr, "apply", "configmaps").await;
+    let svc_applies = requests(&addr, "apply", "services").await;
+    let reads =
+        requests(&addr, "get", "configmaps").await + requests(&addr, "get", "services").await;
+    eprintln!(
+        "[writes] {n} parents: {status} status writes, {events} events, {cm_applies} ConfigMap applies, {svc_applies} Service applies, {reads} child reads"
+    );
+    assert_eq!(reads, 0.0, "no read before a create");
+    assert_eq!(
+        (cm_applies, svc_applies),
+        (2.0 * n, n),
+        "one write per child"
+    );
+    assert_eq!(status, n, "one status write per parent");
+    assert_eq!((events, created), (n, n), "one Event per parent");
+
+    // The Event names every child, and the parent's readiness.
+    let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
+    let list = events.list(&Default::default()).await.expect("events");
+    let note = list
+        .items
+        .iter()
+        .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("q0"))
+        .and_then(|e| e.note.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        note,
+        format!(
+            "created 3 children: ConfigMap {ns}/q0-config, Service {ns}/q0, ConfigMap {ns}/q0-extra; Ready",
+            ns = ns.name()
+        )
+    );
+
+    // A spec edit: the one child it touches is applied, the status is not
+    // rewritten (nothing in it changed), and an update alone is no Event.
+    kind.patch(&ns, "q0", json!({"spec": {"greeting": "edited"}}))
+        .await;
+    let cms: Api<ConfigMap> = ns.api();
+    support::operator::wait_data(&cms, "q0-config", "the edit", "greeting", "edited").await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        requests(&addr, "apply", "configmaps").await,
+        2.0 * n + 1.0,
+        "only the edited child is applied again"
+    );
+    assert_eq!(requests(&addr, "get", "configmaps").await, 0.0);
+    assert_eq!(metric(&addr, "trellis_events", &[]).await, n);
+    operator.stop().await;
+}
+
+const GRAB_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: grab
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ spec.name }}
+        data:
+          owner: {{ parent.metadata.name }}
+"#;
+
+/// Made by someone else with fields that do not collide with the
+/// rendering: the API server has nothing to refuse, so the operator must
+/// see from the answer that the object was not new, give back what it
+/// added and report the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_someone_else_made_without_colliding_fields_is_given_back_untouched() {
+    let ns = support::namespace().await;
+    let cms: Api<ConfigMap> = ns.api();
+    let theirs = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "theirs", "labels": {"team": "payroll"}},
+        "data": {"ledger": "42"},
+    });
+    cms.patch(
+        "theirs",
+        &PatchParams::apply("payroll-tool"),
+        &Patch::Apply(&theirs),
+    )
+    .await
+    .expect("someone else's ConfigMap");
+    let (kind, _cleanup) = install_kind(&ns, "Grab").await;
+    let (operator, addr) = start(&ns, &kind, GRAB_RULE);
+    kind.create(&ns, "thief", json!({"name": "theirs"}), &[])
+        .await;
+    let parents = kind.api(&ns);
+    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
+    let message = condition(&thief, "Synced").expect("Synced")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("theirs") && message.contains("managed by payroll-tool"),
+        "{message}"
+    );
+    tokio::time::sleep(QUIET).await;
+    let now = cms.get("theirs").await.expect("theirs");
+    assert_eq!(
+        now.data,
+        Some([("ledger".to_owned(), "42".to_owned())].into()),
+        "{now:?}"
+    );
+    assert_eq!(
+        now.labels().clone(),
+        [("team".to_owned(), "payroll".to_owned())].into(),
+        "no trellis label is left on it"
+    );
+    assert!(now.owner_references().is_empty(), "{now:?}");
+    assert!(
+        now.managed_fields()
+            .iter()
+            .all(|m| m.manager.as_deref() == Some("payroll-tool")),
+        "only its maker manages it: {:?}",
+        now.managed_fields()
+    );
+    assert_eq!(requests(&addr, "get", "configmaps").await, 0.0);
+    operator.stop().await;
+}
