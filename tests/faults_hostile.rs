@@ -4,13 +4,20 @@
 //! rule is reconciled as usual.
 mod support;
 
+#[path = "support/configmap_dir.rs"]
+mod configmap_dir;
+#[path = "support/reloading.rs"]
+mod reloading;
+
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
+use configmap_dir::ConfigMapDir;
+use reloading::Reloading;
 use support::operator::{
-    Operator, QUIET, TestKind, condition, install_kind, wait_condition_reason,
-    wait_ready_and_synced,
+    Operator, QUIET, TestKind, WAIT, condition, install_kind, wait_condition_reason, wait_exists,
+    wait_finalizer, wait_finalizer_released, wait_gone, wait_ready_and_synced,
 };
 
 /// One ConfigMap per parent, whose data come from the spec.
@@ -55,10 +62,21 @@ fn nested(depth: usize) -> Value {
 /// Creates a parent through a raw request: the response holds the deep
 /// spec, which the typed client cannot decode (the point of the test).
 async fn create_raw(ns: &support::TestNamespace, kind: &TestKind, name: &str, spec: Value) {
+    create_raw_with(ns, kind, name, spec, &[]).await
+}
+
+/// [`create_raw`], the parent carrying `finalizers`.
+async fn create_raw_with(
+    ns: &support::TestNamespace,
+    kind: &TestKind,
+    name: &str,
+    spec: Value,
+    finalizers: &[&str],
+) {
     let body = json!({
         "apiVersion": kind.api_version(),
         "kind": kind.kind,
-        "metadata": {"name": name, "namespace": ns.name()},
+        "metadata": {"name": name, "namespace": ns.name(), "finalizers": finalizers},
         "spec": spec,
     });
     let url = format!(
@@ -301,5 +319,78 @@ async fn huge_values_long_lists_and_template_syntax_in_values_end_in_clear_condi
         .await
         .expect("list");
     assert!(injected.items.is_empty(), "a value injected a Secret");
+    operator.stop().await;
+}
+
+/// Waits until `text`, the raw JSON of a parent, satisfies `check`.
+async fn wait_raw(
+    ns: &support::TestNamespace,
+    kind: &TestKind,
+    name: &str,
+    what: &str,
+    check: impl Fn(&str) -> bool,
+) {
+    support::eventually(what, WAIT, || async {
+        let raw = get_raw(ns, kind, name).await;
+        if check(&raw) {
+            Ok(())
+        } else {
+            Err(raw.chars().take(400).collect::<String>())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_rule_cleans_up_after_its_parents_even_with_one_nested_too_deep() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Echo").await;
+    // Behind trellis's finalizer, and children deleted with the rule.
+    let rule = format!(
+        "{}  deletion:\n    order: reverse\n  onRuleRemoved: delete\n",
+        kind.rule(ECHO_RULE)
+    );
+    let mut rules = ConfigMapDir::new(&[("echo.yaml", &rule)]);
+    let operator = Reloading::start(&ns.client, ns.name(), &rules);
+    let parents = kind.api(&ns);
+    let cms: Api<ConfigMap> = ns.api();
+    kind.create(&ns, "good", json!({"text": "hi"}), &[]).await;
+    wait_exists(&cms, "good-config").await;
+    wait_finalizer(&parents, "good").await;
+    // A parent that was decodable when it got the finalizer, then nested
+    // 200 deep: the LIST of parents holds it, and so does every response
+    // to a write on it.
+    create_raw_with(
+        &ns,
+        &kind,
+        "deep",
+        json!({"blob": nested(200)}),
+        &[trellis::operator::FINALIZER],
+    )
+    .await;
+    wait_raw(
+        &ns,
+        &kind,
+        "deep",
+        "Undecodable on the deep parent",
+        |raw| raw.contains(r#""reason":"Undecodable""#),
+    )
+    .await;
+
+    rules.update(&[]);
+    operator
+        .wait_reload("the rule's removal", |r| r["successes"] == 1)
+        .await;
+    // The good parent's child goes and both finalizers are released.
+    wait_gone(&cms, "good-config", WAIT).await;
+    wait_finalizer_released(&parents, "good").await;
+    wait_raw(
+        &ns,
+        &kind,
+        "deep",
+        "the deep parent's finalizer released",
+        |raw| !raw.contains(trellis::operator::FINALIZER),
+    )
+    .await;
     operator.stop().await;
 }

@@ -3,6 +3,11 @@
 //! away: `onRuleRemoved` for a removed rule (or a rule's old parent kind),
 //! deletion for children of a kind a rule no longer declares. Cleanup stays
 //! within the namespaces the rule was watched in.
+//!
+//! Cleanup reads parents and children with the watch's tolerant decode
+//! ([`ParentObject`]): it needs only their metadata, and one parent nested
+//! too deep to decode must not fail the list of every other parent (nor a
+//! response to a write on that parent read as a failed write).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::decode::ParentObject;
 use super::discovery::{Resolved, RuleKinds};
 use super::{FINALIZER, Shared, controller, discovery};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
@@ -224,20 +230,29 @@ async fn list_in(
     if scopes.is_empty() {
         return Ok(Vec::new());
     }
+    let objects = |list: kube::core::ObjectList<ParentObject>| {
+        list.items.into_iter().map(|p| {
+            if let Some(why) = &p.undecodable {
+                info!(kind = %kind.gvk, name = %p.object.name_any(), "cleanup reads only the metadata of an undecodable object: {why}");
+            }
+            p.object
+        })
+    };
     if !kind.namespaced || scopes.contains(&None) {
-        let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &kind.resource);
-        return Ok(api.list(params).await?.items);
+        let api: Api<ParentObject> = Api::all_with(shared.client.clone(), &kind.resource);
+        return Ok(objects(api.list(params).await?).collect());
     }
     let mut out = Vec::new();
     for ns in scopes.iter().flatten() {
-        let api: Api<DynamicObject> =
+        let api: Api<ParentObject> =
             Api::namespaced_with(shared.client.clone(), ns, &kind.resource);
-        out.extend(api.list(params).await?.items);
+        out.extend(objects(api.list(params).await?));
     }
     Ok(out)
 }
 
-fn api_for(shared: &Shared, kind: &Resolved, obj: &DynamicObject) -> Api<DynamicObject> {
+/// An `Api` whose responses decode tolerantly (see the module docs).
+fn api_for(shared: &Shared, kind: &Resolved, obj: &DynamicObject) -> Api<ParentObject> {
     match obj.namespace() {
         Some(ns) if kind.namespaced => {
             Api::namespaced_with(shared.client.clone(), &ns, &kind.resource)
@@ -349,7 +364,7 @@ async fn release_finalizer(
             }
             Err(kube::Error::Api(e)) if e.code == 404 => return,
             Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(&name).await {
-                Ok(Some(fresh)) => current = fresh,
+                Ok(Some(fresh)) => current = fresh.object,
                 Ok(None) => return,
                 Err(err) => {
                     warn!(rule = %rule.name, parent = %name, "cannot release finalizer: {err}");
