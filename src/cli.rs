@@ -351,21 +351,36 @@ fn report(diags: &[Diagnostic]) -> bool {
 }
 
 fn load(dirs: &[PathBuf], limits: Limits) -> Result<RuleSet, ExitCode> {
-    match RuleSet::load(dirs, limits) {
-        Ok(set) => {
-            report(&set.warnings);
-            Ok(set)
+    load_settled(dirs, limits, |_| Vec::new())
+}
+
+/// [`load`], with `settle` turning warnings into errors (or taking them
+/// away) before anything is printed.
+fn load_settled(
+    dirs: &[PathBuf],
+    limits: Limits,
+    settle: impl FnOnce(&mut RuleSet) -> Vec<Diagnostic>,
+) -> Result<RuleSet, ExitCode> {
+    let diags = match RuleSet::load(dirs, limits) {
+        Ok(mut set) => {
+            let errors = settle(&mut set);
+            if errors.is_empty() {
+                report(&set.warnings);
+                return Ok(set);
+            }
+            let mut diags = set.warnings;
+            diags.extend(errors);
+            diags
         }
-        Err(diags) => {
-            report(&diags);
-            let errors = diags
-                .iter()
-                .filter(|d| d.severity == Severity::Error)
-                .count();
-            stderr!("{errors} error(s); the rule set is rejected");
-            Err(ExitCode::from(1))
-        }
-    }
+        Err(diags) => diags,
+    };
+    report(&diags);
+    let errors = diags
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
+    stderr!("{errors} error(s); the rule set is rejected");
+    Err(ExitCode::from(1))
 }
 
 pub fn check(dirs: &[PathBuf], limits: Limits, crds_path: Option<&Path>) -> ExitCode {
@@ -373,7 +388,21 @@ pub fn check(dirs: &[PathBuf], limits: Limits, crds_path: Option<&Path>) -> Exit
         Ok(c) => c,
         Err(code) => return code,
     };
-    match load(dirs, limits) {
+    // The parent kind's CRD settles the scope questions the rules leave open.
+    let settle = |set: &mut RuleSet| {
+        let Some(crds) = &crds else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        for rule in &set.rules {
+            if let Some((crd, _)) = crds.find(&rule.parent) {
+                let scope = crate::crd::offline::scope_of(crd);
+                errors.extend(crate::rules::scope::settle(rule, scope, &mut set.warnings));
+            }
+        }
+        errors
+    };
+    match load_settled(dirs, limits, settle) {
         Ok(set) => {
             let dropped = crds.as_ref().map_or(0, |c| warn_dropped(&set, c));
             let warnings = set.warnings.len() + dropped;

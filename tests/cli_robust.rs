@@ -180,6 +180,59 @@ fn check_warns_of_a_cluster_scoped_child_when_the_parent_scope_is_unknown() {
     assert!(!stderr.contains("spec.children"), "stderr:\n{stderr}");
 }
 
+/// `trellis check --crds` on one rule file and a CRD of `demo.trellis.dev`
+/// `Team` of scope `scope`: (exit code, stderr, rule file).
+fn check_with_crd(text: &str, scope: &str) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    let file = rules.join("team.yaml");
+    std::fs::write(&file, text).expect("write rule");
+    let crd = dir.path().join("crd.yaml");
+    std::fs::write(
+        &crd,
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: teams.demo.trellis.dev}}\nspec:\n  group: demo.trellis.dev\n  scope: {scope}\n  names: {{plural: teams, singular: team, kind: Team}}\n  versions:\n    - name: v1\n      served: true\n      storage: true\n      schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n"
+        ),
+    )
+    .expect("write CRD");
+    let out = trellis()
+        .args(["check", "--rules"])
+        .arg(&rules)
+        .arg("--crds")
+        .arg(&crd)
+        .output()
+        .expect("run trellis check");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), stderr, file.display().to_string())
+}
+
+#[test]
+fn check_with_the_parents_crd_decides_what_the_rule_leaves_open() {
+    let rule = SCOPED.replace("PARENT", "{apiVersion: demo.trellis.dev/v1, kind: Team}");
+    let (code, stderr, file) = check_with_crd(&rule, "Namespaced");
+    assert_eq!(code, Some(1), "a namespaced CRD: stderr:\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{file}:10: error: spec.children[0].kind: `Namespace` is cluster-scoped and the parent is namespaced"
+        )),
+        "stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:14: error: spec.children[1].kind: `Thing`")),
+        "stderr:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("warning: spec.children"),
+        "settled, not warned: {stderr}"
+    );
+    assert!(!stderr.contains("spec.children[2]"), "allowed: {stderr}");
+
+    let (code, stderr, _) = check_with_crd(&rule, "Cluster");
+    assert_eq!(code, Some(0), "a cluster-scoped CRD: stderr:\n{stderr}");
+    assert!(!stderr.contains("spec.children"), "stderr:\n{stderr}");
+}
+
 #[test]
 fn run_refuses_a_set_in_which_nothing_validates() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -22,6 +22,7 @@ use crate::yaml::LineIndex;
 
 mod lint;
 mod related;
+pub mod scope;
 mod status;
 
 use lint::{Code, lint};
@@ -123,54 +124,6 @@ pub fn context_names(for_each: bool, with_self: bool) -> BTreeSet<&'static str> 
         names.insert("self");
     }
     names
-}
-
-/// A cluster-scoped child of a namespaced parent can never be applied
-/// without `allowCrossNamespace` (the operator refuses it on every pass), so
-/// `check` refuses the rule. The parent's scope is known from its `scope:`,
-/// the `crd:` block trellis generates (namespaced by default) or the
-/// built-in table; a custom parent kind of undeclared scope is namespaced or
-/// not as discovery finds it when running, so it only gets a warning. The
-/// child's scope is its `scope:` or the built-in table.
-fn check_scope(ck: &mut Checker, at: &str, spec: &model::RuleSpec, child: &ChildSpec) {
-    use model::Scope;
-    let child_scope = child
-        .scope
-        .unwrap_or_else(|| crate::kinds::scope(&Gvk::new(&child.api_version, &child.kind)));
-    if child_scope != Scope::Cluster || child.allow_cross_namespace {
-        return;
-    }
-    let parent_gvk = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
-    let parent = spec
-        .parent
-        .scope
-        .or_else(|| {
-            spec.crd
-                .as_ref()
-                .map(|c| c.scope.unwrap_or(Scope::Namespaced))
-        })
-        .or_else(|| {
-            parent_gvk
-                .is_builtin()
-                .then(|| crate::kinds::scope(&parent_gvk))
-        });
-    let field = format!("{at}.kind");
-    let kind = &child.kind;
-    match parent {
-        Some(Scope::Namespaced) => ck.error(
-            &field,
-            format!(
-                "`{kind}` is cluster-scoped and the parent is namespaced: the child can never be applied without `allowCrossNamespace: true`"
-            ),
-        ),
-        Some(Scope::Cluster) => {}
-        None => ck.warning(
-            &field,
-            format!(
-                "`{kind}` is cluster-scoped: if the parent is namespaced the child can never be applied without `allowCrossNamespace: true` (set `spec.parent.scope` to say which)"
-            ),
-        ),
-    }
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -530,7 +483,7 @@ pub(super) fn compile(
                 format!("`{}` is not a valid kind (CamelCase)", child.kind),
             );
         }
-        check_scope(&mut ck, &at, spec, child);
+        scope::check(&mut ck, &at, spec, child);
         let source = match (&child.template, &child.template_file) {
             (Some(t), None) => Some(t.clone()),
             (None, Some(rel)) => match read_template_file(&doc.root, &doc.file, rel) {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 pub use compile::{
     CompiledChild, CompiledCondition, CompiledField, CompiledRelated, CompiledRequirement,
     CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarSource,
-    context_names,
+    context_names, scope,
 };
 
 use crate::kinds::Gvk;
