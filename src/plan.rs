@@ -349,6 +349,17 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     let info = ParentInfo::of(input.parent);
     let mut plan = Plan::default();
 
+    // The API server only serves objects, but `render` reads any YAML and
+    // the pass below writes `parent.spec` (found by the fuzzer: a parent
+    // that is a list, with a cluster-scoped kind, panicked).
+    if !input.parent.is_object() {
+        plan.errors
+            .push(format!("{}: the parent is not an object", rule.parent.kind));
+        plan.failure_reason = Some("InvalidSpec");
+        plan.status = status_for_failure(rule, input, &info, &plan);
+        return plan;
+    }
+
     // Children's namespaces and owner references follow from the parent's
     // scope: ask for it rather than guess it from the parent object.
     let kind = &rule.parent.kind;

@@ -190,6 +190,17 @@ fn without_namespace(mut parent: Value) -> Value {
 }
 
 #[test]
+fn a_parent_that_is_not_an_object_is_an_error_not_a_panic() {
+    let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
+    for parent in [json!([1, "two", {"parent": 3}]), json!(3), json!(null)] {
+        let p = run_cluster_parent(&r, &parent, vec![]);
+        assert!(p.apply.is_empty(), "{parent}");
+        assert_eq!(p.errors, ["App: the parent is not an object"], "{parent}");
+        assert_eq!(p.failure_reason, Some("InvalidSpec"));
+    }
+}
+
+#[test]
 fn namespaced_parent_without_namespace_is_an_error() {
     let r = rule(&format!("{PARENT_KIND}  children:\n{CM}"));
     let cm = live("ConfigMap", "a-cm", "cm", json!({}));
