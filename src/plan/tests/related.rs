@@ -211,3 +211,60 @@ fn reading_a_sibling_is_an_implicit_dependency() {
     assert_eq!(p.pending.len(), 1, "reader waits for cm to exist");
     assert_eq!(p.pending[0].id, "reader");
 }
+
+/// A related source answering one name read, and recording what was asked.
+struct OneObject {
+    object: Value,
+    asked: std::sync::Mutex<Vec<RelatedRead>>,
+}
+
+impl RelatedSource for OneObject {
+    fn find(&self, _gvk: &Gvk, read: &RelatedRead) -> Vec<(ObjectKey, Value)> {
+        self.asked.lock().unwrap().push(read.clone());
+        match &read.target {
+            RelatedTarget::Name(n) if n == "src" => {
+                vec![(ObjectKey::of(&self.object).unwrap(), self.object.clone())]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[test]
+fn with_a_related_source_reads_come_from_it_not_from_the_observed_objects() {
+    let r = rule(&format!("{PARENT_KIND}{SETTINGS}  children:\n{COPY}"));
+    let cached = object(
+        "ConfigMap",
+        Some("ns"),
+        "src",
+        json!({}),
+        json!({"data": {"from": "cache"}}),
+    );
+    let stale = object(
+        "ConfigMap",
+        Some("ns"),
+        "src",
+        json!({}),
+        json!({"data": {"from": "observed"}}),
+    );
+    let source = Arc::new(OneObject {
+        object: cached,
+        asked: Default::default(),
+    });
+    let observed = Observed::from_objects([stale]).with_related(source.clone());
+    let p = plan(
+        &r,
+        &Input {
+            parent: &parent(json!({"from": "src"})),
+            observed: &observed,
+            now: NOW,
+            scope_of: &kinds::scope,
+        },
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.apply[0].object["data"], json!({"from": "cache"}));
+    let asked = source.asked.lock().unwrap();
+    assert_eq!(asked.len(), 1, "one question per read");
+    assert_eq!(asked[0].target, RelatedTarget::Name("src".into()));
+    assert_eq!(asked[0].namespace.as_deref(), Some("ns"));
+}
