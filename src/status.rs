@@ -3,6 +3,7 @@
 //!
 //! Pure functions over JSON values; `plan` decides when to call them.
 
+use jsonpath_rust::parser::model::{JpQuery, Segment, Selector};
 use jsonpath_rust::query::js_path_process;
 use serde_json::{Map, Value, json};
 
@@ -47,19 +48,37 @@ pub fn default_ready(obj: &Value) -> Result<(), String> {
 }
 
 /// Evaluates a JSONPath field on an observed child (a list of objects for
-/// `forEach` children). One match gives the value, several give a list, none
-/// gives `None`.
+/// `forEach` children). A singular query (RFC 9535: only name and index
+/// segments, one selector each) yields its one value or `None`; any other
+/// query (wildcards, slices, filters, descendants, several selectors)
+/// always yields a list, empty when nothing matches, so a field's type never
+/// depends on how many children happen to match.
 pub fn json_path_value(field: &CompiledField, observed: &Value) -> Option<Value> {
     let FieldSource::JsonPath { query, .. } = &field.source else {
         return None;
     };
+    query_value(query, observed)
+}
+
+/// [`json_path_value`] for a parsed query.
+pub fn query_value(query: &JpQuery, observed: &Value) -> Option<Value> {
     let matches = js_path_process(query, observed).ok()?;
-    let mut values: Vec<Value> = matches.into_iter().map(|m| m.val.clone()).collect();
-    match values.len() {
-        0 => None,
-        1 => values.pop(),
-        _ => Some(Value::Array(values)),
+    let mut values = matches.into_iter().map(|m| m.val.clone());
+    if is_singular(query) {
+        values.next()
+    } else {
+        Some(Value::Array(values.collect()))
     }
+}
+
+/// Whether a query is singular in RFC 9535's sense.
+pub fn is_singular(query: &JpQuery) -> bool {
+    let one = |s: &Selector| matches!(s, Selector::Name(_) | Selector::Index(_));
+    query.segments.iter().all(|segment| match segment {
+        Segment::Selector(s) => one(s),
+        Segment::Selectors(list) => list.len() == 1 && list.iter().all(one),
+        Segment::Descendant(_) => false,
+    })
 }
 
 /// Sets `value` at `path` under `root`, creating objects on the way.
@@ -226,6 +245,32 @@ mod tests {
         assert!(message.len() <= MAX_MESSAGE_BYTES);
         assert!(message.ends_with('…'));
         assert_eq!(truncate("short", 10), "short");
+    }
+
+    fn query(text: &str, on: Value) -> Option<Value> {
+        let parsed = jsonpath_rust::parser::parse_json_path(text).unwrap();
+        query_value(&parsed, &on)
+    }
+
+    #[test]
+    fn a_singular_json_path_yields_a_value_or_nothing() {
+        let obj = json!({"status": {"ready": 2, "list": [1, 2]}});
+        assert_eq!(query("$.status.ready", obj.clone()), Some(json!(2)));
+        assert_eq!(query("$['status']['list'][0]", obj.clone()), Some(json!(1)));
+        assert_eq!(query("$.status.list", obj.clone()), Some(json!([1, 2])));
+        assert_eq!(query("$.status.missing", obj), None);
+    }
+
+    #[test]
+    fn any_other_json_path_always_yields_a_list() {
+        let obj = json!({"items": [{"n": "a"}, {"n": "b", "x": 1}]});
+        // One match is a one-element list, none an empty one.
+        assert_eq!(query("$.items[?@.x].n", obj.clone()), Some(json!(["b"])));
+        assert_eq!(query("$.items[?@.y].n", obj.clone()), Some(json!([])));
+        assert_eq!(query("$.items[*].n", obj.clone()), Some(json!(["a", "b"])));
+        assert_eq!(query("$.items[0:1].n", obj.clone()), Some(json!(["a"])));
+        assert_eq!(query("$..x", obj.clone()), Some(json!([1])));
+        assert_eq!(query("$.items[0,1].n", obj), Some(json!(["a", "b"])));
     }
 
     #[test]

@@ -1,0 +1,394 @@
+//! Load benchmark of `related:` reads in the real operator: N parents, each
+//! reading one ConfigMap by name and copying it into a child, in a namespace
+//! that also holds M ConfigMaps nobody reads. The release `trellis run`
+//! binary runs in a process of its own against the shared test control
+//! plane (see `tests/support/mod.rs`).
+//!
+//! Run: `cargo bench --bench load_related` (prints figures; fails only when
+//! the operator does not converge or an edit does not reach its reader).
+//!
+//! Environment:
+//! * `TRELLIS_BENCH_PARENTS`: parents, each with its own source (default 1000).
+//! * `TRELLIS_BENCH_NOISE`: unrelated ConfigMaps (default 10000).
+//! * `TRELLIS_BENCH_EDITS`: source edits timed (default 20).
+//!
+//! What is measured: the time until every parent's child carries its
+//! source's data ("converged"); the operator's RSS (`/proc/<pid>/status`)
+//! after convergence and again once the unrelated ConfigMaps exist (the
+//! related ConfigMap watch is a whole-kind watch, since the rule's `name:` is
+//! a template: it caches them too); then, with everything in place, the
+//! latency from editing one source to its reader's child carrying the edit
+//! (a GET every 10 ms), and that no other parent had a pass for it. The
+//! operator log (JSON lines) is kept in `target/tmp/bench-load-related.log`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use support::operator::{Cleanup, TestKind};
+
+const CREATE_CONCURRENCY: usize = 32;
+
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?}: not a number: {e}")),
+        Err(_) => default,
+    }
+}
+
+fn main() {
+    let parents = env_number("TRELLIS_BENCH_PARENTS", 1000) as usize;
+    let noise = env_number("TRELLIS_BENCH_NOISE", 10_000) as usize;
+    let edits = env_number("TRELLIS_BENCH_EDITS", 20) as usize;
+    assert!(parents > 0 && edits > 0);
+    let binary = build_operator();
+    let cluster = support::cluster();
+    eprintln!("[related] cluster: {}", cluster.source);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(bench(&binary, parents, noise, edits));
+}
+
+/// `cargo build --release --bin trellis`, as `benches/load.rs` does it.
+fn build_operator() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    // Cargo's per-package variables would make build scripts rerun.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CFG_"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
+    let status = command
+        .args(["build", "--release", "--bin", "trellis"])
+        .current_dir(manifest)
+        .stdin(Stdio::null())
+        .status()
+        .expect("running cargo build");
+    assert!(status.success(), "cargo build --release failed ({status})");
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => manifest.join(dir),
+        None => manifest.join("target"),
+    };
+    target.join("release").join("trellis")
+}
+
+fn rule(kind: &TestKind) -> String {
+    kind.rule(
+        r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: related-load
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  related:
+    - id: source
+      apiVersion: v1
+      kind: ConfigMap
+      name: "{{ spec.from }}"
+  children:
+    - id: copy
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ '-copy' }}
+        data: {{ related.source.data }}
+"#,
+    )
+}
+
+/// VmRSS of `pid` in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// The operator process; killed if still running when dropped, its log kept.
+struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-load-related.log");
+        if std::fs::copy(&self.log, &kept).is_ok() {
+            eprintln!("[related] operator log kept in {}", kept.display());
+        }
+    }
+}
+
+/// Passes logged per parent so far (the operator's debug line `planned`).
+fn passes(log: &Path) -> BTreeMap<String, usize> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("\"planned\"")) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let parent = v
+            .pointer("/fields/parent")
+            .or_else(|| v.get("parent"))
+            .and_then(|p| p.as_str());
+        if let Some(p) = parent {
+            *out.entry(p.to_owned()).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+async fn create_config_maps(api: &Api<ConfigMap>, names: Vec<(String, BTreeMap<String, String>)>) {
+    futures::stream::iter(names)
+        .for_each_concurrent(CREATE_CONCURRENCY, |(name, data)| {
+            let api = api.clone();
+            async move {
+                let cm: ConfigMap =
+                    serde_json::from_value(json!({"metadata": {"name": name}, "data": data}))
+                        .expect("a ConfigMap");
+                api.create(&PostParams::default(), &cm)
+                    .await
+                    .unwrap_or_else(|e| panic!("creating ConfigMap {name}: {e}"));
+            }
+        })
+        .await;
+}
+
+async fn copies_with(cms: &Api<ConfigMap>, value: &str) -> usize {
+    let list = cms
+        .list(&ListParams::default().labels("trellis.dev/rule=related-load"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.iter()
+        .filter(|cm| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("v"))
+                .map(String::as_str)
+                == Some(value)
+        })
+        .count()
+}
+
+async fn bench(binary: &Path, n: usize, noise: usize, edits: usize) {
+    let cluster = support::cluster();
+    let ns = support::namespace_for("bench-related").await;
+    let client = ns.client.clone();
+    let group = format!("{}.bench.trellis.test", support::unique_name("related"));
+    let kind = TestKind::in_group(&group, "RelatedApp");
+    let _crd = Cleanup::crds(&[&kind]);
+    kind.install(&client).await;
+    let cms: Api<ConfigMap> = ns.api();
+
+    let started = Instant::now();
+    create_config_maps(
+        &cms,
+        (0..n)
+            .map(|i| {
+                (
+                    format!("src-{i}"),
+                    [("v".to_owned(), "0".to_owned())].into(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let parents = kind.api(&ns);
+    futures::stream::iter(0..n)
+        .for_each_concurrent(CREATE_CONCURRENCY, |i| {
+            let kind = kind.clone();
+            let ns = &ns;
+            async move {
+                kind.create(
+                    ns,
+                    &format!("p-{i}"),
+                    json!({"from": format!("src-{i}")}),
+                    &[],
+                )
+                .await;
+            }
+        })
+        .await;
+    eprintln!(
+        "[related] {n} sources and {n} parents created in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    std::fs::write(rules.join("related-load.yaml"), rule(&kind)).expect("rule");
+    let log = dir.path().join("operator.log");
+    let log_file = File::create(&log).expect("log file");
+    let mut command = Command::new(binary);
+    command
+        .args(["run", "--rules"])
+        .arg(&rules)
+        .args(["--namespace", ns.name()])
+        .args(["--metrics-addr", "off", "--log-format", "json"])
+        .env("RUST_LOG", "info,trellis::operator::reconcile=debug")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("log file"))
+        .stderr(log_file);
+    if let Some(path) = &cluster.kubeconfig_path {
+        command.env("KUBECONFIG", path);
+    }
+    let spawned = Instant::now();
+    let mut operator = Operator {
+        child: command.spawn().expect("starting the operator"),
+        log: log.clone(),
+    };
+    let pid = operator.child.id();
+    loop {
+        if let Ok(Some(status)) = operator.child.try_wait() {
+            panic!("the operator exited: {status}");
+        }
+        if copies_with(&cms, "0").await == n {
+            break;
+        }
+        assert!(
+            spawned.elapsed() < Duration::from_secs(600),
+            "no convergence in 600 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let converged = spawned.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_converged = rss_mib(pid);
+
+    let noise_started = Instant::now();
+    let filler = "x".repeat(100);
+    create_config_maps(
+        &cms,
+        (0..noise)
+            .map(|i| {
+                (
+                    format!("noise-{i}"),
+                    [("k".to_owned(), filler.clone())].into(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let noise_created = noise_started.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_noise = rss_mib(pid);
+
+    // Edits, one at a time, with everything in place.
+    let before = passes(&log);
+    let mut latencies = Vec::new();
+    let mut edited = Vec::new();
+    for j in 0..edits {
+        let i = (j * 97 + 13) % n;
+        let value = format!("edit-{j}");
+        let t = Instant::now();
+        cms.patch(
+            &format!("src-{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": value}})),
+        )
+        .await
+        .expect("edit a source");
+        loop {
+            let copy = cms.get(&format!("p-{i}-copy")).await.expect("the copy");
+            if copy.data.as_ref().and_then(|d| d.get("v")) == Some(&value) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "edit {j} never reached p-{i}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        latencies.push(t.elapsed());
+        edited.push(format!("{}/p-{i}", ns.name()));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = passes(&log);
+    let woken: Vec<&String> = after
+        .iter()
+        .filter(|(p, c)| before.get(*p) != Some(*c))
+        .map(|(p, _)| p)
+        .collect();
+    let strangers: Vec<&&String> = woken.iter().filter(|p| !edited.contains(p)).collect();
+    let rss_end = rss_mib(pid);
+    drop(operator);
+    drop(parents);
+
+    latencies.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "related load: {n} parents, each reading its own ConfigMap; {noise} unrelated ConfigMaps"
+    );
+    println!(
+        "  converged (all children)      {:.1} s after start",
+        converged.as_secs_f64()
+    );
+    println!(
+        "  RSS after convergence         {rss_converged:.1} MiB ({n} related + {n} children cached)"
+    );
+    println!(
+        "  RSS with the unrelated ones   {rss_noise:.1} MiB (+{:.1} MiB for {noise} ConfigMaps, created in {:.1} s)",
+        rss_noise - rss_converged,
+        noise_created.as_secs_f64()
+    );
+    println!("  RSS at the end                {rss_end:.1} MiB");
+    println!(
+        "  edit → reader's child         median {:.0} ms, max {:.0} ms over {} edits",
+        ms(latencies[latencies.len() / 2]),
+        ms(latencies[latencies.len() - 1]),
+        latencies.len()
+    );
+    println!(
+        "  parents with a pass during the edits: {} (edited {}), others: {}",
+        woken.len(),
+        edited.len(),
+        strangers.len()
+    );
+    assert!(
+        strangers.is_empty(),
+        "parents that read nothing edited had a pass: {strangers:?}"
+    );
+}
