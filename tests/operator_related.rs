@@ -567,3 +567,116 @@ async fn a_secret_in_another_namespace_is_read_only_where_the_rule_allows_it() {
     assert!(!nosy.data.to_string().contains("t0ken"), "{:?}", nosy.data);
     operator.stop().await;
 }
+
+/// `trellis rbac`'s role for `set`, without the rules on `resource`.
+fn role_without(set: &trellis::rules::RuleSet, resource: &str) -> serde_json::Value {
+    let mut role = trellis::rbac::cluster_role(set, &support::unique_name("trellis-related"));
+    let rules = role["rules"].as_array_mut().expect("rules");
+    rules.retain(|r| {
+        !r["resources"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().any(|x| x == resource))
+    });
+    role
+}
+
+fn may_list_configmaps(ns: &str) -> k8s_openapi::api::authorization::v1::ResourceAttributes {
+    k8s_openapi::api::authorization::v1::ResourceAttributes {
+        resource: Some("configmaps".into()),
+        verb: Some("list".into()),
+        namespace: Some(ns.to_owned()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_list_on_a_related_kind_the_preflight_keeps_the_rule_inactive() {
+    let ns = support::namespace().await;
+    let (kind, mut cleanup) = install_kind(&ns, "Peek").await;
+    let set = rule_set(&[&peek_rule(&kind, "peek", false)]);
+    let role = role_without(&set, "secrets");
+    assert_ne!(
+        role,
+        trellis::rbac::cluster_role(&set, "x"),
+        "secrets were granted"
+    );
+    let client = support::operator::service_account_with_role(
+        &ns,
+        role,
+        may_list_configmaps(ns.name()),
+        &mut cleanup,
+    )
+    .await;
+    let addr = support::faults::free_address();
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.metrics_addr = Some(addr);
+    let operator = Operator::spawn(options, set, &client);
+    let state = support::eventually("the rule reported inactive", WAIT, || async {
+        let body = support::http_get(addr, "/status").await?;
+        let status: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        let rule = status["rules"]["peek"].clone();
+        (rule["state"] == "Inactive")
+            .then_some(rule.clone())
+            .ok_or(rule.to_string())
+    })
+    .await;
+    let reason = state["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("secrets"), "{reason}");
+    kind.create(
+        &ns,
+        "p",
+        json!({"namespace": ns.name(), "secret": "s"}),
+        &[],
+    )
+    .await;
+    tokio::time::sleep(QUIET).await;
+    assert_absent(&ns.api::<ConfigMap>(), "p-seen", "the rule is inactive").await;
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_role_trellis_rbac_prints_is_enough_for_related_reads() {
+    let ns = support::namespace().await;
+    let (kind, mut cleanup) = install_kind(&ns, "Peek").await;
+    let set = rule_set(&[&peek_rule(&kind, "peek", false)]);
+    let role = trellis::rbac::cluster_role(&set, &support::unique_name("trellis-related"));
+    let client = support::operator::service_account_with_role(
+        &ns,
+        role,
+        may_list_configmaps(ns.name()),
+        &mut cleanup,
+    )
+    .await;
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("s".into()),
+            ..Default::default()
+        },
+        data: Some([("token".to_owned(), ByteString(b"mine".to_vec()))].into()),
+        ..Default::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the Secret");
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    let operator = Operator::spawn(options, set, &client);
+    kind.create(
+        &ns,
+        "p",
+        json!({"namespace": ns.name(), "secret": "s"}),
+        &[],
+    )
+    .await;
+    wait_data(
+        &ns.api::<ConfigMap>(),
+        "p-seen",
+        "the copy",
+        "token",
+        "mine",
+    )
+    .await;
+    operator.stop().await;
+}
