@@ -680,3 +680,65 @@ async fn the_role_trellis_rbac_prints_is_enough_for_related_reads() {
     .await;
     operator.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_service_waits_for_its_certificate_to_be_ready() {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::Ingress;
+    let ns = support::namespace().await;
+    let rule = example_rule("tls-service");
+    install_example_crd(&ns.client, &rule).await;
+    // A stand-in for cert-manager's CRD: open schema, status subresource.
+    let certificates = TestKind::lasting("cert-manager.io", "Certificate");
+    certificates.install(&ns.client).await;
+    let operator = Operator::start(&ns.client, ns.name(), &[&rule]);
+    let services: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        ns.name(),
+        &demo("TlsService", "tlsservices"),
+    );
+    let shop: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "demo.trellis.dev/v1",
+        "kind": "TlsService",
+        "metadata": {"name": "shop"},
+        "spec": {"host": "shop.example.com", "port": 8080, "certificate": "shop-tls"},
+    }))
+    .expect("a TlsService");
+    services
+        .create(&PostParams::default(), &shop)
+        .await
+        .expect("create TlsService");
+    wait_exists(&ns.api::<Service>(), "shop").await;
+    wait_condition_reason(&services, "shop", "Ready", "False", "RelatedNotFound").await;
+    let ingresses: Api<Ingress> = ns.api();
+    assert_absent(&ingresses, "shop", "its Certificate does not exist").await;
+
+    certificates
+        .create(&ns, "shop-tls", json!({"secretName": "shop-tls-cert"}), &[])
+        .await;
+    wait_condition_reason(&services, "shop", "Ready", "False", "RelatedNotReady").await;
+    assert_absent(&ingresses, "shop", "its Certificate is not ready").await;
+
+    let issued = Instant::now();
+    certificates
+        .api(&ns)
+        .patch_status(
+            "shop-tls",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .expect("mark the Certificate Ready");
+    let ingress = wait_exists(&ingresses, "shop").await;
+    eprintln!(
+        "[related] the Ingress followed its Certificate's Ready in {:?}",
+        issued.elapsed()
+    );
+    let tls = ingress.spec.and_then(|s| s.tls).unwrap_or_default();
+    assert_eq!(tls[0].secret_name.as_deref(), Some("shop-tls-cert"));
+    services
+        .delete("shop", &DeleteParams::default())
+        .await
+        .expect("delete TlsService");
+    operator.stop().await;
+}
