@@ -1,5 +1,6 @@
 //! The read index and the watch plan, without a cluster.
 
+use super::index::RECENT_EVENTS;
 use super::*;
 
 fn named(kind: &str, ns: Option<&str>, name: &str) -> RelatedRead {
