@@ -324,3 +324,20 @@ async fn a_rule_missing_a_permission_stays_inactive_without_a_storm_of_403s() {
     assert_eq!(forbidden_lines(&logs), Vec::<String>::new());
     operator.stop().await;
 }
+
+/// Stopped at any moment of a rule's start — before its watches have
+/// listed anything, too — the operator still stops promptly (the controller
+/// used to wait forever for a parent list that its own shutdown had cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_stopped_while_its_rule_starts_stops_promptly() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    app.create(&ns, "shop", json!({}), &[]).await;
+    let rule = config_rule(&app, "early");
+    for delay_ms in (0..=200).step_by(20) {
+        let operator = Operator::start(&ns.client, ns.name(), &[&rule]);
+        tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        // Panics unless the operator exits within WAIT.
+        operator.stop().await;
+    }
+}

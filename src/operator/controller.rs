@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, future};
+use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -23,7 +23,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::Shared;
 use super::context::{self, RuleCtx};
@@ -577,10 +577,10 @@ async fn run_controller(
             lifted.report_backoff();
         });
     let concurrency = u16::try_from(shared.permits.available_permits()).unwrap_or(u16::MAX);
-    controller
+    let run = controller
         .reconcile_all_on(everyone)
         .with_config(Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(stop.cancelled_owned())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile::reconcile_measured, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
@@ -589,8 +589,21 @@ async fn run_controller(
                     other => warn!("controller: {other}"),
                 }
             }
-        })
-        .await;
+        });
+    // kube's runner waits for the parent cache to be listed before it runs
+    // anything, and a graceful shutdown stops the watch that would list it:
+    // stopped before the first list, the controller would wait forever.
+    // Nothing can be in flight then, so it is dropped instead.
+    let unlisted_at_stop = async {
+        stop.cancelled().await;
+        if parents.wait_until_ready().now_or_never().is_some() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = run => {}
+        () = unlisted_at_stop => debug!(rule = %rule.name, "stopped before the parents were listed"),
+    }
     listing.abort();
 }
 
