@@ -47,6 +47,9 @@ pub enum ChildChange {
     Recreate { fields: Vec<FieldChange> },
     /// Observed but no longer rendered: it would be deleted.
     Prune,
+    /// Would be pruned, but not in this pass: another write of it fails,
+    /// and pruning waits for a pass in which everything applied.
+    PruneHeld,
     /// Nothing would change (or `createOnly` and it exists).
     Unchanged,
     /// The pass would fail on this child (a foreign owner, the API server
@@ -85,7 +88,7 @@ impl ParentDiff {
             || self
                 .children
                 .iter()
-                .any(|c| !matches!(c.change, ChildChange::Unchanged))
+                .any(|c| !matches!(c.change, ChildChange::Unchanged | ChildChange::PruneHeld))
     }
 
     /// Whether the pass would fail.
@@ -308,6 +311,10 @@ pub fn print(diffs: &[ParentDiff]) -> String {
                     write_fields(&mut out, fields);
                 }
                 ChildChange::Prune => out.push_str(&head("-", " (prune)")),
+                ChildChange::PruneHeld => out.push_str(&head(
+                    "-",
+                    " (prune, in the first pass in which no write fails)",
+                )),
                 ChildChange::Refused { why } => {
                     out.push_str(&head("x", ""));
                     let _ = writeln!(out, "      error: {why}");

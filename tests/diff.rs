@@ -45,6 +45,27 @@ spec:
           name: {{ parent.metadata.name ~ "-extra" }}
         data:
           note: extra
+    # Never updated once it exists.
+    - id: token
+      apiVersion: v1
+      kind: Secret
+      policy: createOnly
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-token" }}
+        stringData:
+          token: {{ spec.greeting }}
+    # Immutable: a changed rendering is a delete and a create.
+    - id: frozen
+      apiVersion: v1
+      kind: ConfigMap
+      policy: recreate
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-frozen" }}
+        immutable: true
+        data:
+          greeting: {{ spec.greeting }}
   status:
     fields:
       - path: greeting
@@ -161,7 +182,7 @@ async fn diff_shows_nothing_after_a_pass_and_each_change_a_pass_would_make() {
     let report = dry(&ns, &kind, &rules, Target::Parent(&parent)).await;
     let text = print(&report.diffs);
     assert_eq!(exit_code(&report.diffs), 0, "{text}");
-    assert!(text.contains("no changes (2 children unchanged)"), "{text}");
+    assert!(text.contains("no changes (4 children unchanged)"), "{text}");
 
     // The parent's spec edited while no operator runs: the child's field
     // and the status it maps are named, old and new value.
@@ -192,6 +213,17 @@ async fn diff_shows_nothing_after_a_pass_and_each_change_a_pass_would_make() {
     assert_eq!(
         change_of(&report, "extra"),
         &ChildChange::Unchanged,
+        "{text}"
+    );
+    assert_eq!(
+        change_of(&report, "token"),
+        &ChildChange::Unchanged,
+        "createOnly:\n{text}"
+    );
+    assert!(
+        text.contains(
+            " (recreate: delete, then create)\n      ~ data.greeting: \"hello\" -> \"hi\"\n"
+        ),
         "{text}"
     );
 
@@ -233,7 +265,16 @@ async fn diff_shows_nothing_after_a_pass_and_each_change_a_pass_would_make() {
     assert!(text.contains(" (prune)\n"), "{text}");
     assert_eq!(exit_code(&report.diffs), 1, "{text}");
 
-    // One pass later, nothing is left to change.
+    // One pass later (the recreated child made again), nothing is left to change.
+    let operator = Operator::start(&ns.client, ns.name(), &[&rules]);
+    wait_for(&cms, "hello-frozen", "the recreated child", |cm| {
+        match cm.data.as_ref().and_then(|d| d.get("greeting")) {
+            Some(g) if g == "hi" => Ok(()),
+            other => Err(format!("greeting {other:?}")),
+        }
+    })
+    .await;
+    operator.stop().await;
     converge(&ns, &kind, &rules, &["hello"]).await;
     wait_exists(&cms, "hello").await;
     let report = dry(&ns, &kind, &rules, Target::Parent(&parent)).await;
@@ -242,7 +283,7 @@ async fn diff_shows_nothing_after_a_pass_and_each_change_a_pass_would_make() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn diff_all_covers_every_parent_of_a_rule_in_a_namespace() {
+async fn diff_all_covers_every_parent_of_a_rule_in_a_namespace_and_names_a_failing_write() {
     let ns = support::namespace().await;
     let (kind, _cleanup) = install_kind(&ns, "Greeter").await;
     let rules = kind.rule(RULE);
@@ -252,6 +293,13 @@ async fn diff_all_covers_every_parent_of_a_rule_in_a_namespace() {
     }
     converge(&ns, &kind, &rules, &["a", "b"]).await;
     kind.patch(&ns, "b", json!({"spec": {"extra": true}})).await;
+    // b's new child would take the name of an object someone else made.
+    let cms: Api<ConfigMap> = ns.api();
+    let foreign: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "b-extra"}})).expect("ConfigMap");
+    cms.create(&Default::default(), &foreign)
+        .await
+        .expect("create foreign ConfigMap");
 
     let all = Target::All {
         namespace: Some(ns.name().to_owned()),
@@ -273,13 +321,11 @@ async fn diff_all_covers_every_parent_of_a_rule_in_a_namespace() {
     );
     assert!(!report.diffs[0].changes(), "{text}");
     assert!(
-        text.contains(&format!(
-            "  + extra ConfigMap {}/b-extra (create)\n",
-            ns.name()
-        )),
+        text.contains(&format!("  x extra ConfigMap {}/b-extra\n", ns.name()))
+            && text.contains("belongs to someone else"),
         "{text}"
     );
-    assert_eq!(exit_code(&report.diffs), 1, "{text}");
+    assert_eq!(exit_code(&report.diffs), 2, "a pass would fail:\n{text}");
 
     let unknown = Target::All {
         namespace: None,

@@ -292,11 +292,20 @@ async fn diff_parent(
             change,
         });
     }
+    // Pruning waits for a pass in which everything applied.
+    let refused = out
+        .children
+        .iter()
+        .any(|c| matches!(c.change, ChildChange::Refused { .. }));
     for delete in &pass.delete {
         out.children.push(ChildDiff {
             id: delete.id.clone(),
             key: delete.key.clone(),
-            change: ChildChange::Prune,
+            change: if refused {
+                ChildChange::PruneHeld
+            } else {
+                ChildChange::Prune
+            },
         });
     }
     out.pending = pass.pending.clone();
@@ -440,13 +449,7 @@ async fn child_change(
             match &live {
                 None => ChildChange::Create { object: after },
                 Some(l) => {
-                    let mut fields = object_changes(l, &after);
-                    // The render hash changes with every other change: noise
-                    // beside them, the one change when alone.
-                    let hash = format!("metadata.annotations[\"{ANNOTATION_RENDER_HASH}\"]");
-                    if fields.len() > 1 {
-                        fields.retain(|f| f.path != hash);
-                    }
+                    let fields = without_hash_noise(object_changes(l, &after));
                     if fields.is_empty() {
                         ChildChange::Unchanged
                     } else {
@@ -461,10 +464,22 @@ async fn child_change(
 /// For `recreate` (no dry-run of a delete-and-create): the rendered fields
 /// whose live value differs.
 fn rendered_changes(live: &Value, rendered: &Value) -> Vec<FieldChange> {
-    object_changes(live, rendered)
-        .into_iter()
-        .filter(|f| f.after.is_some())
-        .collect()
+    without_hash_noise(
+        object_changes(live, rendered)
+            .into_iter()
+            .filter(|f| f.after.is_some())
+            .collect(),
+    )
+}
+
+/// The render hash changes with every other change: noise beside them, the
+/// one change worth showing when alone.
+fn without_hash_noise(mut fields: Vec<FieldChange>) -> Vec<FieldChange> {
+    let hash = format!("metadata.annotations[\"{ANNOTATION_RENDER_HASH}\"]");
+    if fields.len() > 1 {
+        fields.retain(|f| f.path != hash);
+    }
+    fields
 }
 
 /// The parent's status write, dry: the same merge patch the operator sends.

@@ -140,9 +140,22 @@ fn a_pass_that_would_fail_exits_two_and_says_why() {
             why: "exists and belongs to rule other".into(),
         },
     }]);
+    d.children.push(ChildDiff {
+        id: "old".into(),
+        key: key("b"),
+        change: ChildChange::PruneHeld,
+    });
     assert_eq!(exit_code(std::slice::from_ref(&d)), 2);
+    let text = print(std::slice::from_ref(&d));
     assert!(
-        print(std::slice::from_ref(&d)).contains("      error: exists and belongs to rule other\n")
+        text.contains("      error: exists and belongs to rule other\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  - old ConfigMap ns/b (prune, in the first pass in which no write fails)\n"
+        ),
+        "{text}"
     );
     d.children.clear();
     d.errors
