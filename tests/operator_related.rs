@@ -742,3 +742,88 @@ async fn a_tls_service_waits_for_its_certificate_to_be_ready() {
         .expect("delete TlsService");
     operator.stop().await;
 }
+
+/// Reads the `Blob` named `spec.from` (a kind anyone may fill).
+const BLOB_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: blob-reader
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  related:
+    - id: blob
+      apiVersion: @BLOB_API_VERSION@
+      kind: Blob
+      name: "{{ spec.from }}"
+  children:
+    - id: seen
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ '-seen' }}
+        data:
+          blob: {{ related.blob.metadata.name }}
+"#;
+
+/// Creates an object through a raw request: the typed client cannot decode
+/// the deep response (the point of the test).
+async fn create_raw(
+    ns: &support::TestNamespace,
+    kind: &TestKind,
+    name: &str,
+    spec: serde_json::Value,
+) {
+    let body = json!({
+        "apiVersion": kind.api_version(),
+        "kind": kind.kind,
+        "metadata": {"name": name, "namespace": ns.name()},
+        "spec": spec,
+    });
+    let url = format!(
+        "/apis/{}/v1/namespaces/{}/{}",
+        kind.group,
+        ns.name(),
+        kind.plural
+    );
+    let req = kube::core::Request::new(url)
+        .create(
+            &Default::default(),
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .expect("request");
+    ns.client
+        .request_text(req)
+        .await
+        .expect("create the object");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_related_object_too_deep_to_decode_reads_as_missing_while_its_kind_goes_on() {
+    let ns = support::namespace().await;
+    let reader = TestKind::new("BlobReader");
+    let blob = reader.sibling("Blob");
+    let _cleanup = Cleanup::crds(&[&reader, &blob]);
+    reader.install(&ns.client).await;
+    blob.install(&ns.client).await;
+    let mut deep = json!(1);
+    for _ in 0..200 {
+        deep = json!({ "a": deep });
+    }
+    create_raw(&ns, &blob, "deep", json!({"blob": deep})).await;
+    create_raw(&ns, &blob, "fine", json!({"blob": 1})).await;
+    let rule = reader
+        .rule(BLOB_RULE)
+        .replace("@BLOB_API_VERSION@", &blob.api_version());
+    let operator = Operator::start(&ns.client, ns.name(), &[&rule]);
+    reader.create(&ns, "a", json!({"from": "fine"}), &[]).await;
+    reader.create(&ns, "b", json!({"from": "deep"}), &[]).await;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_data(&cms, "a-seen", "the readable Blob read", "blob", "fine").await;
+    wait_condition_reason(&reader.api(&ns), "b", "Ready", "False", "RelatedNotFound").await;
+    assert_absent(&cms, "b-seen", "its Blob cannot be decoded").await;
+    operator.stop().await;
+}

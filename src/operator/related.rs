@@ -270,6 +270,7 @@ impl Caches {
             return Vec::new();
         };
         let gvk = &watch.kind.gvk;
+        report_undecodable(gvk, event);
         let mut index = super::lock(&self.index);
         match event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
@@ -375,12 +376,9 @@ impl Caches {
 
 /// A cached object as the planner reads it; an undecodable one is skipped
 /// (and said so): a template must not read half an object.
+/// (Reported once, when its watch event arrives: see [`report_undecodable`].)
 fn to_entry(o: &ParentObject) -> Option<(ObjectKey, Value)> {
-    if let Some(why) = &o.undecodable {
-        warn!(
-            object = %format!("{}/{}", o.object.metadata.namespace.as_deref().unwrap_or(""), o.object.metadata.name.as_deref().unwrap_or("")),
-            "related object skipped: {why}"
-        );
+    if o.undecodable.is_some() {
         return None;
     }
     let value = serde_json::to_value(&o.object).ok()?;
@@ -426,6 +424,25 @@ impl RelatedSource for Caches {
                 .filter_map(|o| to_entry(o))
                 .collect(),
         }
+    }
+}
+
+/// A related object too deep or malformed to decode: logged as it arrives;
+/// reads treat it as absent, and its kind's watch goes on.
+fn report_undecodable(gvk: &Gvk, event: &watcher::Event<ParentObject>) {
+    if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event
+        && let Some(why) = &o.undecodable
+    {
+        let meta = &o.object.metadata;
+        warn!(
+            kind = %gvk,
+            object = %format!(
+                "{}/{}",
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default()
+            ),
+            "related object skipped (read as missing): {why}"
+        );
     }
 }
 
