@@ -230,3 +230,112 @@ async fn an_object_someone_else_made_without_colliding_fields_is_given_back_unto
     assert_eq!(requests(&addr, "get", "configmaps").await, 0.0);
     operator.stop().await;
 }
+
+const TWO_NAMES_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: grab2
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: first
+      apiVersion: v1
+      kind: ConfigMap
+      adopt: true
+      template: |
+        metadata:
+          name: {{ spec.first }}
+        data:
+          owner: {{ parent.metadata.name }}
+    - id: second
+      apiVersion: v1
+      kind: ConfigMap
+      adopt: true
+      template: |
+        metadata:
+          name: {{ spec.second }}
+        data:
+          owner: {{ parent.metadata.name }}
+"#;
+
+/// What the API server refuses an unforced apply — a label another rule's
+/// manager owns (409), a second controller reference (422) — is read once,
+/// to name the owner, and never written; `adopt: true` does not change it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_rules_object_and_another_controllers_object_are_refused_by_the_api_server() {
+    let ns = support::namespace().await;
+    let cms: Api<ConfigMap> = ns.api();
+    let apply = |name: &str, manager: &str, body: serde_json::Value| {
+        let cms = cms.clone();
+        let (name, manager) = (name.to_owned(), manager.to_owned());
+        async move {
+            cms.patch(&name, &PatchParams::apply(&manager), &Patch::Apply(&body))
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+        }
+    };
+    let boss = apply(
+        "boss",
+        "someone",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "boss"}}),
+    )
+    .await;
+    let ruled = apply(
+        "ruled",
+        "trellis/other",
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "ruled", "labels": {"trellis.dev/rule": "other"}},
+               "data": {"mine": "yes"}}),
+    )
+    .await;
+    let controlled = apply(
+        "controlled",
+        "someone",
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "controlled", "ownerReferences": [{
+                   "apiVersion": "v1", "kind": "ConfigMap", "name": "boss",
+                   "uid": boss.uid().expect("uid"), "controller": true}]},
+               "data": {"mine": "yes"}}),
+    )
+    .await;
+    let (kind, _cleanup) = install_kind(&ns, "Grab2").await;
+    let (operator, addr) = start(&ns, &kind, TWO_NAMES_RULE);
+    kind.create(
+        &ns,
+        "thief",
+        json!({"first": "ruled", "second": "controlled"}),
+        &[],
+    )
+    .await;
+    let parents = kind.api(&ns);
+    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
+    let message = condition(&thief, "Synced").expect("Synced")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("ruled") && message.contains("rule other"),
+        "{message}"
+    );
+    assert!(
+        message.contains("controlled") && message.contains("ConfigMap boss"),
+        "{message}"
+    );
+    tokio::time::sleep(QUIET).await;
+    for before in [&ruled, &controlled] {
+        let name = before.name_any();
+        let now = cms.get(&name).await.expect("still there");
+        assert_eq!(
+            now.metadata.resource_version, before.metadata.resource_version,
+            "{name} was written: {now:?}"
+        );
+    }
+    assert!(
+        requests(&addr, "get", "configmaps").await >= 2.0,
+        "each refusal is followed by a read naming the owner"
+    );
+    operator.stop().await;
+}

@@ -182,6 +182,9 @@ pub(super) async fn apply_child(
             .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
             .await
             .map_err(fail)?;
+        if live.is_none() {
+            ctx.remember_created(&apply.key, parent_uid, &apply.hash);
+        }
         let outcome = if live.is_some() {
             Outcome::Updated
         } else {
