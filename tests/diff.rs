@@ -263,6 +263,12 @@ async fn diff_shows_nothing_after_a_pass_and_each_change_a_pass_would_make() {
     let text = print(&report.diffs);
     assert_eq!(change_of(&report, "extra"), &ChildChange::Prune, "{text}");
     assert!(text.contains(" (prune)\n"), "{text}");
+    // The deleted child's status field is removed, as the operator removes
+    // the fields a pass no longer produces.
+    assert!(
+        text.contains("      - status.greeting: \"hello\"\n"),
+        "{text}"
+    );
     assert_eq!(exit_code(&report.diffs), 1, "{text}");
 
     // One pass later (the recreated child made again), nothing is left to change.

@@ -19,7 +19,9 @@ use serde_json::{Value, json};
 use super::{ChildChange, ChildDiff, FieldChange, ParentDiff, field_changes, object_changes};
 use crate::kinds::Gvk;
 use crate::operator::discovery::{Resolved, resolve};
-use crate::operator::{FINALIZER, PAUSED_ANNOTATION, foreign_owner, live_render_hash};
+use crate::operator::{
+    FINALIZER, PAUSED_ANNOTATION, foreign_owner, live_render_hash, status_patch,
+};
 use crate::plan::{
     self, ANNOTATION_RENDER_HASH, Apply, Input, LABEL_PARENT_UID, LABEL_RULE, ObjectKey, Observed,
     RelatedRead, RelatedTarget,
@@ -332,7 +334,7 @@ async fn diff_parent(
     }
     if let Some(status) = &pass.status {
         out.parent_fields
-            .extend(status_changes(client, kinds, parent, name, namespace, status).await?);
+            .extend(status_changes(client, rule, kinds, parent, name, namespace, status).await?);
     }
     Ok(out)
 }
@@ -485,6 +487,7 @@ fn without_hash_noise(mut fields: Vec<FieldChange>) -> Vec<FieldChange> {
 /// The parent's status write, dry: the same merge patch the operator sends.
 async fn status_changes(
     client: &Client,
+    rule: &CompiledRule,
     kinds: &Kinds,
     parent: &Value,
     name: &str,
@@ -492,7 +495,14 @@ async fn status_changes(
     status: &Value,
 ) -> Result<Vec<FieldChange>, String> {
     let api = api(client, &kinds.parent, namespace);
-    let patch = json!({ "status": status });
+    let claim = if kinds.parent.status_subresource {
+        None
+    } else {
+        parent
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+    };
+    let patch = status_patch(rule, parent.get("status"), status, claim);
     let params = PatchParams {
         dry_run: true,
         ..PatchParams::default()

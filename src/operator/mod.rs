@@ -54,6 +54,7 @@ use crate::rules::RuleSet;
 pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
 /// What a pass decides about an existing object, shared with `trellis diff`.
 pub use apply::{foreign_owner, live_render_hash};
+pub use status_write::status_patch;
 
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";

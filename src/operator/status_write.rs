@@ -177,11 +177,38 @@ fn claim_next_generation(status: &mut Value, generation: i64) {
     }
 }
 
+/// The merge patch a pass sends for the parent's status (shared with
+/// `trellis diff`, which dry-runs it): the new status; `null` for each rule
+/// field this pass no longer produces; and, for a parent kind without the
+/// `/status` subresource (`claim_generation`: its generation), the
+/// generation the write itself produces.
+pub fn status_patch(
+    rule: &crate::rules::CompiledRule,
+    current: Option<&Value>,
+    status: &Value,
+    claim_generation: Option<i64>,
+) -> Value {
+    let stale = stale_fields(
+        rule.fields.iter().map(|f| f.path.as_slice()),
+        current,
+        status,
+    );
+    let mut status = status.clone();
+    if let Some(generation) = claim_generation {
+        claim_next_generation(&mut status, generation);
+    }
+    let mut patch = json!({ "status": status });
+    for path in &stale {
+        set_null(&mut patch["status"], path);
+    }
+    patch
+}
+
 pub(super) async fn write_status(
     ctx: &RuleCtx,
     parent: &DynamicObject,
     parent_json: &Value,
-    mut status: Value,
+    status: Value,
 ) -> Result<(), Error> {
     let current = parent_json.get("status");
     let rule = ctx.rule();
@@ -197,13 +224,12 @@ pub(super) async fn write_status(
         return Ok(());
     }
     let subresource = ctx.kinds.parent.status_subresource;
-    if !subresource && let Some(generation) = parent.metadata.generation {
-        claim_next_generation(&mut status, generation);
-    }
-    let mut patch = json!({ "status": status.clone() });
-    for path in &stale {
-        set_null(&mut patch["status"], path);
-    }
+    let claim = if subresource {
+        None
+    } else {
+        parent.metadata.generation
+    };
+    let mut patch = status_patch(&rule, current, &status, claim);
     if !subresource {
         // The generation claimed holds only if nothing else changes the parent first.
         patch["metadata"] = json!({ "resourceVersion": parent.resource_version() });
