@@ -39,7 +39,8 @@ pub struct FieldChange {
 /// What one pass would do to one child object.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChildChange {
-    /// The object does not exist: it would be created (as the dry-run answered).
+    /// The object does not exist: it would be created with these fields
+    /// (as rendered; the API server accepted it in a dry-run).
     Create { object: Value },
     /// The object exists and these fields would change.
     Update { fields: Vec<FieldChange> },
@@ -171,19 +172,10 @@ fn walk(
         }
         (Some(Value::Array(b)), Some(Value::Array(a))) => match (keyed(b), keyed(a)) {
             (Some((field, kb)), Some((field_a, ka))) if field == field_a => {
-                let mut names: Vec<&str> = kb.iter().chain(ka.iter()).map(|(n, _)| *n).collect();
-                names.sort_unstable();
-                names.dedup();
-                for name in names {
-                    fn find<'v>(list: &[(&str, &'v Value)], name: &str) -> Option<&'v Value> {
-                        list.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
-                    }
-                    let len = path.len();
-                    let _ = write!(path, "[{field}={name}]");
-                    walk(path, find(&kb, name), find(&ka, name), out);
-                    path.truncate(len);
-                }
+                walk_keyed(path, field, &kb, &ka, out)
             }
+            (None, Some((field, ka))) if b.is_empty() => walk_keyed(path, field, &[], &ka, out),
+            (Some((field, kb)), None) if a.is_empty() => walk_keyed(path, field, &kb, &[], out),
             _ => {
                 for i in 0..b.len().max(a.len()) {
                     let len = path.len();
@@ -194,12 +186,18 @@ fn walk(
             }
         },
         (b, a) if b == a => {}
-        // A map added or removed as a whole: shown leaf by leaf.
+        // A map or list added or removed as a whole: shown leaf by leaf.
         (None, Some(Value::Object(a))) if !a.is_empty() => {
             walk(path, Some(&Value::Object(Map::new())), after, out)
         }
         (Some(Value::Object(b)), None) if !b.is_empty() => {
             walk(path, before, Some(&Value::Object(Map::new())), out)
+        }
+        (None, Some(Value::Array(a))) if !a.is_empty() => {
+            walk(path, Some(&Value::Array(Vec::new())), after, out)
+        }
+        (Some(Value::Array(b)), None) if !b.is_empty() => {
+            walk(path, before, Some(&Value::Array(Vec::new())), out)
         }
         (b, a) => out.push(FieldChange {
             path: if path.is_empty() {
@@ -210,6 +208,28 @@ fn walk(
             before: b.cloned(),
             after: a.cloned(),
         }),
+    }
+}
+
+/// Two lists keyed by `field`, element by element in name order.
+fn walk_keyed(
+    path: &mut String,
+    field: &str,
+    before: &[(&str, &Value)],
+    after: &[(&str, &Value)],
+    out: &mut Vec<FieldChange>,
+) {
+    fn find<'v>(list: &[(&str, &'v Value)], name: &str) -> Option<&'v Value> {
+        list.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+    let mut names: Vec<&str> = before.iter().chain(after).map(|(n, _)| *n).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let len = path.len();
+        let _ = write!(path, "[{field}={name}]");
+        walk(path, find(before, name), find(after, name), out);
+        path.truncate(len);
     }
 }
 

@@ -421,8 +421,8 @@ async fn child_change(
                 field_manager: Some(manager),
             };
             return match api.create(&params, &object).await {
-                Ok(created) => ChildChange::Create {
-                    object: to_value(created, kind),
+                Ok(_) => ChildChange::Create {
+                    object: apply.object.clone(),
                 },
                 Err(e) => refused(format!("creating {}: {e}", apply.key)),
             };
@@ -449,7 +449,11 @@ async fn child_change(
         Ok(after) => {
             let after = to_value(after, kind);
             match &live {
-                None => ChildChange::Create { object: after },
+                // What trellis sets, not the server's defaults and
+                // allocations (a dry-run even picks a cluster IP).
+                None => ChildChange::Create {
+                    object: apply.object.clone(),
+                },
                 Some(l) => {
                     let fields = without_hash_noise(object_changes(l, &after));
                     if fields.is_empty() {

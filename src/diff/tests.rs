@@ -60,6 +60,21 @@ fn lists_of_named_objects_are_keyed_by_name_and_conditions_by_type() {
 }
 
 #[test]
+fn a_new_list_is_shown_element_by_element_and_keyed_when_it_can_be() {
+    let live = json!({"status": {"observedGeneration": 1}});
+    let after = json!({"status": {"observedGeneration": 1, "hosts": ["a"],
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    assert_eq!(
+        paths(&field_changes(&live, &after)),
+        [
+            "status.conditions[type=Ready].status",
+            "status.conditions[type=Ready].type",
+            "status.hosts[0]"
+        ]
+    );
+}
+
+#[test]
 fn lists_without_names_compare_by_index_and_a_new_map_is_shown_leaf_by_leaf() {
     let live = json!({"args": ["a", "b"]});
     let after = json!({"args": ["a", "c", "d"], "spec": {"x": {"y": 1}}});
