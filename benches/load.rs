@@ -1,289 +1,89 @@
-//! Load benchmark of the real operator: N parents of one custom kind, each
-//! owning a ConfigMap, a Secret and a Service, reconciled by the release
-//! `trellis run` binary in a process of its own against the shared test
-//! control plane (see `tests/support/mod.rs`).
+//! Load benchmark of the real operator against the physical limit: N
+//! parents of one custom kind, each owning a ConfigMap, a Deployment and a
+//! Service (the webapp-like rule below), reconciled by the release `trellis
+//! run` binary in a process of its own, side by side with a **bare client**
+//! (this program, kube client only) that does exactly the necessary writes:
+//! one server-side apply per child and one status patch per parent, at
+//! concurrency 1, 16 and 64. All runs share one control plane (the tests'
+//! shared one, see `tests/support/mod.rs`), one after the other, each in a
+//! fresh namespace that is gone before the next run starts.
 //!
-//! Run: `cargo bench --bench load` (prints figures; fails only when the
-//! operator does not converge, exits non-zero or leaves a bad status).
+//! Run: `cargo bench --bench load` (prints a table; fails only when
+//! something does not converge or the operator misbehaves).
 //!
 //! Environment:
-//! * `TRELLIS_BENCH_PARENTS`: number of parents (default 200).
-//! * `TRELLIS_BENCH_TIMEOUT`: seconds allowed for convergence (default 300).
-//! * `TRELLIS_CONCURRENCY`, `RUST_LOG`: passed through to the operator.
-//!
-//! The operator log (JSON lines) is kept in `target/tmp/bench-load-operator.log`.
+//! * `TRELLIS_BENCH_SIZES`: parent counts, comma-separated (default
+//!   `200,1000`); `TRELLIS_BENCH_10K=1` adds 10000 (slow here).
+//!   `TRELLIS_BENCH_PARENTS=N` runs N alone.
+//! * `TRELLIS_BENCH_BARE`: bare client concurrencies (default `1,16,64`;
+//!   empty: none).
+//! * `TRELLIS_BENCH_TRELLIS`: operator settings, `default` or a
+//!   `--concurrency` value (default `default,64`; empty: none).
+//! * `TRELLIS_BENCH_STEADY`: seconds of the steady-state window (default 60).
+//! * `TRELLIS_BENCH_TIMEOUT`: seconds allowed for each convergence (default 600).
+//! * `TRELLIS_BENCH_BINARY`: the operator binary to run instead of building
+//!   this checkout's (to compare two builds on one control plane).
 //! * The cluster is chosen as for the tests (`TRELLIS_TEST_KUBECONFIG`, ...).
 //!
-//! What is timed: from the first parent create to the first poll (every
-//! 200 ms: one list per child kind by label `trellis.dev/rule`, one list of
-//! parents) that sees every parent with its 3 children, `Synced=True`,
-//! `status.observedGeneration` equal to its generation ("all synced"), and
-//! then also `Ready=True` with every status field mapped from the children
-//! ("all ready", the convergence figure). Before that, one probe parent must
-//! converge, so the operator's start-up (discovery, watches, caches) is
-//! reported apart. The operator's memory comes from `/proc/<pid>/status`:
-//! `VmHWM` (peak resident set), VmRSS sampled every 200 ms, and its CPU time
-//! from `/proc/<pid>/stat`.
+//! What is measured, per run:
+//! * **converge**: from the first parent create to every parent having its
+//!   3 children (by `trellis.dev/parent-uid` label) and a status written for
+//!   its generation (`Synced=True`, `observedGeneration`, the status fields
+//!   mapped from the children). For trellis this is seen by polling (every
+//!   200 ms; 1 s from 5,000 parents); for the bare client it is when its last
+//!   write returns. Parents are created 32 at a time in both cases, and the
+//!   bare client starts on each parent as soon as its create returns.
+//! * **requests**: `apiserver_request_total` of the API server, before and
+//!   after, on the resources of the workload (configmaps, services,
+//!   deployments, events, the parent kind), less this program's own parent
+//!   creates and polls (counted exactly). The controller manager also writes
+//!   to them (Deployment status and revision annotation: `PUT`, its Events:
+//!   `POST events`); the bare client's rows show that share, as it sends no
+//!   `PUT` and no Event.
+//! * **CPU, peak RSS**: the operator's, from `/proc/<pid>` (VmHWM).
+//! * For trellis also: **steady state** (nothing changes for
+//!   `TRELLIS_BENCH_STEADY` s: requests per minute), **restart** (SIGTERM,
+//!   a new process: time until it has passed over every parent, per its own
+//!   `trellis_reconciles_total`, and the requests it sent until 5 s after
+//!   that; the target is 0 writes) and a **rule edit** touching every parent
+//!   (a new ConfigMap key: time until every ConfigMap carries it).
+//!
+//! Operator logs (JSON lines) are kept in `target/tmp/bench-<run>.log`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ObjectList, PartialObjectMeta};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
+use common::{OperatorProcess, Requests, RssSampler, env_number, mib};
 use support::operator::{Cleanup, TestKind};
 
 const RULE: &str = "load";
 const KIND: &str = "LoadApp";
-const POLL: Duration = Duration::from_millis(200);
 const CREATE_CONCURRENCY: usize = 32;
+/// Resources whose requests are counted.
+const RESOURCES: &[&str] = &["configmaps", "services", "deployments", "events", PLURAL];
+const PLURAL: &str = "loadapps";
 
-fn env_number(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{name}={v:?}: not a number: {e}")),
-        Err(_) => default,
-    }
-}
-
-fn main() {
-    let parents = env_number("TRELLIS_BENCH_PARENTS", 200) as usize;
-    let timeout = Duration::from_secs(env_number("TRELLIS_BENCH_TIMEOUT", 300));
-    assert!(parents > 0, "TRELLIS_BENCH_PARENTS must be at least 1");
-
-    let binary = build_operator();
-    // The shared control plane (started here if need be) and its kubeconfig.
-    let cluster = support::cluster();
-    eprintln!("[load] cluster: {}", cluster.source);
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    rt.block_on(bench(&binary, parents, timeout));
-}
-
-/// `cargo build --release --bin trellis`, returning the binary's path.
-fn build_operator() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("[load] building the operator: cargo build --release --bin trellis");
-    let mut command = Command::new(cargo);
-    // Cargo gives this process its package's variables (CARGO_PKG_NAME,
-    // CARGO_MANIFEST_DIR, OUT_DIR, ...). Build scripts (ring's) rerun when
-    // those change, so passing them on would rebuild dependencies here and
-    // again on the next `cargo bench`.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CFG_"]
-            .iter()
-            .any(|prefix| name.starts_with(prefix))
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_BIN_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "CARGO_RUSTC_CURRENT_DIR",
-                "OUT_DIR",
-            ]
-            .contains(&name.as_ref())
-        {
-            command.env_remove(name.as_ref());
-        }
-    }
-    let status = command
-        .args(["build", "--release", "--bin", "trellis"])
-        .current_dir(manifest)
-        .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .status()
-        .expect("running cargo build");
-    assert!(
-        status.success(),
-        "cargo build --release --bin trellis failed ({status})"
-    );
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => manifest.join(dir), // join keeps an absolute dir as is
-        None => manifest.join("target"),
-    };
-    let binary = target.join("release").join("trellis");
-    assert!(
-        binary.is_file(),
-        "{} missing after cargo build",
-        binary.display()
-    );
-    binary
-}
-
-/// The operator process; killed (SIGKILL) if still running when dropped.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Fails with `what`, the operator's state and its log's tail.
-    fn fail(&mut self, what: &str) -> ! {
-        let state = match self.child.try_wait() {
-            Ok(Some(status)) => format!("operator exited: {status}"),
-            Ok(None) => "operator still running".to_string(),
-            Err(e) => format!("operator state unknown: {e}"),
-        };
-        panic!(
-            "{what}\n{state}; last lines of {}:\n{}",
-            self.log.display(),
-            log_tail(&self.log, 25)
-        );
-    }
-
-    fn check_running(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            self.fail("the operator exited early");
-        }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // The temp dir goes; keep the log (also after a failure) for a look.
-        let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-load-operator.log");
-        match std::fs::copy(&self.log, &kept) {
-            Ok(_) => eprintln!("[load] operator log kept in {}", kept.display()),
-            Err(e) => eprintln!("[load] could not keep the operator log: {e}"),
-        }
-    }
-}
-
-fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(unreadable: {e})"));
-    let all: Vec<&str> = text.lines().collect();
-    // JSON log lines are long: keep the start of each.
-    all[all.len().saturating_sub(lines)..]
-        .iter()
-        .map(|line| line.chars().take(600).collect::<String>())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// A field of `/proc/<pid>/status` in kB, e.g. `VmHWM`.
-fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-}
-
-/// User + system CPU time of `pid`, in clock ticks.
-fn proc_cpu_ticks(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-fn clock_ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|out| String::from_utf8(out.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-fn mib(kb: u64) -> f64 {
-    kb as f64 / 1024.0
-}
-
-/// Samples VmRSS of `pid` every 200 ms on a thread of its own; `max_kb`
-/// holds the highest value seen.
-struct RssSampler {
-    stop: Arc<AtomicBool>,
-    max_kb: Arc<AtomicU64>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RssSampler {
-    fn start(pid: u32) -> RssSampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let max_kb = Arc::new(AtomicU64::new(0));
-        let thread = {
-            let (stop, max_kb) = (stop.clone(), max_kb.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(kb) = proc_status_kb(pid, "VmRSS") {
-                        max_kb.fetch_max(kb, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(POLL);
-                }
-            })
-        };
-        RssSampler {
-            stop,
-            max_kb,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        self.max_kb.load(Ordering::Relaxed)
-    }
-}
-
-/// The local control plane's processes (name, pid), from `DIR/pids`;
-/// empty for another cluster.
-fn control_plane_pids(local: bool) -> Vec<(String, u32)> {
-    if !local {
-        return Vec::new();
-    }
-    let text = std::fs::read_to_string(support::cluster_dir().join("pids")).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let (name, pid) = line.split_once(' ')?;
-            Some((name.to_string(), pid.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-fn cpu_ticks_of(pids: &[(String, u32)]) -> Vec<u64> {
-    pids.iter()
-        .map(|(_, pid)| proc_cpu_ticks(*pid).unwrap_or(0))
-        .collect()
-}
-
-/// The rule under load: three small children per parent and status fields
-/// read from each of them; default readiness everywhere.
-fn rule(group: &str) -> String {
+/// The rule under load, webapp-like: a ConfigMap, a Deployment reading it
+/// and a ClusterIP Service; status fields mapped from the children. With
+/// `edition`, the ConfigMap carries one key more (the rule edit).
+fn rule(group: &str, edition: Option<u32>) -> String {
+    let edition = edition
+        .map(|e| format!("\n          edition: \"{e}\""))
+        .unwrap_or_default();
     format!(
         r#"apiVersion: trellis.dev/v1alpha1
 kind: Rule
@@ -295,24 +95,16 @@ spec:
     kind: {KIND}
   schema:
     type: object
-    required: [greeting, user, token, ports]
+    required: [image]
     properties:
+      image: {{type: string}}
+      replicas: {{type: integer}}
+      port: {{type: integer}}
       greeting: {{type: string}}
-      user: {{type: string}}
-      token: {{type: string}}
-      settings: {{type: object}}
-      ports:
-        type: array
-        minItems: 1
-        items:
-          type: object
-          required: [name, port]
-          properties:
-            name: {{type: string}}
-            port: {{type: integer}}
-            targetPort: {{type: integer}}
   defaults:
-    settings: {{logLevel: info}}
+    replicas: 0
+    port: 8080
+    greeting: hello
   children:
     - id: config
       apiVersion: v1
@@ -321,79 +113,382 @@ spec:
         metadata:
           name: {{{{ parent.metadata.name ~ "-config" }}}}
         data:
-          greeting: {{{{ spec.greeting }}}}
-          log-level: {{{{ spec.settings.logLevel | default("info") }}}}
-          settings.yaml: {{{{ spec.settings | toyaml }}}}
-    - id: credentials
-      apiVersion: v1
-      kind: Secret
+          greeting: {{{{ spec.greeting }}}}{edition}
+    - id: web
+      apiVersion: apps/v1
+      kind: Deployment
       template: |
         metadata:
-          name: {{{{ parent.metadata.name ~ "-credentials" }}}}
-        type: Opaque
-        stringData:
-          username: {{{{ spec.user }}}}
-          token: {{{{ spec.token }}}}
-          url: {{{{ "https://" ~ spec.user ~ "@" ~ parent.metadata.name ~ "." ~ metadata.namespace ~ ".svc" }}}}
+          name: {{{{ parent.metadata.name }}}}
+        spec:
+          replicas: {{{{ spec.replicas }}}}
+          selector:
+            matchLabels:
+              app.kubernetes.io/name: loadapp
+              app.kubernetes.io/instance: {{{{ parent.metadata.name }}}}
+          template:
+            metadata:
+              labels:
+                app.kubernetes.io/name: loadapp
+                app.kubernetes.io/instance: {{{{ parent.metadata.name }}}}
+            spec:
+              containers:
+                - name: web
+                  image: {{{{ spec.image }}}}
+                  ports:
+                    - name: http
+                      containerPort: {{{{ spec.port }}}}
+                  envFrom:
+                    - configMapRef:
+                        name: {{{{ parent.metadata.name ~ "-config" }}}}
+      readyWhen: >-
+        self.status.observedGeneration | default(0) >= self.metadata.generation | default(1)
+        and self.status.updatedReplicas | default(0) >= spec.replicas
     - id: service
       apiVersion: v1
       kind: Service
       template: |
         metadata:
           name: {{{{ parent.metadata.name }}}}
-          labels:
-            app.kubernetes.io/name: loadapp
-            app.kubernetes.io/instance: {{{{ parent.metadata.name }}}}
         spec:
-          # Headless: the test cluster's service range has only 254 addresses.
-          clusterIP: None
           selector:
             app.kubernetes.io/name: loadapp
             app.kubernetes.io/instance: {{{{ parent.metadata.name }}}}
           ports:
-          {{%- for p in spec.ports %}}
-            - name: {{{{ p.name }}}}
-              port: {{{{ p.port }}}}
-              targetPort: {{{{ p.targetPort | default(p.port) }}}}
-              protocol: TCP
-          {{%- endfor %}}
+            - name: http
+              port: 80
+              targetPort: http
   status:
     fields:
       - path: configMap
         from: config
         jsonPath: $.metadata.name
-      - path: secretName
-        from: credentials
-        jsonPath: $.metadata.name
-      - path: service.name
+      - path: service
         from: service
         jsonPath: $.metadata.name
-      - path: service.port
-        from: service
-        jsonPath: $.spec.ports[0].port
-        default: 0
+      - path: replicas.desired
+        value: "spec.replicas"
       - path: url
-        value: "'http://' ~ metadata.name ~ '.' ~ metadata.namespace ~ '.svc:' ~ (spec.ports | first).port"
+        value: "'http://' ~ metadata.name ~ '.' ~ metadata.namespace ~ '.svc'"
 "#
     )
 }
 
 fn parent(resource: &ApiResource, ns: &str, name: &str, i: usize) -> DynamicObject {
-    let mut obj = DynamicObject::new(name, resource).within(ns).data(json!({
+    DynamicObject::new(name, resource).within(ns).data(json!({
         "spec": {
+            "image": "nginx:1.27",
             "greeting": format!("hello from parent {i}"),
-            "user": format!("app{i}"),
-            "token": format!("t0k3n-{i:06}-{}", "x".repeat(24)),
-            "settings": {"logLevel": if i.is_multiple_of(2) { "info" } else { "debug" },
-                         "features": ["search", "export"], "maxConnections": 100 + i},
-            "ports": [
-                {"name": "http", "port": 8080},
-                {"name": "metrics", "port": 9090, "targetPort": 9100}
-            ]
         }
-    }));
-    obj.metadata.labels = Some([("bench".to_string(), "load".to_string())].into());
-    obj
+    }))
+}
+
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("app-{i:05}")).collect()
+}
+
+fn poll_interval(n: usize) -> Duration {
+    if n >= 5000 {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_millis(200)
+    }
+}
+
+/// What one run measured.
+struct Row {
+    label: String,
+    converge: Duration,
+    /// Requests during convergence, this program's own left out.
+    requests: Requests,
+    /// Operator CPU during convergence (the bare client: this process's).
+    cpu: f64,
+    /// Operator peak RSS, kB (none for the bare client).
+    peak_kb: Option<u64>,
+    extra: Option<Extra>,
+}
+
+/// What only the operator runs measure.
+struct Extra {
+    startup: Duration,
+    ready: Duration,
+    steady_secs: u64,
+    steady: Requests,
+    steady_cpu: f64,
+    shutdown: Duration,
+    restart: Duration,
+    restart_requests: Requests,
+    edit: Duration,
+    edit_requests: Requests,
+    restart_peak_kb: u64,
+}
+
+fn main() {
+    let sizes: Vec<usize> = match std::env::var("TRELLIS_BENCH_PARENTS") {
+        Ok(_) => vec![env_number("TRELLIS_BENCH_PARENTS", 200) as usize],
+        Err(_) => {
+            let mut sizes = list("TRELLIS_BENCH_SIZES", "200,1000");
+            if std::env::var("TRELLIS_BENCH_10K").as_deref() == Ok("1") {
+                sizes.push("10000".to_owned());
+            }
+            sizes.iter().map(|s| s.parse().expect("a size")).collect()
+        }
+    };
+    assert!(sizes.iter().all(|&n| n > 0), "sizes must be at least 1");
+    let bare: Vec<usize> = list("TRELLIS_BENCH_BARE", "1,16,64")
+        .iter()
+        .map(|c| c.parse().expect("TRELLIS_BENCH_BARE: numbers"))
+        .collect();
+    let settings = list("TRELLIS_BENCH_TRELLIS", "default,64");
+    let timeout = Duration::from_secs(env_number("TRELLIS_BENCH_TIMEOUT", 600));
+    let steady = env_number("TRELLIS_BENCH_STEADY", 60);
+
+    let binary = (!settings.is_empty()).then(common::build_operator);
+    let cluster = support::cluster();
+    eprintln!("[load] cluster: {}", cluster.source);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let client = support::client().await;
+        let group = format!("{}.bench.trellis.test", support::unique_name("load"));
+        let kind = TestKind::in_group(&group, KIND);
+        assert_eq!(kind.plural, PLURAL);
+        let _crd = Cleanup::crds(&[&kind]);
+        kind.install(&client).await;
+        let mut tables = Vec::new();
+        for &n in &sizes {
+            let mut rows = Vec::new();
+            for &c in &bare {
+                rows.push(run_bare(&client, &kind, n, c).await);
+            }
+            for setting in &settings {
+                let binary = binary.as_deref().expect("built");
+                rows.push(run_trellis(binary, &client, &kind, n, setting, steady, timeout).await);
+            }
+            let table = table(n, &rows);
+            println!("{table}");
+            tables.push(table);
+        }
+        if tables.len() > 1 {
+            println!("\n==== all sizes ====");
+            for t in &tables {
+                println!("{t}");
+            }
+        }
+    });
+}
+
+fn list(var: &str, default: &str) -> Vec<String> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Deletes the namespace and waits until it is gone, so that its deletion
+/// is not counted in the next run.
+async fn delete_namespace(client: &Client, ns: support::TestNamespace) {
+    let name = ns.name.clone();
+    drop(ns);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(300) {
+        match namespaces.get_opt(&name).await {
+            Ok(None) => {
+                eprintln!(
+                    "[load] namespace {name} gone after {:.1} s",
+                    start.elapsed().as_secs_f64()
+                );
+                return;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    eprintln!("[load] namespace {name} still there after 300 s; going on");
+}
+
+/// Creates the parents `names` 32 at a time; each created parent's name and
+/// uid go to `created`.
+async fn create_parents(
+    api: &Api<DynamicObject>,
+    resource: &ApiResource,
+    ns: &str,
+    names: &[String],
+    created: Option<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
+) -> Result<(), kube::Error> {
+    futures::stream::iter(names.iter().enumerate())
+        .map(|(i, name)| {
+            let obj = parent(resource, ns, name, i);
+            let created = created.clone();
+            async move {
+                let made = api.create(&PostParams::default(), &obj).await?;
+                if let Some(tx) = created {
+                    let _ = tx.send((made.name_any(), made.uid().unwrap_or_default()));
+                }
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(|_| ())
+}
+
+// ---------------------------------------------------------------- bare client
+
+/// The children a parent needs, as this workload's rule renders them.
+fn bare_children(kind: &TestKind, ns: &str, name: &str, uid: &str) -> [(Value, &'static str); 3] {
+    let owner = json!([{
+        "apiVersion": kind.api_version(), "kind": KIND, "name": name, "uid": uid,
+        "controller": true, "blockOwnerDeletion": true,
+    }]);
+    let meta = |child_name: String| {
+        json!({"name": child_name, "namespace": ns, "ownerReferences": owner,
+               "labels": {"app.kubernetes.io/managed-by": "bench-bare"}})
+    };
+    let labels = json!({"app.kubernetes.io/name": "loadapp", "app.kubernetes.io/instance": name});
+    [
+        (
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(format!("{name}-config")),
+                   "data": {"greeting": format!("hello from {name}")}}),
+            "config",
+        ),
+        (
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(name.to_owned()),
+                   "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{
+                                "name": "web", "image": "nginx:1.27",
+                                "ports": [{"name": "http", "containerPort": 8080}],
+                                "envFrom": [{"configMapRef": {"name": format!("{name}-config")}}]}]}}}}),
+            "web",
+        ),
+        (
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": meta(name.to_owned()),
+                   "spec": {"selector": labels,
+                            "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+            "service",
+        ),
+    ]
+}
+
+/// One parent, the bare way: three applies, one status patch.
+async fn bare_parent(
+    client: &Client,
+    kind: &TestKind,
+    ns: &str,
+    name: String,
+    uid: String,
+) -> Result<(), kube::Error> {
+    let params = PatchParams::apply("bench-bare").force();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let [(cm, _), (deployment, _), (service, _)] = bare_children(kind, ns, &name, &uid);
+    cms.patch(&format!("{name}-config"), &params, &Patch::Apply(&cm))
+        .await?;
+    deployments
+        .patch(&name, &params, &Patch::Apply(&deployment))
+        .await?;
+    services
+        .patch(&name, &params, &Patch::Apply(&service))
+        .await?;
+    let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &kind.resource);
+    let now = "2026-12-01T00:00:00Z";
+    let status = json!({"status": {
+        "observedGeneration": 1,
+        "configMap": format!("{name}-config"),
+        "service": name,
+        "replicas": {"desired": 0},
+        "url": format!("http://{name}.{ns}.svc"),
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "ChildrenReady", "lastTransitionTime": now, "observedGeneration": 1},
+            {"type": "Synced", "status": "True", "reason": "Synced", "lastTransitionTime": now, "observedGeneration": 1},
+        ],
+    }});
+    parents
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize) -> Row {
+    let label = format!("bare client c={concurrency}");
+    eprintln!("[load] {n} parents: {label}");
+    let ns = support::namespace_for("bench-bare").await;
+    let ns_name = ns.name.clone();
+    let parents: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns_name, &kind.resource);
+    let all = names(n);
+    let before = Requests::scrape(client).await;
+    let cpu_before = common::proc_cpu_seconds(std::process::id()).unwrap_or(0.0);
+    let start = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let creating = create_parents(&parents, &kind.resource, &ns_name, &all, Some(tx));
+    let created = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let working = created
+        .map(|(name, uid)| bare_parent(client, kind, &ns_name, name, uid))
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>();
+    let (made, worked) = tokio::join!(creating, working);
+    made.unwrap_or_else(|e| panic!("{label}: creating parents: {e}"));
+    let worked = worked.unwrap_or_else(|e| panic!("{label}: {e}"));
+    assert_eq!(worked.len(), n, "{label}: every parent handled");
+    let converge = start.elapsed();
+    let cpu = common::proc_cpu_seconds(std::process::id()).unwrap_or(0.0) - cpu_before;
+    let mut requests = Requests::scrape(client).await.since(&before).on(RESOURCES);
+    requests.minus("POST", PLURAL, n as u64);
+    eprintln!(
+        "[load] {label}: {:.2} s; {}",
+        converge.as_secs_f64(),
+        requests.describe()
+    );
+    delete_namespace(client, ns).await;
+    Row {
+        label,
+        converge,
+        requests,
+        cpu,
+        peak_kb: None,
+        extra: None,
+    }
+}
+
+// -------------------------------------------------------------------- trellis
+
+/// One poll over the parents named `names`.
+struct Progress {
+    /// Parents with their 3 children and a status for their generation.
+    synced: usize,
+    /// Of those, parents also `Ready=True`.
+    ready: usize,
+    children: [usize; 3],
+    laggard: Option<String>,
+}
+
+/// This program's own requests, to take away from the API server's counts.
+#[derive(Default)]
+struct Polls {
+    lists: u64,
+}
+
+impl Polls {
+    fn take_from(&self, requests: &mut Requests) {
+        for resource in ["configmaps", "services", "deployments", PLURAL] {
+            requests.minus("LIST", resource, self.lists);
+        }
+    }
+}
+
+fn parent_uids<K: Clone>(list: ObjectList<PartialObjectMeta<K>>) -> HashSet<String> {
+    list.items
+        .into_iter()
+        .filter_map(|o| o.metadata.labels?.remove("trellis.dev/parent-uid"))
+        .collect()
 }
 
 fn condition_true(obj: &DynamicObject, type_: &str) -> bool {
@@ -406,43 +501,15 @@ fn condition_true(obj: &DynamicObject, type_: &str) -> bool {
         })
 }
 
-/// The operator has caught up with the parent's spec: `Synced=True` and
-/// `status.observedGeneration` equal to `metadata.generation`.
 fn parent_synced(obj: &DynamicObject) -> bool {
-    let observed = obj.data["status"]["observedGeneration"].as_i64();
-    condition_true(obj, "Synced") && observed.is_some() && observed == obj.metadata.generation
-}
-
-/// The parent's status reflects its observed children: `Ready=True` and
-/// every status field the rule maps from them.
-fn parent_ready(obj: &DynamicObject) -> bool {
     let name = obj.name_any();
     let s = &obj.data["status"];
-    condition_true(obj, "Ready")
+    let observed = s["observedGeneration"].as_i64();
+    condition_true(obj, "Synced")
+        && observed.is_some()
+        && observed == obj.metadata.generation
         && s["configMap"] == json!(format!("{name}-config"))
-        && s["secretName"] == json!(format!("{name}-credentials"))
-        && s["service"]["name"] == json!(name)
-        && s["service"]["port"] == json!(8080)
-}
-
-/// One poll over the parents named `names`.
-struct Progress {
-    /// Parents with their 3 children, `Synced=True` and observedGeneration.
-    synced: usize,
-    /// Of those, parents also `Ready=True` with every mapped status field.
-    ready: usize,
-    /// Children of each kind (config, credentials, service).
-    children: [usize; 3],
-    /// One parent not ready yet, with its status, for failure messages.
-    laggard: Option<String>,
-}
-
-/// The `trellis.dev/parent-uid` labels of a list of children.
-fn parent_uids<K: Clone>(list: ObjectList<PartialObjectMeta<K>>) -> HashSet<String> {
-    list.items
-        .into_iter()
-        .filter_map(|o| o.metadata.labels?.remove("trellis.dev/parent-uid"))
-        .collect()
+        && s["service"] == json!(name)
 }
 
 async fn poll(
@@ -450,24 +517,26 @@ async fn poll(
     ns: &str,
     resource: &ApiResource,
     names: &HashSet<String>,
+    polls: &mut Polls,
 ) -> Result<Progress, kube::Error> {
     let by_rule = ListParams::default().labels(&format!("trellis.dev/rule={RULE}"));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
-    let all = ListParams::default();
-    let (cm, secret, service, parent_list) = tokio::try_join!(
+    polls.lists += 1;
+    let every = ListParams::default();
+    let (cm, web, service, parent_list) = tokio::try_join!(
         cms.list_metadata(&by_rule),
-        secrets.list_metadata(&by_rule),
+        deployments.list_metadata(&by_rule),
         services.list_metadata(&by_rule),
-        parents.list(&all),
+        parents.list(&every),
     )?;
-    let (cm, secret, service) = (parent_uids(cm), parent_uids(secret), parent_uids(service));
+    let (cm, web, service) = (parent_uids(cm), parent_uids(web), parent_uids(service));
     let mut progress = Progress {
         synced: 0,
         ready: 0,
-        children: [cm.len(), secret.len(), service.len()],
+        children: [cm.len(), web.len(), service.len()],
         laggard: None,
     };
     for obj in parent_list.items {
@@ -475,17 +544,17 @@ async fn poll(
             continue;
         }
         let uid = obj.metadata.uid.clone().unwrap_or_default();
-        let has_children = cm.contains(&uid) && secret.contains(&uid) && service.contains(&uid);
+        let has_children = cm.contains(&uid) && web.contains(&uid) && service.contains(&uid);
         let synced = has_children && parent_synced(&obj);
-        let ready = synced && parent_ready(&obj);
+        let ready = synced && condition_true(&obj, "Ready");
         progress.synced += usize::from(synced);
         progress.ready += usize::from(ready);
         if !ready && progress.laggard.is_none() {
             progress.laggard = Some(format!(
-                "{} (children: config={} credentials={} service={}; status: {})",
+                "{} (children: config={} web={} service={}; status: {})",
                 obj.name_any(),
                 cm.contains(&uid),
-                secret.contains(&uid),
+                web.contains(&uid),
                 service.contains(&uid),
                 obj.data.get("status").unwrap_or(&Value::Null)
             ));
@@ -494,333 +563,397 @@ async fn poll(
     Ok(progress)
 }
 
-/// Counts of the operator's JSON log lines by level, and by message for
-/// the per-child messages and for every warning or error.
-fn summarize_log(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut levels: BTreeMap<String, usize> = BTreeMap::new();
-    let mut messages: BTreeMap<String, usize> = BTreeMap::new();
-    let mut unparsed = 0;
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            unparsed += 1;
-            continue;
-        };
-        let level = v["level"].as_str().unwrap_or("?").to_string();
-        let message = v["fields"]["message"].as_str().unwrap_or("?");
-        // Messages quoting object names would not group: keep the first words.
-        let short: String = message.chars().take(100).collect();
-        if level != "INFO" || matches!(message, "created" | "applied" | "deleted") {
-            *messages.entry(format!("{level} {short}")).or_default() += 1;
-        }
-        *levels.entry(level).or_default() += 1;
-    }
-    let mut out = format!("log lines by level: {levels:?}");
-    if unparsed > 0 {
-        out += &format!(", {unparsed} not JSON");
-    }
-    let mut top: Vec<_> = messages.into_iter().collect();
-    top.sort_by_key(|entry| std::cmp::Reverse(entry.1));
-    for (message, count) in top.into_iter().take(12) {
-        out += &format!("\n  {count:>6} x {message}");
-    }
-    out
-}
-
-async fn bench(binary: &Path, n: usize, timeout: Duration) {
-    let cluster = support::cluster();
-
-    // A fresh namespace, deleted when `ns` drops (also on panic).
-    let ns = support::namespace_for("bench-load").await;
-    let client = ns.client.clone();
-    let ns_name = ns.name.clone();
-
-    let group = format!("{}.bench.trellis.test", support::unique_name("load"));
-    let kind = TestKind::in_group(&group, KIND);
-    // Deletes the CRD when dropped (also on panic).
-    let crd_cleanup = Cleanup::crds(&[&kind]);
-    kind.install(&client).await;
-    let resource = kind.resource.clone();
-
-    // The probe parent exists before the operator starts: the first write of
-    // a new CRD's objects can be slow (the API server warming up), and that
-    // is not the operator's start-up.
-    let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns.name(), &resource);
-    let probe_start = Instant::now();
-    parents
-        .create(
-            &PostParams::default(),
-            &parent(&resource, ns.name(), "probe", 0),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("creating the probe parent: {e}"));
-    let first_create = probe_start.elapsed();
-
-    let dir = tempfile::Builder::new()
-        .prefix("trellis-bench-load-")
-        .tempdir()
-        .expect("temp dir");
-    let rules = dir.path().join("rules");
-    std::fs::create_dir(&rules).expect("rules dir");
-    std::fs::write(rules.join("load.yaml"), rule(&group)).expect("writing the rule");
-    let log = dir.path().join("operator.log");
-    let log_file = File::create(&log).expect("operator log file");
-
-    let mut command = Command::new(binary);
-    command
-        .arg("run")
-        .arg("--rules")
-        .arg(&rules)
-        .args(["--namespace", ns.name()])
-        .args(["--metrics-addr", "off", "--log-format", "json"])
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().expect("log file"))
-        .stderr(log_file);
-    if let Some(path) = &cluster.kubeconfig_path {
-        command.env("KUBECONFIG", path);
-    }
-    let spawned = Instant::now();
-    let mut operator = Operator {
-        child: command
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display())),
-        log: log.clone(),
-    };
-    let pid = operator.pid();
-    let sampler = RssSampler::start(pid);
-    eprintln!(
-        "[load] operator pid {pid}, namespace {}, group {group}, log {}",
-        ns.name(),
-        log.display()
-    );
-
-    // Start-up: one probe parent must converge before timing starts.
-    let probe = HashSet::from(["probe".to_string()]);
-    loop {
-        operator.check_running();
-        match poll(&client, ns.name(), &resource, &probe).await {
-            Ok(p) if p.ready == 1 => break,
-            Ok(p) if spawned.elapsed() > Duration::from_secs(60) => operator.fail(&format!(
-                "the probe parent did not converge within 60 s of the operator's start: {}",
-                p.laggard.unwrap_or_default()
-            )),
-            Err(e) if spawned.elapsed() > Duration::from_secs(60) => {
-                operator.fail(&format!("polling the probe: {e}"))
-            }
-            _ => tokio::time::sleep(POLL).await,
-        }
-    }
-    let startup = spawned.elapsed();
-    let rss_after_startup = proc_status_kb(pid, "VmRSS").unwrap_or(0);
-    let cpu_before = proc_cpu_ticks(pid).unwrap_or(0);
-    let control_plane = control_plane_pids(cluster.local);
-    let control_plane_before = cpu_ticks_of(&control_plane);
-    eprintln!(
-        "[load] operator ready after {:.2} s (probe parent converged); creating {n} parents",
-        startup.as_secs_f64()
-    );
-
-    // The load: N parents, 32 creates in flight.
-    let names: HashSet<String> = (0..n).map(|i| format!("app-{i:05}")).collect();
-    let start = Instant::now();
-    let created: Vec<()> = futures::stream::iter(0..n)
-        .map(|i| {
-            let parents = parents.clone();
-            let obj = parent(&resource, ns.name(), &format!("app-{i:05}"), i);
-            async move {
-                parents
-                    .create(&PostParams::default(), &obj)
-                    .await
-                    .map(|_| ())
-            }
-        })
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .try_collect()
-        .await
-        .unwrap_or_else(|e| operator.fail(&format!("creating parents: {e}")));
-    assert_eq!(created.len(), n);
-    let create_time = start.elapsed();
-    eprintln!(
-        "[load] created {n} parents in {:.2} s",
-        create_time.as_secs_f64()
-    );
-
+/// Polls until every parent of `names` is synced, then ready; the times
+/// since `start`.
+#[allow(clippy::too_many_arguments)]
+async fn converge(
+    op: &mut OperatorProcess,
+    client: &Client,
+    ns: &str,
+    resource: &ApiResource,
+    names: &HashSet<String>,
+    start: Instant,
+    timeout: Duration,
+    polls: &mut Polls,
+) -> (Duration, Duration) {
+    let n = names.len();
+    let interval = poll_interval(n);
+    let mut synced_in = None;
     let mut last_report = Instant::now();
-    let mut half: Option<Duration> = None;
-    let mut synced_in: Option<Duration> = None;
-    let mut polls = 0u32;
-    let ready_in = loop {
-        operator.check_running();
-        let progress = match poll(&client, ns.name(), &resource, &names).await {
+    loop {
+        op.check_running();
+        let progress = match poll(client, ns, resource, names, polls).await {
             Ok(p) => p,
-            Err(e) if start.elapsed() > timeout => {
-                operator.fail(&format!("timed out; last poll failed: {e}"))
-            }
+            Err(e) if start.elapsed() > timeout => op.fail(&format!("timed out; poll: {e}")),
             Err(e) => {
                 eprintln!("[load] poll failed (retrying): {e}");
-                tokio::time::sleep(POLL).await;
+                tokio::time::sleep(interval).await;
                 continue;
             }
         };
-        polls += 1;
-        if half.is_none() && progress.ready * 2 >= n {
-            half = Some(start.elapsed());
-        }
         if synced_in.is_none() && progress.synced == n {
             synced_in = Some(start.elapsed());
         }
         if progress.ready == n {
-            break start.elapsed();
+            return (
+                synced_in.unwrap_or_else(|| start.elapsed()),
+                start.elapsed(),
+            );
         }
         if start.elapsed() > timeout {
-            operator.fail(&format!(
-                "timed out after {timeout:?}: {}/{n} parents ready, {} synced, children \
-                 config={} credentials={} service={}; e.g. {}",
-                progress.ready,
+            op.fail(&format!(
+                "timed out after {timeout:?}: {}/{n} synced, {} ready, children {:?}; e.g. {}",
                 progress.synced,
-                progress.children[0],
-                progress.children[1],
-                progress.children[2],
+                progress.ready,
+                progress.children,
                 progress.laggard.unwrap_or_default()
             ));
         }
         if last_report.elapsed() >= Duration::from_secs(5) {
             last_report = Instant::now();
             eprintln!(
-                "[load] {:>6.1} s: {}/{n} ready, {} synced, children {:?}, RSS {:.1} MiB",
+                "[load] {:>6.1} s: {}/{n} synced, {} ready, children {:?}, RSS {:.1} MiB",
                 start.elapsed().as_secs_f64(),
-                progress.ready,
                 progress.synced,
+                progress.ready,
                 progress.children,
-                mib(proc_status_kb(pid, "VmRSS").unwrap_or(0))
+                mib(common::proc_status_kb(op.pid(), "VmRSS").unwrap_or(0))
             );
         }
-        tokio::time::sleep(POLL).await;
-    };
-    let synced_in = synced_in.unwrap_or(ready_in);
-    let cpu_ticks = proc_cpu_ticks(pid).unwrap_or(0).saturating_sub(cpu_before);
-    let control_plane_cpu: Vec<(String, u64)> = control_plane
-        .iter()
-        .zip(
-            cpu_ticks_of(&control_plane)
-                .iter()
-                .zip(&control_plane_before),
-        )
-        .map(|((name, _), (after, before))| (name.clone(), after.saturating_sub(*before)))
-        .collect();
+        tokio::time::sleep(interval).await;
+    }
+}
 
-    // Let the operator settle, then read its memory.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let hwm = proc_status_kb(pid, "VmHWM").unwrap_or(0);
-    let rss = proc_status_kb(pid, "VmRSS").unwrap_or(0);
-    let sampled = sampler.finish();
-    // Nothing may have regressed meanwhile.
-    let settled = poll(&client, ns.name(), &resource, &names)
+#[allow(clippy::too_many_arguments)]
+async fn run_trellis(
+    binary: &Path,
+    client: &Client,
+    kind: &TestKind,
+    n: usize,
+    setting: &str,
+    steady_secs: u64,
+    timeout: Duration,
+) -> Row {
+    let (label, args): (String, Vec<String>) = match setting {
+        "default" => ("trellis (defaults)".into(), vec![]),
+        c => (
+            format!("trellis --concurrency {c}"),
+            vec!["--concurrency".into(), c.into()],
+        ),
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run_name = format!("load-{n}-{setting}");
+    eprintln!("[load] {n} parents: {label}");
+    let ns = support::namespace_for("bench-trellis").await;
+    let ns_name = ns.name.clone();
+    let resource = &kind.resource;
+    let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns_name, resource);
+    let dir = tempfile::Builder::new()
+        .prefix("trellis-bench-load-")
+        .tempdir()
+        .expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    let rule_file = rules.join("load.yaml");
+    std::fs::write(&rule_file, rule(&kind.group, None)).expect("writing the rule");
+
+    // A probe parent converges before timing starts: the operator's
+    // start-up (discovery, watches, caches) is not the load.
+    parents
+        .create(
+            &PostParams::default(),
+            &parent(resource, &ns_name, "probe", 0),
+        )
         .await
-        .unwrap_or_else(|e| operator.fail(&format!("final poll: {e}")));
-    if settled.ready != n {
-        operator.fail(&format!(
-            "2 s after convergence only {}/{n} parents are ready; e.g. {}",
-            settled.ready,
-            settled.laggard.unwrap_or_default()
+        .unwrap_or_else(|e| panic!("creating the probe parent: {e}"));
+    let spawned = Instant::now();
+    let mut op = OperatorProcess::start(binary, &run_name, &rules, &ns_name, &args);
+    let pid = op.pid();
+    let probe = HashSet::from(["probe".to_owned()]);
+    let mut polls = Polls::default();
+    converge(
+        &mut op,
+        client,
+        &ns_name,
+        resource,
+        &probe,
+        spawned,
+        Duration::from_secs(60),
+        &mut polls,
+    )
+    .await;
+    let startup = spawned.elapsed();
+
+    // The load.
+    let all = names(n);
+    let wanted: HashSet<String> = all.iter().cloned().collect();
+    let before = Requests::scrape(client).await;
+    let cpu_before = common::proc_cpu_seconds(pid).unwrap_or(0.0);
+    let mut polls = Polls::default();
+    let start = Instant::now();
+    if let Err(e) = create_parents(&parents, resource, &ns_name, &all, None).await {
+        op.fail(&format!("creating parents: {e}"));
+    }
+    let (synced, ready) = converge(
+        &mut op, client, &ns_name, resource, &wanted, start, timeout, &mut polls,
+    )
+    .await;
+    let cpu = common::proc_cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+    let after = Requests::scrape(client).await;
+    let mut requests = after.since(&before).on(RESOURCES);
+    requests.minus("POST", PLURAL, n as u64);
+    polls.take_from(&mut requests);
+    let peak_kb = common::proc_status_kb(pid, "VmHWM").unwrap_or(0);
+    eprintln!(
+        "[load] {label}: synced {:.2} s, ready {:.2} s; {}",
+        synced.as_secs_f64(),
+        ready.as_secs_f64(),
+        requests.describe()
+    );
+
+    // Steady state: nothing changes.
+    let steady_cpu_before = common::proc_cpu_seconds(pid).unwrap_or(0.0);
+    tokio::time::sleep(Duration::from_secs(steady_secs)).await;
+    op.check_running();
+    let steady_cpu = common::proc_cpu_seconds(pid).unwrap_or(0.0) - steady_cpu_before;
+    let steady_end = Requests::scrape(client).await;
+    let steady = steady_end.since(&after).on(RESOURCES);
+    eprintln!(
+        "[load] {label}: steady {steady_secs} s: {}",
+        steady.describe()
+    );
+
+    // Restart: everything is converged; a new process should find nothing to do.
+    let (shutdown, exit) = op.terminate();
+    if !exit.success() {
+        op.fail(&format!("the operator exited with {exit} after SIGTERM"));
+    }
+    drop(op);
+    let before_restart = Requests::scrape(client).await;
+    let restarted = Instant::now();
+    let mut op = OperatorProcess::start(
+        binary,
+        &format!("{run_name}-restart"),
+        &rules,
+        &ns_name,
+        &args,
+    );
+    let sampler = RssSampler::start(op.pid());
+    let passes = (n + 1) as f64;
+    let restart = loop {
+        op.check_running();
+        if op
+            .metric("trellis_reconciles", &["result=\"ok\""])
+            .await
+            .is_some_and(|done| done >= passes)
+        {
+            break restarted.elapsed();
+        }
+        if restarted.elapsed() > timeout {
+            op.fail("the restarted operator did not pass over every parent");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restart_requests = Requests::scrape(client)
+        .await
+        .since(&before_restart)
+        .on(RESOURCES);
+    eprintln!(
+        "[load] {label}: restart {:.2} s; {}",
+        restart.as_secs_f64(),
+        restart_requests.describe()
+    );
+
+    // A rule edit that touches every parent's ConfigMap.
+    let before_edit = Requests::scrape(client).await;
+    let edited = Instant::now();
+    std::fs::write(&rule_file, rule(&kind.group, Some(2))).expect("editing the rule");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns_name);
+    let by_rule = ListParams::default().labels(&format!("trellis.dev/rule={RULE}"));
+    let mut edit_polls = 0u64;
+    let edit = loop {
+        op.check_running();
+        edit_polls += 1;
+        let done = match cms.list(&by_rule).await {
+            Ok(list) => list
+                .items
+                .iter()
+                .filter(|cm| {
+                    cm.data
+                        .as_ref()
+                        .and_then(|d| d.get("edition"))
+                        .is_some_and(|e| e == "2")
+                })
+                .count(),
+            Err(e) => {
+                eprintln!("[load] edit poll failed (retrying): {e}");
+                0
+            }
+        };
+        if done == n + 1 {
+            break edited.elapsed();
+        }
+        if edited.elapsed() > timeout {
+            op.fail(&format!(
+                "after the rule edit only {done}/{} ConfigMaps carry it",
+                n + 1
+            ));
+        }
+        tokio::time::sleep(poll_interval(n)).await;
+    };
+    // The status writes and Events that follow the edit, too.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut edit_requests = Requests::scrape(client)
+        .await
+        .since(&before_edit)
+        .on(RESOURCES);
+    edit_requests.minus("LIST", "configmaps", edit_polls);
+    eprintln!(
+        "[load] {label}: rule edit {:.2} s; {}",
+        edit.as_secs_f64(),
+        edit_requests.describe()
+    );
+    let (_, exit) = op.terminate();
+    if !exit.success() {
+        op.fail(&format!(
+            "the restarted operator exited with {exit} after SIGTERM"
         ));
     }
+    let restart_peak_kb = sampler.finish();
+    drop(op);
+    delete_namespace(client, ns).await;
+    Row {
+        label,
+        converge: synced,
+        requests,
+        cpu,
+        peak_kb: Some(peak_kb),
+        extra: Some(Extra {
+            startup,
+            ready,
+            steady_secs,
+            steady,
+            steady_cpu,
+            shutdown,
+            restart,
+            restart_requests,
+            edit,
+            edit_requests,
+            restart_peak_kb,
+        }),
+    }
+}
 
-    // Shutdown: SIGTERM, then wait for a clean exit.
-    let term = Instant::now();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("running kill");
-    assert!(killed.success(), "kill -TERM {pid} failed");
-    let exit = loop {
-        match operator.child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if term.elapsed() > Duration::from_secs(30) => {
-                operator.fail("the operator did not exit within 30 s of SIGTERM")
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => operator.fail(&format!("waiting for the operator: {e}")),
-        }
-    };
-    let shutdown = term.elapsed();
-    let log_summary = summarize_log(&log);
+// ---------------------------------------------------------------------- table
 
-    let secs = ready_in.as_secs_f64();
-    let ticks = clock_ticks_per_second();
-    println!();
-    println!("trellis load benchmark (release operator, separate process)");
-    println!("  parents                 {n}");
-    println!("  children                {} (3 per parent)", 3 * n);
-    println!(
-        "  operator start-up       {:.2} s (spawn to the probe parent ready)",
-        startup.as_secs_f64()
+fn table(n: usize, rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let best = rows
+        .iter()
+        .filter(|r| r.extra.is_none())
+        .map(|r| r.converge)
+        .min();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{n} parents x 3 children (ConfigMap, Deployment, Service); requests from the API server's metrics"
     );
-    println!(
-        "  first create of the CRD {:.2} s (API server warm-up, before the operator starts)",
-        first_create.as_secs_f64()
+    let _ = writeln!(
+        out,
+        "{:<26} {:>9} {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>8} {:>7} {:>9}",
+        "run",
+        "converge",
+        "xbare",
+        "child-w",
+        "status",
+        "events",
+        "GET",
+        "LIST",
+        "kcm PUT",
+        "CPU s",
+        "peak RSS"
     );
-    println!(
-        "  parent creates          {:.2} s ({:.0} creates/s, {CREATE_CONCURRENCY} in flight)",
-        create_time.as_secs_f64(),
-        n as f64 / create_time.as_secs_f64()
-    );
-    if let Some(half) = half {
-        println!(
-            "  half ready              {:.2} s after the first create",
-            half.as_secs_f64()
+    for r in rows {
+        let ratio = best
+            .map(|b| format!("{:.2}", r.converge.as_secs_f64() / b.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        let q = &r.requests;
+        let children = q.on(&["configmaps", "services", "deployments"]);
+        let child_writes =
+            children.of_verb("POST") + children.of_verb("APPLY") + children.of_verb("PATCH");
+        let status = q.on(&[PLURAL]);
+        let status_writes =
+            status.of_verb("PATCH") + status.of_verb("APPLY") + status.of_verb("PUT");
+        let events = q.on(&["events"]);
+        let event_writes = events.of_verb("POST") + events.of_verb("PATCH");
+        let _ = writeln!(
+            out,
+            "{:<26} {:>8.2}s {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>8} {:>7.2} {:>9}",
+            r.label,
+            r.converge.as_secs_f64(),
+            ratio,
+            child_writes,
+            status_writes,
+            event_writes,
+            q.of_verb("GET"),
+            q.of_verb("LIST"),
+            q.on(&["deployments"]).of_verb("PUT"),
+            r.cpu,
+            r.peak_kb
+                .map(|kb| format!("{:.1} MiB", mib(kb)))
+                .unwrap_or_else(|| "-".into()),
         );
     }
-    println!(
-        "  all synced              {:.2} s after the first create (children, Synced=True, \
-         observedGeneration)",
-        synced_in.as_secs_f64()
+    let _ = writeln!(
+        out,
+        "(child-w: POST/APPLY/PATCH on ConfigMaps, Deployments, Services; status: writes on the parents; \
+         GET loadapps are the garbage collector's owner checks; kcm PUT: Deployment status by the controller manager)"
     );
-    println!(
-        "  all ready (convergence) {secs:.2} s after the first create (also Ready=True and \
-         status fields; {polls} polls)"
-    );
-    println!(
-        "  throughput              {:.1} parents/s, {:.1} children/s",
-        n as f64 / secs,
-        3.0 * n as f64 / secs
-    );
-    println!(
-        "  operator CPU            {:.2} s during the load ({:.0}% of one core)",
-        cpu_ticks as f64 / ticks,
-        100.0 * cpu_ticks as f64 / ticks / secs
-    );
-    for (name, ticks_used) in &control_plane_cpu {
-        println!(
-            "  {:<23} {:.2} s CPU during the load ({:.0}% of one core; shared cluster)",
-            name,
-            *ticks_used as f64 / ticks,
-            100.0 * *ticks_used as f64 / ticks / secs
+    let _ = writeln!(out, "requests by verb and resource:");
+    for r in rows {
+        let _ = writeln!(out, "  {:<26} {}", r.label, r.requests.describe());
+    }
+    for r in rows {
+        let Some(x) = &r.extra else { continue };
+        let per_minute = x.steady.total() as f64 * 60.0 / x.steady_secs as f64;
+        let _ = writeln!(out, "{}:", r.label);
+        let _ = writeln!(
+            out,
+            "  start-up {:.2} s (spawn to a probe parent synced); all Ready=True {:.2} s after the first create",
+            x.startup.as_secs_f64(),
+            x.ready.as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "  steady state {} s: {:.1} requests/min ({} writes), operator CPU {:.2} s: {}",
+            x.steady_secs,
+            per_minute,
+            x.steady.writes(),
+            x.steady_cpu,
+            x.steady.describe()
+        );
+        let _ = writeln!(
+            out,
+            "  restart: SIGTERM exit {:.2} s; new process passed every parent after {:.2} s; {} writes, {} requests: {}",
+            x.shutdown.as_secs_f64(),
+            x.restart.as_secs_f64(),
+            x.restart_requests.writes(),
+            x.restart_requests.total(),
+            x.restart_requests.describe()
+        );
+        let _ = writeln!(
+            out,
+            "  rule edit: every ConfigMap carries it after {:.2} s; {} writes: {}",
+            x.edit.as_secs_f64(),
+            x.edit_requests.writes(),
+            x.edit_requests.describe()
+        );
+        let _ = writeln!(
+            out,
+            "  restarted process peak RSS (sampled) {:.1} MiB",
+            mib(x.restart_peak_kb)
         );
     }
-    println!("  peak RSS (VmHWM)        {:.1} MiB", mib(hwm));
-    println!("  peak RSS (sampled)      {:.1} MiB", mib(sampled));
-    println!(
-        "  RSS after start-up      {:.1} MiB",
-        mib(rss_after_startup)
-    );
-    println!("  final RSS               {:.1} MiB", mib(rss));
-    println!(
-        "  shutdown (SIGTERM)      {:.3} s, {exit}",
-        shutdown.as_secs_f64()
-    );
-    println!("  operator log            {log_summary}");
-
-    if !exit.success() {
-        operator.fail(&format!("the operator exited with {exit} after SIGTERM"));
-    }
-    // Cleanup: the operator is gone; delete the namespace, then the CRD.
-    drop(operator);
-    drop(ns);
-    drop(crd_cleanup);
-    drop(dir);
-    eprintln!(
-        "[load] deleted namespace {ns_name} and CRD {}",
-        kind.crd_name()
-    );
+    out
 }
