@@ -36,10 +36,12 @@
 //! * **requests**: `apiserver_request_total` of the API server, before and
 //!   after, on the resources of the workload (configmaps, services,
 //!   deployments, events, the parent kind), less this program's own parent
-//!   creates and polls (counted exactly). The controller manager also writes
-//!   to them (Deployment status and revision annotation: `PUT`, its Events:
-//!   `POST events`); the bare client's rows show that share, as it sends no
-//!   `PUT` and no Event.
+//!   creates and polls (counted exactly). The controller manager also sends
+//!   requests on them: Deployment status (`PUT`) and the garbage
+//!   collector's owner checks (`GET` of parents and children, for children
+//!   that name an owner it has not seen yet); the bare client's rows show
+//!   that share, as it sends neither. Both grow with the window, which for
+//!   the operator lasts until every parent is also `Ready`.
 //! * **CPU, peak RSS**: the operator's, from `/proc/<pid>` (VmHWM).
 //! * For trellis also: **steady state** (nothing changes for
 //!   `TRELLIS_BENCH_STEADY` s: requests per minute), **restart** (SIGTERM,
@@ -908,7 +910,8 @@ fn table(n: usize, rows: &[Row]) -> String {
     let _ = writeln!(
         out,
         "(child-w: POST/APPLY/PATCH on ConfigMaps, Deployments, Services; status: writes on the parents; \
-         GET loadapps are the garbage collector's owner checks; kcm PUT: Deployment status by the controller manager)"
+         GETs are the garbage collector's owner checks (the bare client sends none); kcm PUT: Deployment status by the controller manager; \
+         both grow with the window, which for the operator also waits for Ready)"
     );
     let _ = writeln!(out, "requests by verb and resource:");
     for r in rows {
