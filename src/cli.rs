@@ -208,7 +208,7 @@ pub enum Command {
         )]
         namespaces: Vec<String>,
         /// Most reconciles in flight at once, across all rules
-        #[arg(long, default_value_t = 16, env = "TRELLIS_CONCURRENCY")]
+        #[arg(long, default_value_t = 32, env = "TRELLIS_CONCURRENCY")]
         concurrency: usize,
         /// Log format
         #[arg(long, value_enum, default_value = "text", env = "TRELLIS_LOG_FORMAT")]

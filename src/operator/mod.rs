@@ -90,7 +90,7 @@ impl Options {
         Options {
             rules,
             namespaces,
-            concurrency: 16,
+            concurrency: 32,
             limits: Limits::default(),
             instance: "trellis".into(),
             reload_debounce: Duration::from_millis(500),
