@@ -81,17 +81,28 @@ pub(super) async fn apply_child(
         key: apply.key.to_string(),
         owner,
     };
+    // Not among this parent's children when the pass took them, but in the
+    // rule's cache now: another parent's (or unlabelled) object, or this
+    // parent's, arrived since; the cache knows which.
+    let cached;
+    let live = match live {
+        Some(live) => Some(live),
+        None => match ctx.cached_child(&apply.key) {
+            Some(object) => {
+                if let Some(owner) = foreign_owner(&object, &apply.object, adopt) {
+                    return Err(conflict(owner));
+                }
+                cached = object;
+                Some(&cached)
+            }
+            None => None,
+        },
+    };
     // Whether this parent's object is known to exist: a forced apply
     // (ours to overwrite) rather than an unforced one (maybe someone's).
     let mut ours = live.is_some();
     if live.is_some() {
         ctx.forget_created(&apply.key);
-    } else if let Some(cached) = ctx.cached_child(&apply.key) {
-        // Another parent's (or unlabelled) object of this rule: the cache knows.
-        if let Some(owner) = foreign_owner(&cached, &apply.object, adopt) {
-            return Err(conflict(owner));
-        }
-        ours = true;
     } else if let Some((uid, hash, fresh)) = ctx.created_for(&apply.key) {
         // Made by this process moments ago; the cache has not seen it yet.
         if uid != parent_uid {
