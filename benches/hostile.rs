@@ -22,47 +22,8 @@ use kube::api::PostParams;
 use serde_json::{Value, json};
 
 use common::{OperatorProcess, RssSampler, mib};
+use support::hostile::{ECHO_RULE, nested};
 use support::operator::{Cleanup, TestKind};
-
-/// The rule of `tests/faults_hostile.rs`: one ConfigMap from the spec, one
-/// per `spec.items` entry.
-const ECHO_RULE: &str = r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: echo
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-config" }}
-        data:
-          text: {{ spec.text | default("none") }}
-          next: {{ ((spec.n | default(1)) + 1) | string }}
-    - id: items
-      apiVersion: v1
-      kind: ConfigMap
-      forEach: "spec.items | default([])"
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-item-" ~ index }}
-        data:
-          item: {{ item }}
-"#;
-
-fn nested(depth: usize) -> Value {
-    let mut v = json!(1);
-    for _ in 0..depth {
-        v = json!({ "a": v });
-    }
-    v
-}
 
 /// Creates a parent through a raw request (a deep spec's response does not
 /// decode as a `DynamicObject`).

@@ -15,49 +15,11 @@ use serde_json::{Value, json};
 
 use configmap_dir::ConfigMapDir;
 use reloading::Reloading;
+use support::hostile::{ECHO_RULE, nested};
 use support::operator::{
     Operator, QUIET, TestKind, WAIT, condition, install_kind, wait_condition_reason, wait_exists,
     wait_finalizer, wait_finalizer_released, wait_gone, wait_ready_and_synced,
 };
-
-/// One ConfigMap per parent, whose data come from the spec.
-const ECHO_RULE: &str = r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: echo
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-config" }}
-        data:
-          text: {{ spec.text | default("none") }}
-          next: {{ ((spec.n | default(1)) + 1) | string }}
-    - id: items
-      apiVersion: v1
-      kind: ConfigMap
-      forEach: "spec.items | default([])"
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-item-" ~ index }}
-        data:
-          item: {{ item }}
-"#;
-
-fn nested(depth: usize) -> Value {
-    let mut v = json!(1);
-    for _ in 0..depth {
-        v = json!({ "a": v });
-    }
-    v
-}
 
 /// Creates a parent through a raw request: the response holds the deep
 /// spec, which the typed client cannot decode (the point of the test).

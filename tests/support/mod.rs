@@ -68,6 +68,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 
 pub mod faults;
+pub mod hostile;
 pub mod node;
 pub mod operator;
 pub mod process;
