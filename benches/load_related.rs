@@ -24,10 +24,10 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -35,19 +35,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use common::{OperatorProcess, build_operator, env_number, mib, proc_status_kb};
 use support::operator::{Cleanup, TestKind};
 
 const CREATE_CONCURRENCY: usize = 32;
-
-fn env_number(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{name}={v:?}: not a number: {e}")),
-        Err(_) => default,
-    }
-}
 
 fn main() {
     let parents = env_number("TRELLIS_BENCH_PARENTS", 1000) as usize;
@@ -63,44 +54,6 @@ fn main() {
         .build()
         .expect("tokio runtime");
     rt.block_on(bench(&binary, parents, noise, edits));
-}
-
-/// `cargo build --release --bin trellis`, as `benches/load.rs` does it.
-fn build_operator() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    // Cargo's per-package variables would make build scripts rerun.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CFG_"]
-            .iter()
-            .any(|prefix| name.starts_with(prefix))
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_BIN_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "CARGO_RUSTC_CURRENT_DIR",
-                "OUT_DIR",
-            ]
-            .contains(&name.as_ref())
-        {
-            command.env_remove(name.as_ref());
-        }
-    }
-    let status = command
-        .args(["build", "--release", "--bin", "trellis"])
-        .current_dir(manifest)
-        .stdin(Stdio::null())
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build --release failed ({status})");
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => manifest.join(dir),
-        None => manifest.join("target"),
-    };
-    target.join("release").join("trellis")
 }
 
 fn rule(kind: &TestKind) -> String {
@@ -129,35 +82,6 @@ spec:
         data: {{ related.source.data }}
 "#,
     )
-}
-
-/// VmRSS of `pid` in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
-/// The operator process; killed if still running when dropped, its log kept.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-load-related.log");
-        if std::fs::copy(&self.log, &kept).is_ok() {
-            eprintln!("[related] operator log kept in {}", kept.display());
-        }
-    }
 }
 
 /// Passes logged per parent so far (the operator's debug line `planned`).
@@ -213,7 +137,6 @@ async fn copies_with(cms: &Api<ConfigMap>, value: &str) -> usize {
 }
 
 async fn bench(binary: &Path, n: usize, noise: usize, edits: usize) {
-    let cluster = support::cluster();
     let ns = support::namespace_for("bench-related").await;
     let client = ns.client.clone();
     let group = format!("{}.bench.trellis.test", support::unique_name("related"));
@@ -260,27 +183,17 @@ async fn bench(binary: &Path, n: usize, noise: usize, edits: usize) {
     let rules = dir.path().join("rules");
     std::fs::create_dir(&rules).expect("rules dir");
     std::fs::write(rules.join("related-load.yaml"), rule(&kind)).expect("rule");
-    let log = dir.path().join("operator.log");
-    let log_file = File::create(&log).expect("log file");
-    let mut command = Command::new(binary);
-    command
-        .args(["run", "--rules"])
-        .arg(&rules)
-        .args(["--namespace", ns.name()])
-        .args(["--metrics-addr", "off", "--log-format", "json"])
-        .env("RUST_LOG", "info,trellis::operator::reconcile=debug")
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().expect("log file"))
-        .stderr(log_file);
-    if let Some(path) = &cluster.kubeconfig_path {
-        command.env("KUBECONFIG", path);
-    }
     let spawned = Instant::now();
-    let mut operator = Operator {
-        child: command.spawn().expect("starting the operator"),
-        log: log.clone(),
-    };
-    let pid = operator.child.id();
+    let mut operator = OperatorProcess::start_with_env(
+        binary,
+        "load-related",
+        &rules,
+        ns.name(),
+        &[],
+        &[("RUST_LOG", "info,trellis::operator::reconcile=debug")],
+    );
+    let log = operator.log.clone();
+    let pid = operator.pid();
     loop {
         if let Ok(Some(status)) = operator.child.try_wait() {
             panic!("the operator exited: {status}");
@@ -296,7 +209,7 @@ async fn bench(binary: &Path, n: usize, noise: usize, edits: usize) {
     }
     let converged = spawned.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let rss_converged = rss_mib(pid);
+    let rss_converged = proc_status_kb(pid, "VmRSS").map(mib).unwrap_or(0.0);
 
     let noise_started = Instant::now();
     let filler = "x".repeat(100);
@@ -314,7 +227,7 @@ async fn bench(binary: &Path, n: usize, noise: usize, edits: usize) {
     .await;
     let noise_created = noise_started.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let rss_noise = rss_mib(pid);
+    let rss_noise = proc_status_kb(pid, "VmRSS").map(mib).unwrap_or(0.0);
 
     // Edits, one at a time, with everything in place.
     let before = passes(&log);
@@ -353,7 +266,7 @@ async fn bench(binary: &Path, n: usize, noise: usize, edits: usize) {
         .map(|(p, _)| p)
         .collect();
     let strangers: Vec<&&String> = woken.iter().filter(|p| !edited.contains(p)).collect();
-    let rss_end = rss_mib(pid);
+    let rss_end = proc_status_kb(pid, "VmRSS").map(mib).unwrap_or(0.0);
     drop(operator);
     drop(parents);
 

@@ -104,6 +104,19 @@ pub struct OperatorProcess {
 impl OperatorProcess {
     /// Starts `binary run --rules RULES --namespace NS` plus `args`.
     pub fn start(binary: &Path, name: &str, rules: &Path, ns: &str, args: &[&str]) -> Self {
+        Self::start_with_env(binary, name, rules, ns, args, &[])
+    }
+
+    /// [`OperatorProcess::start`] with extra environment variables (such as
+    /// `RUST_LOG`) for the operator.
+    pub fn start_with_env(
+        binary: &Path,
+        name: &str,
+        rules: &Path,
+        ns: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port");
@@ -118,6 +131,7 @@ impl OperatorProcess {
             .args(["--metrics-addr", &metrics.to_string()])
             .args(["--log-format", "json"])
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log file"))
             .stderr(log_file);
