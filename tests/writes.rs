@@ -3,7 +3,8 @@
 //! resource), `trellis_status_writes_total` and `trellis_events_total`: a
 //! parent whose children are ready at once costs one write per child, one
 //! status write and one Event, and no read; an object someone else made is
-//! still never taken over when nothing it holds collides with the rendering.
+//! never written, even when nothing it holds collides with the rendering;
+//! a child trellis created loses a field the rendering stops setting.
 mod support;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -173,11 +174,13 @@ spec:
 "#;
 
 /// Made by someone else with fields that do not collide with the
-/// rendering: the API server has nothing to refuse, so the operator must
-/// see from the answer that the object was not new, give back what it
-/// added and report the owner.
+/// rendering: an unforced apply would be accepted, so the operator's first
+/// write is a create-only apply (a `resourceVersion` no stored object has),
+/// which the API server refuses because the object exists. The object is
+/// never written, not even for a moment: its resourceVersion is unchanged.
+/// The refusal is read once per attempt to name the owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_object_someone_else_made_without_colliding_fields_is_given_back_untouched() {
+async fn an_object_someone_else_made_without_colliding_fields_is_never_written() {
     let ns = support::namespace().await;
     let cms: Api<ConfigMap> = ns.api();
     let theirs = json!({
@@ -186,13 +189,14 @@ async fn an_object_someone_else_made_without_colliding_fields_is_given_back_unto
         "metadata": {"name": "theirs", "labels": {"team": "payroll"}},
         "data": {"ledger": "42"},
     });
-    cms.patch(
-        "theirs",
-        &PatchParams::apply("payroll-tool"),
-        &Patch::Apply(&theirs),
-    )
-    .await
-    .expect("someone else's ConfigMap");
+    let before = cms
+        .patch(
+            "theirs",
+            &PatchParams::apply("payroll-tool"),
+            &Patch::Apply(&theirs),
+        )
+        .await
+        .expect("someone else's ConfigMap");
     let (kind, _cleanup) = install_kind(&ns, "Grab").await;
     let (operator, addr) = start(&ns, &kind, GRAB_RULE);
     kind.create(&ns, "thief", json!({"name": "theirs"}), &[])
@@ -210,24 +214,91 @@ async fn an_object_someone_else_made_without_colliding_fields_is_given_back_unto
     tokio::time::sleep(QUIET).await;
     let now = cms.get("theirs").await.expect("theirs");
     assert_eq!(
-        now.data,
-        Some([("ledger".to_owned(), "42".to_owned())].into()),
-        "{now:?}"
+        now.metadata.resource_version, before.metadata.resource_version,
+        "never written: {now:?}"
     );
     assert_eq!(
         now.labels().clone(),
         [("team".to_owned(), "payroll".to_owned())].into(),
-        "no trellis label is left on it"
+        "no trellis label on it"
     );
     assert!(now.owner_references().is_empty(), "{now:?}");
-    assert!(
-        now.managed_fields()
-            .iter()
-            .all(|m| m.manager.as_deref() == Some("payroll-tool")),
-        "only its maker manages it: {:?}",
-        now.managed_fields()
+    let applies = requests(&addr, "apply", "configmaps").await;
+    let reads = requests(&addr, "get", "configmaps").await;
+    assert!(applies >= 1.0, "the create-only apply was sent");
+    assert_eq!(
+        reads, applies,
+        "each refusal is read once, to name the owner"
     );
-    assert_eq!(requests(&addr, "get", "configmaps").await, 0.0);
+    operator.stop().await;
+}
+
+const SHRINKING_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: shrink
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+          {% if spec.label %}labels: {tier: {{ spec.label }}}{% endif %}
+        data:
+          always: "yes"
+          {% if spec.extra %}extra: {{ spec.extra }}{% endif %}
+"#;
+
+/// A child made by the create-only apply is owned through `Apply`, not a
+/// POST's `Update` entry: a field (and a label) the template stops setting
+/// is removed from the live object by the next apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_removed_from_the_rendering_is_removed_from_a_child_trellis_created() {
+    let ns = support::namespace().await;
+    let cms: Api<ConfigMap> = ns.api();
+    let (kind, _cleanup) = install_kind(&ns, "Shrink").await;
+    let (operator, _addr) = start(&ns, &kind, SHRINKING_RULE);
+    kind.create(&ns, "s", json!({"extra": "here", "label": "gold"}), &[])
+        .await;
+    support::operator::wait_data(&cms, "s", "the first rendering", "extra", "here").await;
+    let made = cms.get("s").await.expect("s");
+    assert!(
+        made.managed_fields()
+            .iter()
+            .all(|m| m.operation.as_deref() == Some("Apply")),
+        "created by an apply: {:?}",
+        made.managed_fields()
+    );
+    assert_eq!(made.labels().get("tier").map(String::as_str), Some("gold"));
+    kind.patch(&ns, "s", json!({"spec": {"extra": null, "label": null}}))
+        .await;
+    let parents = kind.api(&ns);
+    let start = std::time::Instant::now();
+    let now = loop {
+        let now = cms.get("s").await.expect("s");
+        let data = now.data.clone().unwrap_or_default();
+        if !data.contains_key("extra") {
+            break now;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "`extra` is still there: {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        now.data,
+        Some([("always".to_owned(), "yes".to_owned())].into()),
+        "{now:?}"
+    );
+    assert!(!now.labels().contains_key("tier"), "{:?}", now.labels());
+    wait_condition(&parents, "s", "Synced", "True").await;
     operator.stop().await;
 }
 

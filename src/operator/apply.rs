@@ -10,7 +10,7 @@ use kube::api::{
     DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::context::{Error, RuleCtx};
 use crate::plan::{ANNOTATION_RENDER_HASH, Apply, LABEL_PARENT_UID, LABEL_RULE};
@@ -55,9 +55,11 @@ impl Applied {
 /// A child not among them is new, not cached yet, or someone else's, and
 /// is written without a read first: what the caches know decides what they
 /// can (another parent's object, one this process just made), and the API
-/// server refuses the rest — a create-only POST meets `AlreadyExists`, an
-/// unforced apply meets a field another manager owns or a second controller
-/// reference. Only a refused write is followed by a read, to name the owner.
+/// server refuses the rest — a create-only POST meets `AlreadyExists`, a
+/// create-only apply (a `resourceVersion` no stored object has) meets 409
+/// whenever the object exists. So an object someone else made is never
+/// written, not even for a moment. Only a refused write is followed by a
+/// read, to name the owner.
 pub(super) async fn apply_child(
     ctx: &RuleCtx,
     apply: &Apply,
@@ -203,46 +205,33 @@ pub(super) async fn apply_child(
         };
         return Ok(Applied::written(outcome, written));
     }
-    // Unknown to the caches: most likely new. Unforced, so that the API
-    // server refuses to let it take a field from anyone else.
+    // Unknown to the caches: most likely new. A create-only apply: the
+    // resourceVersion precondition (a version no stored object can have)
+    // makes the API server refuse with 409 should the object exist, so an
+    // object someone else made is never touched, not even for a moment;
+    // when it does not exist it is created with this manager's `Apply`
+    // ownership, so a field later removed from the template is removed
+    // from the object (a POST would record an `Update` entry, whose fields
+    // a later apply cannot remove).
+    let mut create = apply.object.clone();
+    if let Some(meta) = create.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert(
+            "resourceVersion".to_owned(),
+            Value::String(NO_STORED_VERSION.to_owned()),
+        );
+    }
     let params = PatchParams::apply(&manager);
     match api
-        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+        .patch(&apply.key.name, &params, &Patch::Apply(&create))
         .await
     {
         Ok(written) => {
-            let value = serde_json::to_value(&written).unwrap_or_default();
-            let others = other_managers(&value, &manager);
-            if others.is_empty() || adopt {
-                ctx.remember_created(&apply.key, parent_uid, &apply.hash);
-                let outcome = if others.is_empty() {
-                    Outcome::Created
-                } else {
-                    Outcome::Updated
-                };
-                return Ok(Applied::written(outcome, written));
-            }
-            // It existed, made by someone else, and nothing we set collided
-            // with their fields: give back exactly what this apply added
-            // (an empty apply drops the fields only we own) and refuse.
-            let empty = serde_json::json!({
-                "apiVersion": apply.object["apiVersion"],
-                "kind": apply.object["kind"],
-                "metadata": {
-                    "name": apply.key.name,
-                    "namespace": apply.key.namespace,
-                },
-            });
-            if let Err(err) = api
-                .patch(&apply.key.name, &params, &Patch::Apply(&empty))
-                .await
-            {
-                warn!(rule = %ctx.rule().name, object = %apply.key, "cannot give back the fields applied to an object that is not ours: {err}");
-            }
-            Err(conflict(someone_else(others.into_iter())))
+            ctx.remember_created(&apply.key, parent_uid, &apply.hash);
+            Ok(Applied::written(Outcome::Created, written))
         }
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
-            // Refused: a field another manager owns, or another controller.
+            // Refused: it exists (409), or the API server rejects the
+            // object as it stands (422). Whose is it?
             let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? else {
                 return Err(fail(kube::Error::Api(e)));
             };
@@ -253,7 +242,8 @@ pub(super) async fn apply_child(
             if e.code == 422 {
                 return Err(fail(kube::Error::Api(e)));
             }
-            // Ours after all (or adopted): take the fields.
+            // Ours after all (made by an earlier process, not cached yet),
+            // or adopted: take the fields.
             let written = api
                 .patch(
                     &apply.key.name,
@@ -268,23 +258,11 @@ pub(super) async fn apply_child(
     }
 }
 
-/// Managers of `object` other than `ours`, leaving out status writers (a
-/// controller reporting on an object does not make it theirs).
-fn other_managers<'a>(object: &'a Value, ours: &str) -> BTreeSet<&'a str> {
-    object
-        .pointer("/metadata/managedFields")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|m| {
-            m.get("subresource")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-        })
-        .filter_map(|m| m["manager"].as_str())
-        .filter(|m| *m != ours)
-        .collect()
-}
+/// The `resourceVersion` of a create-only apply. An object's version is the
+/// etcd revision of its last write, and etcd's first write makes revision
+/// 2: no stored object has version 1, so an apply naming it is refused
+/// (409) whenever the object exists, and creates it otherwise.
+const NO_STORED_VERSION: &str = "1";
 
 /// The owner named for an object trellis did not make.
 fn someone_else<'a>(managers: impl Iterator<Item = &'a str>) -> String {
