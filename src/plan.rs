@@ -96,8 +96,15 @@ pub struct Observed {
 /// operator's watch caches implement it).
 pub trait RelatedSource: Send + Sync {
     /// The objects of `gvk` that `read` covers: the one it names (or none),
-    /// or every one its selector matches, in any order.
-    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Vec<(ObjectKey, Value)>;
+    /// or every one its selector matches, in any order; or why the source
+    /// cannot tell (outside what it watches, an object it cannot decode).
+    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Result<Vec<(ObjectKey, Value)>, Unreadable>;
+
+    /// Whether `gvk` is served at all. Asked before anything else of an
+    /// entry, since an unserved kind's scope is unknown.
+    fn served(&self, _gvk: &Gvk) -> Result<(), Unreadable> {
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for dyn RelatedSource {
@@ -697,7 +704,8 @@ use conditions::{build_status, child_ready, status_for_failure};
 use object::finish_object;
 pub use object::object_hash;
 pub use related::{
-    MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, selector_matches, selector_matches_with,
+    MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,
+    selector_matches_with,
 };
 
 #[cfg(test)]

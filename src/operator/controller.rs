@@ -120,8 +120,9 @@ async fn rule_loop(
         }
         report(&mut last_state, RuleState::Running);
         let stop = shutdown.child_token();
-        let monitor = tokio::spawn(stop_when_kinds_vanish(
+        let monitor = tokio::spawn(stop_when_kinds_change(
             rule.clone(),
+            kinds.unserved_related.len(),
             shared.clone(),
             stop.clone(),
         ));
@@ -129,7 +130,7 @@ async fn rule_loop(
         monitor.abort();
         if !shutdown.is_cancelled() {
             last_state = None;
-            info!(rule = %rule.name, "watches stopped: a kind the rule names is no longer served");
+            info!(rule = %rule.name, "watches stopped: the kinds the rule names changed");
         }
     }
 }
@@ -252,19 +253,31 @@ async fn preflight(
     missing
 }
 
-/// Cancels `stop` once a CRD change leaves one of the rule's kinds unserved.
-async fn stop_when_kinds_vanish(
+/// Cancels `stop` once a CRD change leaves one of the rule's kinds
+/// unserved, or serves a related kind that was not (`unserved` of them when
+/// the watches started): the rule restarts with its watch, and the readers
+/// it held back proceed.
+async fn stop_when_kinds_change(
     rule: Arc<CompiledRule>,
+    unserved: usize,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
     let mut epoch = shared.crd_epoch.clone();
     epoch.borrow_and_update();
     while epoch.changed().await.is_ok() {
-        if let Err(why) = discovery::resolve_rule(&shared.client, &rule).await {
-            warn!(rule = %rule.name, "stopping watches: {why}");
-            stop.cancel();
-            return;
+        match discovery::resolve_rule(&shared.client, &rule).await {
+            Err(why) => {
+                warn!(rule = %rule.name, "stopping watches: {why}");
+                stop.cancel();
+                return;
+            }
+            Ok(kinds) if kinds.unserved_related.len() != unserved => {
+                info!(rule = %rule.name, "restarting watches: the related kinds served changed");
+                stop.cancel();
+                return;
+            }
+            Ok(_) => {}
         }
     }
 }
@@ -476,11 +489,18 @@ async fn run_controller(
     let related = related::Caches::start(
         &shared.client,
         &rule,
-        &kinds.related,
-        !parent_kind.namespaced,
-        &namespaces,
-        &shared.namespaces,
+        related::Scope {
+            kinds: &kinds.related,
+            unserved: &kinds.unserved_related,
+            parent_cluster_scoped: !parent_kind.namespaced,
+            parent_namespaces: &namespaces,
+            operator_namespaces: &shared.namespaces,
+            metrics: shared.metrics.clone(),
+        },
     );
+    for (_, why) in &kinds.unserved_related {
+        warn!(rule = %rule.name, "its readers wait: {why}");
+    }
     // A deleted parent reads nothing any more.
     let forget = {
         let (caches, resource) = (related.caches.clone(), parent_kind.resource.clone());

@@ -1,7 +1,9 @@
 //! Resolving the kinds a rule names through API discovery.
 //!
 //! A kind that is not served yet (its CRD is missing or not established) is
-//! not an error: the rule waits and is resolved again when CRDs change.
+//! not an error: the rule waits and is resolved again when CRDs change. A
+//! related kind is the exception: the rule runs without it, and only the
+//! children that read it wait (`RelatedKindNotServed`).
 
 use kube::Client;
 use kube::core::GroupVersionKind;
@@ -26,8 +28,10 @@ pub struct RuleKinds {
     pub parent: Resolved,
     /// One entry per distinct child kind, in first-use order.
     pub children: Vec<Resolved>,
-    /// One entry per distinct related kind, in first-use order.
+    /// One entry per distinct served related kind, in first-use order.
     pub related: Vec<Resolved>,
+    /// Related kinds not served, with why (readers wait for them).
+    pub unserved_related: Vec<(Gvk, String)>,
 }
 
 impl RuleKinds {
@@ -78,15 +82,22 @@ pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKi
         children.push(resolve(client, &child.gvk).await?);
     }
     let mut related: Vec<Resolved> = Vec::new();
+    let mut unserved_related: Vec<(Gvk, String)> = Vec::new();
     for entry in &rule.related {
-        if related.iter().any(|r| r.gvk == entry.gvk) {
+        if related.iter().any(|r| r.gvk == entry.gvk)
+            || unserved_related.iter().any(|(g, _)| g == &entry.gvk)
+        {
             continue;
         }
-        related.push(resolve(client, &entry.gvk).await?);
+        match resolve(client, &entry.gvk).await {
+            Ok(kind) => related.push(kind),
+            Err(why) => unserved_related.push((entry.gvk.clone(), why)),
+        }
     }
     Ok(RuleKinds {
         parent,
         children,
         related,
+        unserved_related,
     })
 }

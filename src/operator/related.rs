@@ -37,7 +37,7 @@ use super::controller::{own_errors, selector_string, trim, watch_stream};
 use super::decode::ParentObject;
 use super::discovery::Resolved;
 use crate::kinds::Gvk;
-use crate::plan::{ObjectKey, RelatedRead, RelatedSource, RelatedTarget};
+use crate::plan::{ObjectKey, RelatedRead, RelatedSource, RelatedTarget, Unreadable};
 use crate::rules::CompiledRule;
 use crate::rules::model::{
     LabelSelector, LabelSelectorRequirement, RelatedSpec, TemplatedExpressions, TemplatedLabels,
@@ -158,6 +158,9 @@ pub fn parent_ref(
 struct Watch {
     spec: WatchSpec,
     kind: Resolved,
+    /// The namespaces it lists (empty: all); a read elsewhere is
+    /// `RelatedOutOfScope`, never "does not exist".
+    scope: Vec<String>,
     /// Objects are decoded one by one, as parents are: one object too deep
     /// to decode never fails the list of its kind (see `decode`).
     store: Store<ParentObject>,
@@ -166,9 +169,23 @@ struct Watch {
 /// A rule's related caches and read index.
 pub struct Caches {
     watches: Vec<Watch>,
+    /// Related kinds discovery does not serve, with why: their readers are
+    /// pending until the CRD appears (which restarts the rule's watches).
+    unserved: Vec<(Gvk, String)>,
+    metrics: Arc<crate::telemetry::Metrics>,
     index: Mutex<ReadIndex<ParentRef>>,
     /// Parents a pass may have read stale data for: reconciled again.
     missed: tokio::sync::mpsc::UnboundedSender<ParentRef>,
+}
+
+/// What [`Caches::start`] watches, and where.
+pub struct Scope<'a> {
+    pub kinds: &'a [Resolved],
+    pub unserved: &'a [(Gvk, String)],
+    pub parent_cluster_scoped: bool,
+    pub parent_namespaces: &'a [String],
+    pub operator_namespaces: &'a [String],
+    pub metrics: Arc<crate::telemetry::Metrics>,
 }
 
 /// The parts [`Caches::start`] hands the controller.
@@ -182,17 +199,19 @@ pub struct Started {
 
 impl Caches {
     /// Sets up one watch per [`WatchSpec`]; nothing runs until `triggers`
-    /// is polled. `kinds` are the resolved related kinds; a namespaced kind
-    /// is watched in `parent_namespaces`, or in `operator_namespaces` when an
-    /// entry may read elsewhere or the parent is cluster-scoped (empty: all).
-    pub fn start(
-        client: &Client,
-        rule: &CompiledRule,
-        kinds: &[Resolved],
-        parent_cluster_scoped: bool,
-        parent_namespaces: &[String],
-        operator_namespaces: &[String],
-    ) -> Started {
+    /// is polled. `kinds` are the resolved related kinds (`unserved` the
+    /// others); a namespaced kind is watched in `scope.parent_namespaces`,
+    /// or in `scope.operator_namespaces` when an entry may read elsewhere or
+    /// the parent is cluster-scoped (empty: all).
+    pub fn start(client: &Client, rule: &CompiledRule, scope: Scope<'_>) -> Started {
+        let Scope {
+            kinds,
+            unserved,
+            parent_cluster_scoped,
+            parent_namespaces,
+            operator_namespaces,
+            metrics,
+        } = scope;
         let (missed, missed_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut watches = Vec::new();
         let mut streams = Vec::new();
@@ -205,6 +224,7 @@ impl Caches {
             } else {
                 parent_namespaces
             };
+            let scope = if kind.namespaced { scope } else { &[] };
             let mut config = watcher::Config::default().streaming_lists();
             if let Some(labels) = &spec.labels {
                 config = config.labels(labels);
@@ -220,6 +240,7 @@ impl Caches {
             watches.push(Watch {
                 spec,
                 kind: kind.clone(),
+                scope: scope.to_vec(),
                 store,
             });
         }
@@ -229,6 +250,8 @@ impl Caches {
             .collect();
         let caches = Arc::new(Caches {
             watches,
+            unserved: unserved.to_vec(),
+            metrics,
             index: Mutex::new(ReadIndex::default()),
             missed,
         });
@@ -270,7 +293,14 @@ impl Caches {
             return Vec::new();
         };
         let gvk = &watch.kind.gvk;
-        report_undecodable(gvk, event);
+        if report_undecodable(gvk, event) {
+            self.metrics
+                .undecodable
+                .get_or_create(&crate::telemetry::KindLabel {
+                    kind: gvk.to_string(),
+                })
+                .inc();
+        }
         let mut index = super::lock(&self.index);
         match event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
@@ -374,22 +404,56 @@ impl Caches {
     }
 }
 
-/// A cached object as the planner reads it; an undecodable one is skipped
-/// (and said so): a template must not read half an object.
-/// (Reported once, when its watch event arrives: see [`report_undecodable`].)
-fn to_entry(o: &ParentObject) -> Option<(ObjectKey, Value)> {
-    if o.undecodable.is_some() {
-        return None;
+/// A cached object as the planner reads it, or why it cannot be: a
+/// template must not read half an object, nor take it for missing.
+fn to_entry(gvk: &Gvk, o: &ParentObject) -> Result<Option<(ObjectKey, Value)>, Unreadable> {
+    if let Some(why) = &o.undecodable {
+        let meta = &o.object.metadata;
+        let name = meta.name.as_deref().unwrap_or_default();
+        let object = match &meta.namespace {
+            Some(ns) => format!("{} {ns}/{name}", gvk.kind),
+            None => format!("{} {name}", gvk.kind),
+        };
+        return Err(Unreadable {
+            reason: Unreadable::UNDECODABLE,
+            message: format!("{object} cannot be decoded: {why}"),
+        });
     }
-    let value = serde_json::to_value(&o.object).ok()?;
-    Some((ObjectKey::of(&value)?, value))
+    let Ok(value) = serde_json::to_value(&o.object) else {
+        return Ok(None);
+    };
+    Ok(ObjectKey::of(&value).map(|k| (k, value)))
 }
 
 impl RelatedSource for Caches {
-    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Vec<(ObjectKey, Value)> {
+    fn served(&self, gvk: &Gvk) -> Result<(), Unreadable> {
+        match self.unserved.iter().find(|(g, _)| g == gvk) {
+            Some((_, why)) => Err(Unreadable {
+                reason: Unreadable::KIND_NOT_SERVED,
+                message: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
+        self.served(gvk)?;
         let Some(watch) = self.watch_for(gvk, read) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
+        if let Some(ns) = &read.namespace
+            && !watch.scope.is_empty()
+            && !watch.scope.contains(ns)
+        {
+            return Err(Unreadable {
+                reason: Unreadable::OUT_OF_SCOPE,
+                message: format!(
+                    "namespace `{ns}` is outside the namespaces trellis watches ({}): \
+                     add it to the operator's --namespace",
+                    watch.scope.join(", ")
+                ),
+            });
+        }
         let covers = |o: &ParentObject| {
             let meta = &o.object.metadata;
             read.covers_with(
@@ -403,7 +467,7 @@ impl RelatedSource for Caches {
                 },
             )
         };
-        match &read.target {
+        let found: Vec<Arc<ParentObject>> = match &read.target {
             RelatedTarget::Name(name) => {
                 let mut key = ObjectRef::new_with(name, watch.kind.resource.clone());
                 if let (true, Some(ns)) = (watch.kind.namespaced, &read.namespace) {
@@ -413,23 +477,23 @@ impl RelatedSource for Caches {
                     .store
                     .get(&key)
                     .filter(|o| covers(o))
-                    .and_then(|o| to_entry(&o))
                     .into_iter()
                     .collect()
             }
-            RelatedTarget::Selector(_) => watch
-                .store
-                .state_filter(covers)
-                .iter()
-                .filter_map(|o| to_entry(o))
-                .collect(),
+            RelatedTarget::Selector(_) => watch.store.state_filter(covers),
+        };
+        let mut out = Vec::with_capacity(found.len());
+        for o in &found {
+            out.extend(to_entry(gvk, o)?);
         }
+        Ok(out)
     }
 }
 
-/// A related object too deep or malformed to decode: logged as it arrives;
-/// reads treat it as absent, and its kind's watch goes on.
-fn report_undecodable(gvk: &Gvk, event: &watcher::Event<ParentObject>) {
+/// A related object too deep or malformed to decode: logged (and counted)
+/// as it arrives; its readers are pending with `RelatedUndecodable`, and its
+/// kind's watch goes on. Returns whether it was one.
+fn report_undecodable(gvk: &Gvk, event: &watcher::Event<ParentObject>) -> bool {
     if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event
         && let Some(why) = &o.undecodable
     {
@@ -441,9 +505,28 @@ fn report_undecodable(gvk: &Gvk, event: &watcher::Event<ParentObject>) {
                 meta.namespace.as_deref().unwrap_or_default(),
                 meta.name.as_deref().unwrap_or_default()
             ),
-            "related object skipped (read as missing): {why}"
+            "related object cannot be decoded (its readers wait): {why}"
         );
+        return true;
     }
+    false
+}
+
+/// The Warning a pass owes its parent for an undecodable related object,
+/// if the parent's last status does not already tell it (the status is the
+/// memory: a pending pass retries every few seconds, the Warning is once).
+pub fn undecodable_warning(plan: &crate::plan::Plan, parent: &Value) -> Option<String> {
+    let pending = plan
+        .pending
+        .iter()
+        .find(|p| p.reason == Unreadable::UNDECODABLE)?;
+    let message = pending.message.clone().unwrap_or_default();
+    let told = parent
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .is_some_and(|c| c["reason"] == Unreadable::UNDECODABLE && c["message"] == message);
+    (!told).then_some(message)
 }
 
 /// An unbounded receiver as a stream.

@@ -70,6 +70,21 @@ impl RelatedRead {
     }
 }
 
+/// Why a related source could not answer a read: the entry's readers are
+/// pending with `reason` (it is never taken for "does not exist").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// `RelatedKindNotServed`, `RelatedOutOfScope` or `RelatedUndecodable`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Unreadable {
+    pub const KIND_NOT_SERVED: &'static str = "RelatedKindNotServed";
+    pub const OUT_OF_SCOPE: &'static str = "RelatedOutOfScope";
+    pub const UNDECODABLE: &'static str = "RelatedUndecodable";
+}
+
 /// How one entry came out.
 #[derive(Debug, Clone)]
 pub(super) enum RelatedState {
@@ -80,6 +95,9 @@ pub(super) enum RelatedState {
     NotReady(String),
     /// Optional and missing: absent from the context; holds nothing back.
     Absent,
+    /// The source could not tell: holds back its readers, optional or not
+    /// (except an unserved kind, of which nothing exists).
+    Unreadable(Unreadable),
 }
 
 /// Whether `labels` satisfy a label selector.
@@ -298,6 +316,20 @@ pub(super) fn resolve(
     let mut reads = Vec::with_capacity(rule.related.len());
     for entry in &rule.related {
         let id = &entry.spec.id;
+        // An unserved kind has no objects, and no known scope: nothing to
+        // read, nothing to index (its CRD appearing restarts the rule).
+        if let Some(source) = &input.observed.related
+            && let Err(why) = source.served(&entry.gvk)
+        {
+            states.push(
+                if entry.spec.optional && why.reason == Unreadable::KIND_NOT_SERVED {
+                    RelatedState::Absent
+                } else {
+                    RelatedState::Unreadable(why)
+                },
+            );
+            continue;
+        }
         let namespace = namespace_of(rule, entry, ctx, info, input)?;
         let target = match &entry.name {
             Some(t) => {
@@ -322,13 +354,18 @@ pub(super) fn resolve(
             namespace,
             target,
         };
+        let found = match lookup(input, entry, &read) {
+            Ok(found) => found,
+            Err(why) => {
+                states.push(RelatedState::Unreadable(why));
+                reads.push(read);
+                continue;
+            }
+        };
         let found: Option<Value> = match &read.target {
-            RelatedTarget::Name(_) => lookup(input, entry, &read)
-                .into_iter()
-                .next()
-                .map(|(_, o)| o),
+            RelatedTarget::Name(_) => found.into_iter().next().map(|(_, o)| o),
             RelatedTarget::Selector(_) => {
-                let mut items = lookup(input, entry, &read);
+                let mut items = found;
                 if items.len() > MAX_RELATED_ITEMS {
                     return Err(RelatedFailure {
                         reason: "RenderError",
@@ -384,11 +421,15 @@ pub(super) fn resolve(
 
 /// The objects `read` covers: from the related source when there is one
 /// (the operator's caches), else from the observed objects (offline).
-fn lookup(input: &Input, entry: &CompiledRelated, read: &RelatedRead) -> Vec<(ObjectKey, Value)> {
+fn lookup(
+    input: &Input,
+    entry: &CompiledRelated,
+    read: &RelatedRead,
+) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
     if let Some(source) = &input.observed.related {
         return source.find(&entry.gvk, read);
     }
-    match &read.target {
+    Ok(match &read.target {
         RelatedTarget::Name(name) => {
             let key = ObjectKey {
                 group: entry.gvk.group.clone(),
@@ -419,7 +460,7 @@ fn lookup(input: &Input, entry: &CompiledRelated, read: &RelatedRead) -> Vec<(Ob
             })
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect(),
-    }
+    })
 }
 
 /// `ConfigMap team-a/settings`, `Namespace (selector env=prod)`.
@@ -445,6 +486,7 @@ pub(super) fn holding_back(
         let (reason, why) = match states.get(r) {
             Some(RelatedState::Missing(why)) => ("RelatedNotFound", why),
             Some(RelatedState::NotReady(why)) => ("RelatedNotReady", why),
+            Some(RelatedState::Unreadable(u)) => (u.reason, &u.message),
             _ => continue,
         };
         return Some(Pending {

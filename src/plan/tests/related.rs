@@ -219,14 +219,14 @@ struct OneObject {
 }
 
 impl RelatedSource for OneObject {
-    fn find(&self, _gvk: &Gvk, read: &RelatedRead) -> Vec<(ObjectKey, Value)> {
+    fn find(&self, _gvk: &Gvk, read: &RelatedRead) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
         self.asked.lock().unwrap().push(read.clone());
-        match &read.target {
+        Ok(match &read.target {
             RelatedTarget::Name(n) if n == "src" => {
                 vec![(ObjectKey::of(&self.object).unwrap(), self.object.clone())]
             }
             _ => Vec::new(),
-        }
+        })
     }
 }
 
@@ -267,4 +267,104 @@ fn with_a_related_source_reads_come_from_it_not_from_the_observed_objects() {
     assert_eq!(asked.len(), 1, "one question per read");
     assert_eq!(asked[0].target, RelatedTarget::Name("src".into()));
     assert_eq!(asked[0].namespace.as_deref(), Some("ns"));
+}
+
+/// A related source that cannot answer: every kind unserved, or every read
+/// refused with `reason`.
+struct Cannot {
+    reason: &'static str,
+}
+
+impl RelatedSource for Cannot {
+    fn served(&self, gvk: &Gvk) -> Result<(), Unreadable> {
+        if self.reason == Unreadable::KIND_NOT_SERVED {
+            return Err(Unreadable {
+                reason: self.reason,
+                message: format!("{gvk} is not served"),
+            });
+        }
+        Ok(())
+    }
+
+    fn find(&self, _gvk: &Gvk, _read: &RelatedRead) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
+        Err(Unreadable {
+            reason: self.reason,
+            message: "cannot tell".into(),
+        })
+    }
+}
+
+fn plan_with_source(r: &CompiledRule, source: Cannot) -> Plan {
+    // `cm` exists and is ready: Ready names what the related entry holds.
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let observed = Observed::from_objects([cm]).with_related(Arc::new(source));
+    plan(
+        r,
+        &Input {
+            parent: &parent(json!({"from": "src"})),
+            observed: &observed,
+            now: NOW,
+            scope_of: &kinds::scope,
+        },
+    )
+}
+
+#[test]
+fn an_unreadable_related_entry_holds_back_its_readers_with_its_own_reason() {
+    let r = rule(&format!("{PARENT_KIND}{SETTINGS}  children:\n{CM}{COPY}"));
+    for reason in [
+        Unreadable::KIND_NOT_SERVED,
+        Unreadable::OUT_OF_SCOPE,
+        Unreadable::UNDECODABLE,
+    ] {
+        let p = plan_with_source(&r, Cannot { reason });
+        assert!(
+            p.errors.is_empty(),
+            "{reason}: pending, not an error: {:?}",
+            p.errors
+        );
+        assert_eq!(p.apply.len(), 1, "{reason}: the other child is applied");
+        assert_eq!(p.apply[0].id, "cm");
+        assert_eq!(p.pending.len(), 1, "{reason}");
+        assert_eq!(p.pending[0].reason, reason);
+        let ready = condition(&p, "Ready");
+        assert_eq!(ready["reason"], reason);
+        assert!(
+            ready["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("related \"settings\": "),
+            "{ready}"
+        );
+        // An unserved kind is not read at all (nothing to index).
+        let read = usize::from(reason != Unreadable::KIND_NOT_SERVED);
+        assert_eq!(p.reads.len(), read, "{reason}");
+    }
+}
+
+#[test]
+fn an_optional_entry_of_an_unserved_kind_is_absent_but_an_unreadable_one_still_holds() {
+    let optional = SETTINGS.replace("      name:", "      optional: true\n      name:");
+    let copy = COPY.replace(
+        "{{ related.settings.data }}",
+        "{{ related.settings.data if related.settings is defined else {'none': 'yes'} }}",
+    );
+    let r = rule(&format!("{PARENT_KIND}{optional}  children:\n{copy}"));
+    let p = plan_with_source(
+        &r,
+        Cannot {
+            reason: Unreadable::KIND_NOT_SERVED,
+        },
+    );
+    assert!(p.pending.is_empty(), "{:?}", p.pending);
+    assert_eq!(p.apply[0].object["data"], json!({"none": "yes"}));
+    for reason in [Unreadable::OUT_OF_SCOPE, Unreadable::UNDECODABLE] {
+        let p = plan_with_source(&r, Cannot { reason });
+        assert_eq!(
+            p.pending.len(),
+            1,
+            "{reason}: it may exist, so it is not absent"
+        );
+        assert_eq!(p.pending[0].reason, reason);
+    }
 }
