@@ -522,8 +522,14 @@ fn label_observed(
             let Some(key) = ObjectKey::of(obj) else {
                 continue;
             };
+            // The namespace counts when the file gives one: a related
+            // object (config-propagation's source ConfigMap) shares its
+            // copies' kind and name, and is not one of them.
             let Some(apply) = trial.apply.iter().find(|a| {
-                a.key.group == key.group && a.key.kind == key.kind && a.key.name == key.name
+                a.key.group == key.group
+                    && a.key.kind == key.kind
+                    && a.key.name == key.name
+                    && (key.namespace.is_none() || key.namespace == a.key.namespace)
             }) else {
                 continue;
             };
@@ -1014,6 +1020,53 @@ mod tests {
         assert!(doc.get("errors").is_none(), "{doc:#}");
         assert_eq!(doc["children"].as_array().unwrap().len(), 3, "{doc:#}");
         assert_eq!(ready(&doc)["status"], "True", "{doc:#}");
+    }
+
+    /// A copy per item into namespace `item`, of the source `src/cfg`.
+    const COPIES: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}
+  related:
+    - id: source
+      apiVersion: v1
+      kind: ConfigMap
+      namespace: src
+      name: cfg
+  children:
+    - id: copy
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: \"['team-a', 'team-b']\"
+      template: |
+        metadata: {name: cfg, namespace: {{ item }}}
+        data: {{ related.source.data }}
+  status:
+    fields:
+      - path: copies
+        value: \"children.copy | default([]) | length\"
+";
+
+    #[test]
+    fn an_observed_related_object_named_like_a_child_elsewhere_is_not_that_child() {
+        let r = rule(COPIES);
+        let object = |ns: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "cfg", "namespace": ns}, "data": {"k": "v"}})
+        };
+        let doc = render_document(&r, &parent(None), vec![object("src")], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["status"]["copies"], 0, "no copy exists yet: {doc:#}");
+        assert!(
+            doc.get("delete").is_none(),
+            "the source is never pruned: {doc:#}"
+        );
+        assert_eq!(doc["children"].as_array().map(Vec::len), Some(2));
+        let doc = render_document(
+            &r,
+            &parent(None),
+            vec![object("src"), object("team-a")],
+            NOW,
+        );
+        assert_eq!(doc["status"]["copies"], 1, "{doc:#}");
+        assert!(doc.get("delete").is_none(), "{doc:#}");
     }
 
     #[test]

@@ -263,6 +263,15 @@ const CASES: &[Case] = &[
         // The Secret exists: createOnly keeps it, so it is listed as unchanged.
         random: &[],
     },
+    // ConfigPropagation (cluster-scoped): a copy per Namespace the selector
+    // matches; the source ConfigMap (same kind and name, another namespace)
+    // is read, never taken for a copy nor pruned.
+    Case {
+        name: "config-propagation-ca",
+        parent: "config-propagation-ca.yaml",
+        observed: Some("config-propagation-ca.yaml"),
+        random: &[],
+    },
 ];
 
 fn case(name: &str) -> &'static Case {
@@ -419,4 +428,9 @@ fn cli_render_prints_the_golden_document() {
 #[test]
 fn cli_render_with_observed_prints_the_golden_document() {
     check_cli("webapp-ready");
+}
+
+#[test]
+fn render_config_propagation_reads_its_source_without_pruning_it() {
+    case("config-propagation-ca").check();
 }
