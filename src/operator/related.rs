@@ -43,6 +43,7 @@ use crate::rules::model::{
     LabelSelector, LabelSelectorRequirement, RelatedSpec, TemplatedExpressions, TemplatedLabels,
 };
 pub use index::{ReadIndex, Touched};
+use labels::LabelIndex;
 
 /// One related watch a rule needs, decided from the rule alone (so a reload
 /// that changes it restarts the rule's watches).
@@ -138,6 +139,18 @@ pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
     out
 }
 
+/// Whether some entry of `gvk` reads by a selector with `matchLabels` (its
+/// whole-kind watch then keeps a [`LabelIndex`]).
+fn reads_match_labels(rule: &CompiledRule, gvk: &Gvk) -> bool {
+    rule.related.iter().any(|e| {
+        &e.gvk == gvk
+            && e.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.match_labels.is_some())
+    })
+}
+
 /// A parent as the controller queues it.
 pub type ParentRef = ObjectRef<ParentObject>;
 
@@ -161,6 +174,9 @@ struct Watch {
     /// The namespaces it lists (empty: all); a read elsewhere is
     /// `RelatedOutOfScope`, never "does not exist".
     scope: Vec<String>,
+    /// By label pair, for `matchLabels` reads of a whole-kind watch (a
+    /// label-selected watch holds only its selection: scanned).
+    labels: Option<Mutex<LabelIndex<ObjectRef<ParentObject>>>>,
     /// Objects are decoded one by one, as parents are: one object too deep
     /// to decode never fails the list of its kind (see `decode`).
     store: Store<ParentObject>,
@@ -237,10 +253,13 @@ impl Caches {
             });
             let what = format!("{} related {}", rule.name, spec.gvk);
             streams.push((own_errors(what, stream), writer, watches.len()));
+            let labels = (spec.labels.is_none() && reads_match_labels(rule, &spec.gvk))
+                .then(|| Mutex::new(LabelIndex::default()));
             watches.push(Watch {
                 spec,
                 kind: kind.clone(),
                 scope: scope.to_vec(),
+                labels,
                 store,
             });
         }
@@ -302,18 +321,29 @@ impl Caches {
                 .inc();
         }
         let mut index = super::lock(&self.index);
+        let key = |o: &ParentObject| ObjectRef::from_obj_with(o, watch.kind.resource.clone());
+        let none = BTreeMap::new();
+        let labels_of = |o: &ParentObject| o.object.metadata.labels.clone().unwrap_or_default();
         match event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
-                let old = watch
-                    .store
-                    .get(&ObjectRef::from_obj_with(o, watch.kind.resource.clone()));
+                let old = watch.store.get(&key(o));
                 writer.apply_watcher_event(event);
                 let meta = &o.object.metadata;
-                let mut labels = vec![meta.labels.clone().unwrap_or_default()];
-                if let Some(old) = old {
-                    let before = old.object.metadata.labels.clone().unwrap_or_default();
+                let mut labels = vec![labels_of(o)];
+                if let Some(old) = &old {
+                    let before = labels_of(old);
                     if before != labels[0] {
                         labels.push(before);
+                    }
+                }
+                if let Some(by_label) = &watch.labels {
+                    let mut by_label = super::lock(by_label);
+                    let old = old.as_ref().and_then(|o| o.object.metadata.labels.as_ref());
+                    match event {
+                        watcher::Event::Delete(_) => {
+                            by_label.delete(&key(o), old.unwrap_or(&labels[0]));
+                        }
+                        _ => by_label.apply(&key(o), old, &labels[0]),
                     }
                 }
                 index.touch(Touched {
@@ -326,10 +356,24 @@ impl Caches {
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {
                 writer.apply_watcher_event(event);
+                if let Some(by_label) = &watch.labels {
+                    let mut by_label = super::lock(by_label);
+                    match event {
+                        watcher::Event::InitApply(o) => by_label.apply(
+                            &key(o),
+                            None,
+                            o.object.metadata.labels.as_ref().unwrap_or(&none),
+                        ),
+                        _ => by_label.relist(),
+                    }
+                }
                 Vec::new()
             }
             watcher::Event::InitDone => {
                 writer.apply_watcher_event(event);
+                if let Some(by_label) = &watch.labels {
+                    super::lock(by_label).relisted();
+                }
                 // A relist replaces the cache without reporting what went
                 // while the watch was down: every reader of the kind looks.
                 if std::mem::replace(listed, true) {
@@ -480,7 +524,20 @@ impl RelatedSource for Caches {
                     .into_iter()
                     .collect()
             }
-            RelatedTarget::Selector(_) => watch.store.state_filter(covers),
+            RelatedTarget::Selector(sel) => {
+                let candidates = watch
+                    .labels
+                    .as_ref()
+                    .and_then(|l| super::lock(l).candidates(&sel.match_labels));
+                match candidates {
+                    Some(keys) => keys
+                        .iter()
+                        .filter_map(|k| watch.store.get(k))
+                        .filter(|o| covers(o))
+                        .collect(),
+                    None => watch.store.state_filter(covers),
+                }
+            }
         };
         let mut out = Vec::with_capacity(found.len());
         for o in &found {
@@ -537,5 +594,6 @@ fn tokio_stream_of<T: Send + 'static>(
 }
 
 mod index;
+mod labels;
 #[cfg(test)]
 mod tests;
