@@ -16,6 +16,12 @@
 //!   name, and the unrelated ConfigMaps exist before the operator starts, so
 //!   every pass's selector read meets all of them; the operator's CPU time to
 //!   converge is the figure that shows the cost of those reads.
+//! * `TRELLIS_BENCH_WATCH_MEMORY=1`: instead, the memory a related watch
+//!   costs per cached object, full objects against metadata only (kube's
+//!   `metadata_watcher`): `TRELLIS_BENCH_NOISE` ConfigMaps of 1 KiB data,
+//!   then this binary run again three times, once per mode (`none`, `full`,
+//!   `metadata`), each listing them into a store as the operator's related
+//!   watches do (managed fields dropped) and reporting its RSS.
 //!
 //! What is measured: the time until every parent's child carries its
 //! source's data ("converged"); the operator's RSS (`/proc/<pid>/status`)
@@ -46,6 +52,27 @@ use support::operator::{Cleanup, TestKind};
 const CREATE_CONCURRENCY: usize = 32;
 
 fn main() {
+    if let Some(mode) = std::env::var_os("TRELLIS_BENCH_WATCH_ONLY") {
+        let ns = std::env::var("TRELLIS_BENCH_WATCH_NS").expect("TRELLIS_BENCH_WATCH_NS");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let (objects, rss) = rt.block_on(watch_only(&mode.to_string_lossy(), &ns));
+        println!("{objects} {rss}");
+        return;
+    }
+    if env_number("TRELLIS_BENCH_WATCH_MEMORY", 0) == 1 {
+        let noise = env_number("TRELLIS_BENCH_NOISE", 10_000) as usize;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        rt.block_on(watch_memory(noise));
+        return;
+    }
     let parents = env_number("TRELLIS_BENCH_PARENTS", 1000) as usize;
     let noise = env_number("TRELLIS_BENCH_NOISE", 10_000) as usize;
     let edits = env_number("TRELLIS_BENCH_EDITS", 20) as usize;
@@ -356,5 +383,120 @@ async fn bench(binary: &Path, n: usize, noise: usize, edits: usize, selector: bo
     assert!(
         strangers.is_empty(),
         "parents that read nothing edited had a pass: {strangers:?}"
+    );
+}
+
+/// One watch of the namespace's ConfigMaps into a store (`none`: only the
+/// client); the objects cached and this process's RSS in kB once listed.
+async fn watch_only(mode: &str, ns: &str) -> (usize, u64) {
+    use kube::ResourceExt;
+    use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let client = support::client().await;
+    let resource = ApiResource::erase::<ConfigMap>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let config = watcher::Config::default().streaming_lists();
+    let objects = match mode {
+        "none" => {
+            // The same requests' worth of client state, no cache.
+            api.list(&ListParams::default().limit(1))
+                .await
+                .expect("list");
+            0
+        }
+        "full" => {
+            let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+            let store = writer.as_reader();
+            let stream = reflector(
+                writer,
+                watcher(api, config).modify(|o| o.managed_fields_mut().clear()),
+            );
+            tokio::spawn(stream.for_each(|_| async {}));
+            store.wait_until_ready().await.expect("listed");
+            store.len()
+        }
+        "metadata" => {
+            let writer =
+                reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(resource.clone());
+            let store = writer.as_reader();
+            // An Api of PartialObjectMeta makes metadata-only requests.
+            let api: Api<PartialObjectMeta<DynamicObject>> =
+                Api::namespaced_with(client, ns, &resource);
+            let stream = reflector(
+                writer,
+                watcher(api, config).modify(|o| o.managed_fields_mut().clear()),
+            );
+            tokio::spawn(stream.for_each(|_| async {}));
+            store.wait_until_ready().await.expect("listed");
+            store.len()
+        }
+        other => panic!("TRELLIS_BENCH_WATCH_ONLY={other}: none, full or metadata"),
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (
+        objects,
+        proc_status_kb(std::process::id(), "VmRSS").unwrap_or(0),
+    )
+}
+
+async fn watch_memory(noise: usize) {
+    let ns = support::namespace_for("bench-watch-memory").await;
+    let cms: Api<ConfigMap> = ns.api();
+    let kib = "x".repeat(1024);
+    let started = Instant::now();
+    create_config_maps(
+        &cms,
+        (0..noise)
+            .map(|i| {
+                (
+                    format!("cm-{i}"),
+                    [("k".to_owned(), kib.clone())].into(),
+                    [("team".to_owned(), format!("t{}", i % 10))].into(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    eprintln!(
+        "[related] {noise} ConfigMaps of 1 KiB created in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let exe = std::env::current_exe().expect("this binary");
+    let run = |mode: &str| {
+        let out = std::process::Command::new(&exe)
+            .env("TRELLIS_BENCH_WATCH_ONLY", mode)
+            .env("TRELLIS_BENCH_WATCH_NS", ns.name())
+            .output()
+            .expect("run a watch");
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().last().unwrap_or_default().to_owned();
+        let mut parts = line
+            .split_whitespace()
+            .map(|p| p.parse::<u64>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    };
+    let (_, none) = run("none");
+    let (full_n, full) = run("full");
+    let (meta_n, meta) = run("metadata");
+    // Every namespace also holds kube-root-ca.crt.
+    assert!(full_n as usize >= noise, "the full watch cached them all");
+    assert!(meta_n as usize >= noise, "the metadata watch cached them all");
+    let per = |rss: u64| (rss.saturating_sub(none)) as f64 * 1024.0 / noise as f64;
+    println!("related watch memory: {noise} ConfigMaps of 1 KiB data, managed fields dropped");
+    println!("  client only                   {:.1} MiB", mib(none));
+    println!(
+        "  full objects                  {:.1} MiB ({:.0} bytes per object)",
+        mib(full),
+        per(full)
+    );
+    println!(
+        "  metadata only                 {:.1} MiB ({:.0} bytes per object)",
+        mib(meta),
+        per(meta)
     );
 }
