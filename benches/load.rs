@@ -29,26 +29,30 @@
 //! * **converge**: from the first parent create to every parent having its
 //!   3 children (by `trellis.dev/parent-uid` label) and a status written for
 //!   its generation (`Synced=True`, `observedGeneration`, the status fields
-//!   mapped from the children). For trellis this is seen by polling (every
-//!   200 ms; 1 s from 5,000 parents); for the bare client it is when its last
-//!   write returns. Parents are created 32 at a time in both cases, and the
-//!   bare client starts on each parent as soon as its create returns.
-//! * **requests**: `apiserver_request_total` of the API server, before and
-//!   after, on the resources of the workload (configmaps, services,
-//!   deployments, events, the parent kind), less this program's own parent
-//!   creates and polls (counted exactly). The controller manager also sends
-//!   requests on them: Deployment status (`PUT`) and the garbage
-//!   collector's owner checks (`GET` of parents and children, for children
-//!   that name an owner it has not seen yet); the bare client's rows show
-//!   that share, as it sends neither. Both grow with the window, which for
-//!   the operator lasts until every parent is also `Ready`.
+//!   mapped from the children). For trellis this is seen through watches
+//!   (the bench's own, started before the run: no polling, so the API
+//!   server carries the same load in trellis's runs as in the bare
+//!   client's); for the bare client it is when its last write returns.
+//!   Parents are created 32 at a time in both cases, and the bare client
+//!   starts on each parent as soon as its create returns. The rule's
+//!   Deployments have `replicas: 0`: no Pod is made, with or without a node.
+//! * **requests**: for trellis, its own `trellis_api_requests_total` (only
+//!   the operator's requests: not the namespace controller's cleaning up an
+//!   earlier run's namespace, not the garbage collector's owner checks),
+//!   in two phases: until converge, and from converge until every parent is
+//!   `Ready` (the controller manager marks the Deployments available; one
+//!   more status write and one `Ready` Event per parent). The API server's
+//!   `apiserver_request_total` over the same window is printed beside it as
+//!   a cross-check. For the bare client, the API server's count less this
+//!   program's parent creates.
 //! * **CPU, peak RSS**: the operator's, from `/proc/<pid>` (VmHWM).
 //! * For trellis also: **steady state** (nothing changes for
-//!   `TRELLIS_BENCH_STEADY` s: requests per minute), **restart** (SIGTERM,
-//!   a new process: time until it has passed over every parent, per its own
-//!   `trellis_reconciles_total`, and the requests it sent until 5 s after
-//!   that; the target is 0 writes) and a **rule edit** touching every parent
-//!   (a new ConfigMap key: time until every ConfigMap carries it).
+//!   `TRELLIS_BENCH_STEADY` s: the operator's requests per minute),
+//!   **restart** (SIGTERM, a new process: time until it has passed over
+//!   every parent, per its own `trellis_reconciles_total`, and every request
+//!   it sent until 5 s after that; the target is 0 writes) and a **rule
+//!   edit** touching every parent (a new ConfigMap key: time until every
+//!   ConfigMap carries it, seen by the watch).
 //!
 //! Operator logs (JSON lines) are kept in `target/tmp/bench-<run>.log`.
 
@@ -57,15 +61,16 @@ mod support;
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ObjectList, PartialObjectMeta};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -189,20 +194,17 @@ fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("app-{i:05}")).collect()
 }
 
-fn poll_interval(n: usize) -> Duration {
-    if n >= 5000 {
-        Duration::from_secs(1)
-    } else {
-        Duration::from_millis(200)
-    }
-}
-
 /// What one run measured.
 struct Row {
     label: String,
     converge: Duration,
-    /// Requests during convergence, this program's own left out.
+    /// Requests until convergence: the operator's own (its
+    /// `trellis_api_requests_total`); for the bare client the API server's
+    /// less this program's parent creates.
     requests: Requests,
+    /// The API server's count over the same window (trellis runs only), a
+    /// cross-check: it also holds the controller manager's requests.
+    server: Option<Requests>,
     /// Operator CPU during convergence (the bare client: this process's).
     cpu: f64,
     /// Operator peak RSS, kB (none for the bare client).
@@ -214,8 +216,11 @@ struct Row {
 struct Extra {
     startup: Duration,
     ready: Duration,
+    /// The operator's requests from convergence until every parent is Ready.
+    ready_transition: Requests,
     steady_secs: u64,
     steady: Requests,
+    steady_server: Requests,
     steady_cpu: f64,
     shutdown: Duration,
     restart: Duration,
@@ -351,7 +356,10 @@ fn bare_children(kind: &TestKind, ns: &str, name: &str, uid: &str) -> [(Value, &
     }]);
     let meta = |child_name: String| {
         json!({"name": child_name, "namespace": ns, "ownerReferences": owner,
-               "labels": {"app.kubernetes.io/managed-by": "bench-bare"}})
+               "labels": {"app.kubernetes.io/managed-by": "bench-bare",
+                          // As trellis labels its children: the bench's
+                          // watches see the same events in both runs.
+                          "trellis.dev/rule": RULE, "trellis.dev/parent-uid": uid}})
     };
     let labels = json!({"app.kubernetes.io/name": "loadapp", "app.kubernetes.io/instance": name});
     [
@@ -426,6 +434,9 @@ async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize
     let parents: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns_name, &kind.resource);
     let all = names(n);
+    // The same watches as in trellis's runs, so that the API server serves
+    // the same watchers in both.
+    let observer = Observer::start(client, &ns_name, &kind.resource).await;
     let before = Requests::scrape(client).await;
     let cpu_before = common::proc_cpu_seconds(std::process::id()).unwrap_or(0.0);
     let start = Instant::now();
@@ -442,6 +453,13 @@ async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize
     assert_eq!(worked.len(), n, "{label}: every parent handled");
     let converge = start.elapsed();
     let cpu = common::proc_cpu_seconds(std::process::id()).unwrap_or(0.0) - cpu_before;
+    let wanted: HashSet<String> = all.iter().cloned().collect();
+    let seen = observer.progress(&wanted);
+    eprintln!(
+        "[load] {label}: the watches saw {} of {n} parents synced when the last write returned",
+        seen.synced
+    );
+    drop(observer);
     let mut requests = Requests::scrape(client).await.since(&before).on(RESOURCES);
     requests.minus("POST", PLURAL, n as u64);
     eprintln!(
@@ -454,6 +472,7 @@ async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize
         label,
         converge,
         requests,
+        server: None,
         cpu,
         peak_kb: None,
         extra: None,
@@ -462,7 +481,7 @@ async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize
 
 // -------------------------------------------------------------------- trellis
 
-/// One poll over the parents named `names`.
+/// Where the parents of one run stand, as the bench's watches see them.
 struct Progress {
     /// Parents with their 3 children and a status for their generation.
     synced: usize,
@@ -472,25 +491,213 @@ struct Progress {
     laggard: Option<String>,
 }
 
-/// This program's own requests, to take away from the API server's counts.
-#[derive(Default)]
-struct Polls {
-    lists: u64,
+/// One parent as last seen.
+struct ParentSeen {
+    uid: String,
+    synced: bool,
+    ready: bool,
+    status: Value,
 }
 
-impl Polls {
-    fn take_from(&self, requests: &mut Requests) {
-        for resource in ["configmaps", "services", "deployments", PLURAL] {
-            requests.minus("LIST", resource, self.lists);
+/// What the bench's watches have seen in the run's namespace. Watches, not
+/// polls: LISTing every child kind every 200 ms loads the API server during
+/// trellis's runs only (the bare client needs no polling), and at 1,000
+/// parents that load is no longer small. A watch is served from the API
+/// server's watch cache and costs about what trellis's own watches cost.
+#[derive(Default)]
+struct Seen {
+    parents: HashMap<String, ParentSeen>,
+    /// Per child kind (config, web, service): child name → the parent uid
+    /// its `trellis.dev/parent-uid` label names.
+    children: [HashMap<String, String>; 3],
+    /// ConfigMap name → its `edition` key (the rule edit).
+    editions: HashMap<String, String>,
+}
+
+/// The watches feeding a [`Seen`]; stopped when dropped.
+struct Observer {
+    seen: Arc<Mutex<Seen>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
         }
     }
 }
 
-fn parent_uids<K: Clone>(list: ObjectList<PartialObjectMeta<K>>) -> HashSet<String> {
-    list.items
-        .into_iter()
-        .filter_map(|o| o.metadata.labels?.remove("trellis.dev/parent-uid"))
-        .collect()
+fn parent_uid_label(meta: &kube::core::ObjectMeta) -> String {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get("trellis.dev/parent-uid"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Runs one watch, calling `seen_apply` / `seen_delete` on each event; the
+/// first complete list is reported on `listed`.
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    seen: Arc<Mutex<Seen>>,
+    listed: tokio::sync::mpsc::UnboundedSender<()>,
+    on_apply: fn(&mut Seen, K),
+    on_delete: fn(&mut Seen, K),
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    on_apply(&mut seen.lock().expect("seen"), o)
+                }
+                Ok(watcher::Event::Delete(o)) => on_delete(&mut seen.lock().expect("seen"), o),
+                Ok(watcher::Event::InitDone) => {
+                    let _ = listed.send(());
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => eprintln!("[load] watch failed (retrying): {e}"),
+            }
+        }
+    })
+}
+
+fn child_apply<const I: usize, K: kube::Resource>(seen: &mut Seen, o: K) {
+    let name = o.meta().name.clone().unwrap_or_default();
+    seen.children[I].insert(name, parent_uid_label(o.meta()));
+}
+
+fn child_delete<const I: usize, K: kube::Resource>(seen: &mut Seen, o: K) {
+    seen.children[I].remove(o.meta().name.as_deref().unwrap_or_default());
+}
+
+impl Observer {
+    /// Starts the watches on `ns` and returns once each has listed.
+    async fn start(client: &Client, ns: &str, resource: &ApiResource) -> Observer {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (tx, mut listed) = tokio::sync::mpsc::unbounded_channel();
+        let by_rule = watcher::Config::default().labels(&format!("trellis.dev/rule={RULE}"));
+        let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+        let parent_watch = {
+            let (seen, tx) = (seen.clone(), tx.clone());
+            tokio::spawn(async move {
+                let mut events =
+                    std::pin::pin!(watcher(parents, watcher::Config::default()).default_backoff());
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                            let synced = parent_synced(&o);
+                            let state = ParentSeen {
+                                uid: o.metadata.uid.clone().unwrap_or_default(),
+                                synced,
+                                ready: synced && condition_true(&o, "Ready"),
+                                status: o.data.get("status").cloned().unwrap_or(Value::Null),
+                            };
+                            seen.lock()
+                                .expect("seen")
+                                .parents
+                                .insert(o.name_any(), state);
+                        }
+                        Ok(watcher::Event::Delete(o)) => {
+                            seen.lock().expect("seen").parents.remove(&o.name_any());
+                        }
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = tx.send(());
+                        }
+                        Ok(watcher::Event::Init) => {}
+                        Err(e) => eprintln!("[load] parent watch failed (retrying): {e}"),
+                    }
+                }
+            })
+        };
+        let config = spawn_watch(
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
+            by_rule.clone(),
+            seen.clone(),
+            tx.clone(),
+            |seen, cm: ConfigMap| {
+                let name = cm.name_any();
+                if let Some(e) = cm.data.as_ref().and_then(|d| d.get("edition")) {
+                    seen.editions.insert(name.clone(), e.clone());
+                }
+                seen.children[0].insert(name, parent_uid_label(&cm.metadata));
+            },
+            child_delete::<0, ConfigMap>,
+        );
+        let web = spawn_watch(
+            Api::<Deployment>::namespaced(client.clone(), ns),
+            by_rule.clone(),
+            seen.clone(),
+            tx.clone(),
+            child_apply::<1, Deployment>,
+            child_delete::<1, Deployment>,
+        );
+        let service = spawn_watch(
+            Api::<Service>::namespaced(client.clone(), ns),
+            by_rule,
+            seen.clone(),
+            tx,
+            child_apply::<2, Service>,
+            child_delete::<2, Service>,
+        );
+        for _ in 0..4 {
+            listed.recv().await;
+        }
+        Observer {
+            seen,
+            tasks: vec![parent_watch, config, web, service],
+        }
+    }
+
+    fn progress(&self, names: &HashSet<String>) -> Progress {
+        let seen = self.seen.lock().expect("seen");
+        let uids: Vec<HashSet<&str>> = seen
+            .children
+            .iter()
+            .map(|c| c.values().map(String::as_str).collect())
+            .collect();
+        let mut progress = Progress {
+            synced: 0,
+            ready: 0,
+            children: [uids[0].len(), uids[1].len(), uids[2].len()],
+            laggard: None,
+        };
+        for name in names {
+            let Some(p) = seen.parents.get(name) else {
+                if progress.laggard.is_none() {
+                    progress.laggard = Some(format!("{name} (not seen)"));
+                }
+                continue;
+            };
+            let has = |i: usize| uids[i].contains(p.uid.as_str());
+            let synced = p.synced && has(0) && has(1) && has(2);
+            let ready = synced && p.ready;
+            progress.synced += usize::from(synced);
+            progress.ready += usize::from(ready);
+            if !ready && progress.laggard.is_none() {
+                progress.laggard = Some(format!(
+                    "{name} (children: config={} web={} service={}; status: {})",
+                    has(0),
+                    has(1),
+                    has(2),
+                    p.status
+                ));
+            }
+        }
+        progress
+    }
+
+    /// ConfigMaps whose `edition` key is `edition`.
+    fn carrying(&self, edition: &str) -> usize {
+        let seen = self.seen.lock().expect("seen");
+        seen.editions.values().filter(|e| *e == edition).count()
+    }
 }
 
 fn condition_true(obj: &DynamicObject, type_: &str) -> bool {
@@ -514,93 +721,58 @@ fn parent_synced(obj: &DynamicObject) -> bool {
         && s["service"] == json!(name)
 }
 
-async fn poll(
-    client: &Client,
-    ns: &str,
-    resource: &ApiResource,
-    names: &HashSet<String>,
-    polls: &mut Polls,
-) -> Result<Progress, kube::Error> {
-    let by_rule = ListParams::default().labels(&format!("trellis.dev/rule={RULE}"));
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
-    polls.lists += 1;
-    let every = ListParams::default();
-    let (cm, web, service, parent_list) = tokio::try_join!(
-        cms.list_metadata(&by_rule),
-        deployments.list_metadata(&by_rule),
-        services.list_metadata(&by_rule),
-        parents.list(&every),
-    )?;
-    let (cm, web, service) = (parent_uids(cm), parent_uids(web), parent_uids(service));
-    let mut progress = Progress {
-        synced: 0,
-        ready: 0,
-        children: [cm.len(), web.len(), service.len()],
-        laggard: None,
-    };
-    for obj in parent_list.items {
-        if !names.contains(&obj.name_any()) {
-            continue;
-        }
-        let uid = obj.metadata.uid.clone().unwrap_or_default();
-        let has_children = cm.contains(&uid) && web.contains(&uid) && service.contains(&uid);
-        let synced = has_children && parent_synced(&obj);
-        let ready = synced && condition_true(&obj, "Ready");
-        progress.synced += usize::from(synced);
-        progress.ready += usize::from(ready);
-        if !ready && progress.laggard.is_none() {
-            progress.laggard = Some(format!(
-                "{} (children: config={} web={} service={}; status: {})",
-                obj.name_any(),
-                cm.contains(&uid),
-                web.contains(&uid),
-                service.contains(&uid),
-                obj.data.get("status").unwrap_or(&Value::Null)
-            ));
-        }
-    }
-    Ok(progress)
+/// Requests counted at one moment: the operator's own and the API server's.
+#[derive(Clone)]
+struct Counts {
+    operator: Requests,
+    server: Requests,
 }
 
-/// Polls until every parent of `names` is synced, then ready; the times
-/// since `start`.
+impl Counts {
+    async fn take(op: &OperatorProcess, client: &Client) -> Counts {
+        Counts {
+            operator: op.requests().await.unwrap_or_default(),
+            server: Requests::scrape(client).await,
+        }
+    }
+
+    /// What happened between `before` and `self`, on the workload's resources.
+    fn since(&self, before: &Counts) -> Counts {
+        Counts {
+            operator: self.operator.since(&before.operator).on(RESOURCES),
+            server: self.server.since(&before.server).on(RESOURCES),
+        }
+    }
+}
+
+/// Waits until every parent of `names` is synced, then ready, counting
+/// requests at both moments: the times since `start` and the counts since
+/// `before`.
 #[allow(clippy::too_many_arguments)]
 async fn converge(
     op: &mut OperatorProcess,
     client: &Client,
-    ns: &str,
-    resource: &ApiResource,
+    observer: &Observer,
     names: &HashSet<String>,
     start: Instant,
     timeout: Duration,
-    polls: &mut Polls,
-) -> (Duration, Duration) {
+    before: &Counts,
+) -> (Duration, Counts, Duration, Counts) {
     let n = names.len();
-    let interval = poll_interval(n);
-    let mut synced_in = None;
+    let mut synced: Option<(Duration, Counts)> = None;
     let mut last_report = Instant::now();
     loop {
         op.check_running();
-        let progress = match poll(client, ns, resource, names, polls).await {
-            Ok(p) => p,
-            Err(e) if start.elapsed() > timeout => op.fail(&format!("timed out; poll: {e}")),
-            Err(e) => {
-                eprintln!("[load] poll failed (retrying): {e}");
-                tokio::time::sleep(interval).await;
-                continue;
-            }
-        };
-        if synced_in.is_none() && progress.synced == n {
-            synced_in = Some(start.elapsed());
+        let progress = observer.progress(names);
+        if synced.is_none() && progress.synced == n {
+            let at = start.elapsed();
+            synced = Some((at, Counts::take(op, client).await.since(before)));
         }
         if progress.ready == n {
-            return (
-                synced_in.unwrap_or_else(|| start.elapsed()),
-                start.elapsed(),
-            );
+            let at = start.elapsed();
+            let counts = Counts::take(op, client).await.since(before);
+            let (synced_at, synced_counts) = synced.unwrap_or_else(|| (at, counts.clone()));
+            return (synced_at, synced_counts, at, counts);
         }
         if start.elapsed() > timeout {
             op.fail(&format!(
@@ -622,7 +794,7 @@ async fn converge(
                 mib(common::proc_status_kb(op.pid(), "VmRSS").unwrap_or(0))
             );
         }
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -658,6 +830,7 @@ async fn run_trellis(
     std::fs::create_dir(&rules).expect("rules dir");
     let rule_file = rules.join("load.yaml");
     std::fs::write(&rule_file, rule(&kind.group, None)).expect("writing the rule");
+    let observer = Observer::start(client, &ns_name, resource).await;
 
     // A probe parent converges before timing starts: the operator's
     // start-up (discovery, watches, caches) is not the load.
@@ -672,16 +845,18 @@ async fn run_trellis(
     let mut op = OperatorProcess::start(binary, &run_name, &rules, &ns_name, &args);
     let pid = op.pid();
     let probe = HashSet::from(["probe".to_owned()]);
-    let mut polls = Polls::default();
+    let zero = Counts {
+        operator: Requests::default(),
+        server: Requests::default(),
+    };
     converge(
         &mut op,
         client,
-        &ns_name,
-        resource,
+        &observer,
         &probe,
         spawned,
         Duration::from_secs(60),
-        &mut polls,
+        &zero,
     )
     .await;
     let startup = spawned.elapsed();
@@ -689,40 +864,38 @@ async fn run_trellis(
     // The load.
     let all = names(n);
     let wanted: HashSet<String> = all.iter().cloned().collect();
-    let before = Requests::scrape(client).await;
+    let before = Counts::take(&op, client).await;
     let cpu_before = common::proc_cpu_seconds(pid).unwrap_or(0.0);
-    let mut polls = Polls::default();
     let start = Instant::now();
     if let Err(e) = create_parents(&parents, resource, &ns_name, &all, None).await {
         op.fail(&format!("creating parents: {e}"));
     }
-    let (synced, ready) = converge(
-        &mut op, client, &ns_name, resource, &wanted, start, timeout, &mut polls,
-    )
-    .await;
+    let (synced, mut at_synced, ready, mut at_ready) =
+        converge(&mut op, client, &observer, &wanted, start, timeout, &before).await;
     let cpu = common::proc_cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
-    let after = Requests::scrape(client).await;
-    let mut requests = after.since(&before).on(RESOURCES);
-    requests.minus("POST", PLURAL, n as u64);
-    polls.take_from(&mut requests);
+    at_synced.server.minus("POST", PLURAL, n as u64);
+    at_ready.server.minus("POST", PLURAL, n as u64);
     let peak_kb = common::proc_status_kb(pid, "VmHWM").unwrap_or(0);
     eprintln!(
-        "[load] {label}: synced {:.2} s, ready {:.2} s; {}",
+        "[load] {label}: synced {:.2} s, ready {:.2} s; operator to synced: {}; API server to synced: {}",
         synced.as_secs_f64(),
         ready.as_secs_f64(),
-        requests.describe()
+        at_synced.operator.describe(),
+        at_synced.server.describe(),
     );
+    let ready_transition = at_ready.operator.since(&at_synced.operator);
 
     // Steady state: nothing changes.
+    let steady_before = Counts::take(&op, client).await;
     let steady_cpu_before = common::proc_cpu_seconds(pid).unwrap_or(0.0);
     tokio::time::sleep(Duration::from_secs(steady_secs)).await;
     op.check_running();
     let steady_cpu = common::proc_cpu_seconds(pid).unwrap_or(0.0) - steady_cpu_before;
-    let steady_end = Requests::scrape(client).await;
-    let steady = steady_end.since(&after).on(RESOURCES);
+    let steady = Counts::take(&op, client).await.since(&steady_before);
     eprintln!(
-        "[load] {label}: steady {steady_secs} s: {}",
-        steady.describe()
+        "[load] {label}: steady {steady_secs} s: operator {}; API server {}",
+        steady.operator.describe(),
+        steady.server.describe()
     );
 
     // Restart: everything is converged; a new process should find nothing to do.
@@ -731,7 +904,6 @@ async fn run_trellis(
         op.fail(&format!("the operator exited with {exit} after SIGTERM"));
     }
     drop(op);
-    let before_restart = Requests::scrape(client).await;
     let restarted = Instant::now();
     let mut op = OperatorProcess::start(
         binary,
@@ -757,10 +929,8 @@ async fn run_trellis(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let restart_requests = Requests::scrape(client)
-        .await
-        .since(&before_restart)
-        .on(RESOURCES);
+    // A new process: its counters hold everything it sent.
+    let restart_requests = op.requests().await.unwrap_or_default().on(RESOURCES);
     eprintln!(
         "[load] {label}: restart {:.2} s; {}",
         restart.as_secs_f64(),
@@ -768,31 +938,12 @@ async fn run_trellis(
     );
 
     // A rule edit that touches every parent's ConfigMap.
-    let before_edit = Requests::scrape(client).await;
+    let before_edit = Counts::take(&op, client).await;
     let edited = Instant::now();
     std::fs::write(&rule_file, rule(&kind.group, Some(2))).expect("editing the rule");
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns_name);
-    let by_rule = ListParams::default().labels(&format!("trellis.dev/rule={RULE}"));
-    let mut edit_polls = 0u64;
     let edit = loop {
         op.check_running();
-        edit_polls += 1;
-        let done = match cms.list(&by_rule).await {
-            Ok(list) => list
-                .items
-                .iter()
-                .filter(|cm| {
-                    cm.data
-                        .as_ref()
-                        .and_then(|d| d.get("edition"))
-                        .is_some_and(|e| e == "2")
-                })
-                .count(),
-            Err(e) => {
-                eprintln!("[load] edit poll failed (retrying): {e}");
-                0
-            }
-        };
+        let done = observer.carrying("2");
         if done == n + 1 {
             break edited.elapsed();
         }
@@ -802,15 +953,11 @@ async fn run_trellis(
                 n + 1
             ));
         }
-        tokio::time::sleep(poll_interval(n)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     // The status writes and Events that follow the edit, too.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let mut edit_requests = Requests::scrape(client)
-        .await
-        .since(&before_edit)
-        .on(RESOURCES);
-    edit_requests.minus("LIST", "configmaps", edit_polls);
+    let edit_requests = Counts::take(&op, client).await.since(&before_edit).operator;
     eprintln!(
         "[load] {label}: rule edit {:.2} s; {}",
         edit.as_secs_f64(),
@@ -824,18 +971,22 @@ async fn run_trellis(
     }
     let restart_peak_kb = sampler.finish();
     drop(op);
+    drop(observer);
     delete_namespace(client, ns).await;
     Row {
         label,
         converge: synced,
-        requests,
+        requests: at_synced.operator,
+        server: Some(at_synced.server),
         cpu,
         peak_kb: Some(peak_kb),
         extra: Some(Extra {
             startup,
             ready,
+            ready_transition,
             steady_secs,
-            steady,
+            steady: steady.operator,
+            steady_server: steady.server,
             steady_cpu,
             shutdown,
             restart,
@@ -849,6 +1000,17 @@ async fn run_trellis(
 
 // ---------------------------------------------------------------------- table
 
+/// Child writes, status writes and Event writes in `q`.
+fn writes(q: &Requests) -> (u64, u64, u64) {
+    let children = q.on(&["configmaps", "services", "deployments"]);
+    let child = children.of_verb("POST") + children.of_verb("APPLY") + children.of_verb("PATCH");
+    let status = q.on(&[PLURAL]);
+    let status = status.of_verb("PATCH") + status.of_verb("APPLY") + status.of_verb("PUT");
+    let events = q.on(&["events"]);
+    let events = events.of_verb("POST") + events.of_verb("PATCH");
+    (child, status, events)
+}
+
 fn table(n: usize, rows: &[Row]) -> String {
     use std::fmt::Write;
     let best = rows
@@ -859,11 +1021,11 @@ fn table(n: usize, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n{n} parents x 3 children (ConfigMap, Deployment, Service); requests from the API server's metrics"
+        "\n{n} parents x 3 children (ConfigMap, Deployment, Service, replicas 0); trellis's requests from its own trellis_api_requests_total, the bare client's from the API server's metrics"
     );
     let _ = writeln!(
         out,
-        "{:<26} {:>9} {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>8} {:>7} {:>9}",
+        "{:<26} {:>9} {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>14} {:>7} {:>9}",
         "run",
         "converge",
         "xbare",
@@ -872,7 +1034,7 @@ fn table(n: usize, rows: &[Row]) -> String {
         "events",
         "GET",
         "LIST",
-        "kcm PUT",
+        "Ready +st/+ev",
         "CPU s",
         "peak RSS"
     );
@@ -881,17 +1043,18 @@ fn table(n: usize, rows: &[Row]) -> String {
             .map(|b| format!("{:.2}", r.converge.as_secs_f64() / b.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         let q = &r.requests;
-        let children = q.on(&["configmaps", "services", "deployments"]);
-        let child_writes =
-            children.of_verb("POST") + children.of_verb("APPLY") + children.of_verb("PATCH");
-        let status = q.on(&[PLURAL]);
-        let status_writes =
-            status.of_verb("PATCH") + status.of_verb("APPLY") + status.of_verb("PUT");
-        let events = q.on(&["events"]);
-        let event_writes = events.of_verb("POST") + events.of_verb("PATCH");
+        let (child_writes, status_writes, event_writes) = writes(q);
+        let ready = r
+            .extra
+            .as_ref()
+            .map(|x| {
+                let (_, s, e) = writes(&x.ready_transition);
+                format!("+{s}/+{e} {:.0}s", x.ready.as_secs_f64())
+            })
+            .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<26} {:>8.2}s {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>8} {:>7.2} {:>9}",
+            "{:<26} {:>8.2}s {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>14} {:>7.2} {:>9}",
             r.label,
             r.converge.as_secs_f64(),
             ratio,
@@ -900,7 +1063,7 @@ fn table(n: usize, rows: &[Row]) -> String {
             event_writes,
             q.of_verb("GET"),
             q.of_verb("LIST"),
-            q.on(&["deployments"]).of_verb("PUT"),
+            ready,
             r.cpu,
             r.peak_kb
                 .map(|kb| format!("{:.1} MiB", mib(kb)))
@@ -909,13 +1072,22 @@ fn table(n: usize, rows: &[Row]) -> String {
     }
     let _ = writeln!(
         out,
-        "(child-w: POST/APPLY/PATCH on ConfigMaps, Deployments, Services; status: writes on the parents; \
-         GETs are the garbage collector's owner checks (the bare client sends none); kcm PUT: Deployment status by the controller manager; \
-         both grow with the window, which for the operator also waits for Ready)"
+        "(converge: every parent has its children and a status for its generation; child-w: POST/APPLY/PATCH on \
+         ConfigMaps, Deployments, Services; status: writes on the parents; events: Event writes; all until converge. \
+         Ready +st/+ev: status and Event writes after converge until every parent is Ready (the controller manager \
+         marks the Deployments available), and when that was. The bare client writes Ready at once.)"
     );
-    let _ = writeln!(out, "requests by verb and resource:");
+    let _ = writeln!(out, "requests until converge, by verb and resource:");
     for r in rows {
         let _ = writeln!(out, "  {:<26} {}", r.label, r.requests.describe());
+        if let Some(server) = &r.server {
+            let _ = writeln!(
+                out,
+                "  {:<26} {}",
+                "  (API server's count)",
+                server.describe()
+            );
+        }
     }
     for r in rows {
         let Some(x) = &r.extra else { continue };
@@ -923,18 +1095,20 @@ fn table(n: usize, rows: &[Row]) -> String {
         let _ = writeln!(out, "{}:", r.label);
         let _ = writeln!(
             out,
-            "  start-up {:.2} s (spawn to a probe parent synced); all Ready=True {:.2} s after the first create",
+            "  start-up {:.2} s (spawn to a probe parent synced); all Ready=True {:.2} s after the first create; Ready transition: {}",
             x.startup.as_secs_f64(),
-            x.ready.as_secs_f64()
+            x.ready.as_secs_f64(),
+            x.ready_transition.describe()
         );
         let _ = writeln!(
             out,
-            "  steady state {} s: {:.1} requests/min ({} writes), operator CPU {:.2} s: {}",
+            "  steady state {} s: {:.1} requests/min ({} writes), operator CPU {:.2} s: {}; the API server counted {} (others' included)",
             x.steady_secs,
             per_minute,
             x.steady.writes(),
             x.steady_cpu,
-            x.steady.describe()
+            x.steady.describe(),
+            x.steady_server.describe()
         );
         let _ = writeln!(
             out,

@@ -178,6 +178,16 @@ impl OperatorProcess {
         super::support::faults::try_metric(&self.metrics.to_string(), name, labels).await
     }
 
+    /// Every request the operator has sent so far, by its own
+    /// `trellis_api_requests_total`, in the API server's words (see
+    /// [`Requests::parse_operator`]); `None` when its metrics do not answer.
+    pub async fn requests(&self) -> Option<Requests> {
+        let text = super::support::http_get(self.metrics, "/metrics")
+            .await
+            .ok()?;
+        Some(Requests::parse_operator(&text))
+    }
+
     /// SIGTERM, then waits up to 30 s for the exit: how long it took.
     pub fn terminate(&mut self) -> (Duration, ExitStatus) {
         let term = Instant::now();
@@ -355,6 +365,59 @@ impl Requests {
             let key = RequestKey {
                 verb: get("verb").to_owned(),
                 resource,
+            };
+            *out.entry(key).or_default() += value as u64;
+        }
+        Requests(out)
+    }
+
+    /// The operator's own `trellis_api_requests_total{verb,resource}`,
+    /// named as the API server names them (`apply` is `APPLY`, `create`
+    /// `POST`, `apps/deployments` `deployments`), so the two counts compare
+    /// row by row. Only the operator's requests: not the namespace
+    /// controller's, the garbage collector's or this program's.
+    pub fn parse_operator(text: &str) -> Requests {
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("trellis_api_requests_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let labels = parse_labels(labels);
+            let get = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
+            let verb = match get("verb") {
+                "create" => "POST",
+                "apply" => "APPLY",
+                "patch" => "PATCH",
+                "update" => "PUT",
+                "delete" => "DELETE",
+                "deletecollection" => "DELETECOLLECTION",
+                "get" => "GET",
+                "list" => "LIST",
+                "watch" => "WATCH",
+                other => other,
+            };
+            // `group/resource[/sub]` without the group; the core group has
+            // none. A group holds a dot or is one of the built-in dotless
+            // ones; a core `resource/sub` has neither.
+            let resource = get("resource");
+            let resource = match resource.split_once('/') {
+                Some((group, rest))
+                    if group.contains('.')
+                        || ["apps", "batch", "policy", "autoscaling"].contains(&group) =>
+                {
+                    rest
+                }
+                _ => resource,
+            };
+            let key = RequestKey {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
             };
             *out.entry(key).or_default() += value as u64;
         }
