@@ -151,6 +151,17 @@ fn reads_match_labels(rule: &CompiledRule, gvk: &Gvk) -> bool {
     })
 }
 
+/// A cached object's namespace and name.
+type NamespacedName = (Option<String>, String);
+
+fn name_of(o: &ParentObject) -> NamespacedName {
+    let meta = &o.object.metadata;
+    (
+        meta.namespace.clone(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
 /// A parent as the controller queues it.
 pub type ParentRef = ObjectRef<ParentObject>;
 
@@ -176,7 +187,9 @@ struct Watch {
     scope: Vec<String>,
     /// By label pair, for `matchLabels` reads of a whole-kind watch (a
     /// label-selected watch holds only its selection: scanned).
-    labels: Option<Mutex<LabelIndex<ObjectRef<ParentObject>>>>,
+    /// Keyed by (namespace, name), not `ObjectRef`, which carries the
+    /// kind's `ApiResource` (five strings) in every key.
+    labels: Option<Mutex<LabelIndex<NamespacedName>>>,
     /// Objects are decoded one by one, as parents are: one object too deep
     /// to decode never fails the list of its kind (see `decode`).
     store: Store<ParentObject>,
@@ -341,9 +354,9 @@ impl Caches {
                     let old = old.as_ref().and_then(|o| o.object.metadata.labels.as_ref());
                     match event {
                         watcher::Event::Delete(_) => {
-                            by_label.delete(&key(o), old.unwrap_or(&labels[0]));
+                            by_label.delete(&name_of(o), old.unwrap_or(&labels[0]));
                         }
-                        _ => by_label.apply(&key(o), old, &labels[0]),
+                        _ => by_label.apply(&name_of(o), old, &labels[0]),
                     }
                 }
                 index.touch(Touched {
@@ -360,7 +373,7 @@ impl Caches {
                     let mut by_label = super::lock(by_label);
                     match event {
                         watcher::Event::InitApply(o) => by_label.apply(
-                            &key(o),
+                            &name_of(o),
                             None,
                             o.object.metadata.labels.as_ref().unwrap_or(&none),
                         ),
@@ -532,7 +545,13 @@ impl RelatedSource for Caches {
                 match candidates {
                     Some(keys) => keys
                         .iter()
-                        .filter_map(|k| watch.store.get(k))
+                        .filter_map(|(ns, name)| {
+                            let key = ObjectRef::new_with(name, watch.kind.resource.clone());
+                            watch.store.get(&match ns {
+                                Some(ns) => key.within(ns),
+                                None => key,
+                            })
+                        })
                         .filter(|o| covers(o))
                         .collect(),
                     None => watch.store.state_filter(covers),
