@@ -273,7 +273,9 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     summary.ready = summary::ready_change(&parent_json, status.as_ref());
     // Someone must fix it (the parent's Ready names it): a Warning, once,
     // unless the lost-readiness Warning of this pass already tells it.
-    if let Some(note) = super::related::undecodable_warning(&plan, &parent_json)
+    if let Some(note) = ctx
+        .related
+        .undecodable_warning(&parent_ref, &plan, &parent_json)
         && !matches!(summary.ready, Some(summary::ReadyChange::Lost(_)))
     {
         ctx.warn(parent, crate::plan::Unreadable::UNDECODABLE, note)

@@ -205,6 +205,8 @@ pub struct Caches {
     index: Mutex<ReadIndex<ParentRef>>,
     /// Parents a pass may have read stale data for: reconciled again.
     missed: tokio::sync::mpsc::UnboundedSender<ParentRef>,
+    /// The undecodable-object Warning last written per parent.
+    warned: Mutex<std::collections::HashMap<ParentRef, String>>,
 }
 
 /// What [`Caches::start`] watches, and where.
@@ -286,6 +288,7 @@ impl Caches {
             metrics,
             index: Mutex::new(ReadIndex::default()),
             missed,
+            warned: Mutex::default(),
         });
         let mut triggers: Vec<futures::stream::BoxStream<'static, ParentRef>> = Vec::new();
         for (stream, mut writer, w) in streams {
@@ -420,6 +423,33 @@ impl Caches {
 
     pub fn forget(&self, parent: &ParentRef) {
         super::lock(&self.index).forget(parent);
+        super::lock(&self.warned).remove(parent);
+    }
+
+    /// The Warning a pass owes `parent` for an undecodable related object:
+    /// once per message, though a pending parent is passed again every few
+    /// seconds (remembered here, and in the parent's status when it has one).
+    pub fn undecodable_warning(
+        &self,
+        parent: &ParentRef,
+        plan: &crate::plan::Plan,
+        parent_json: &Value,
+    ) -> Option<String> {
+        let mut warned = super::lock(&self.warned);
+        let Some(pending) = plan
+            .pending
+            .iter()
+            .find(|p| p.reason == Unreadable::UNDECODABLE)
+        else {
+            warned.remove(parent);
+            return None;
+        };
+        let message = pending.message.clone().unwrap_or_default();
+        if warned.get(parent) == Some(&message) {
+            return None;
+        }
+        warned.insert(parent.clone(), message.clone());
+        (!status_tells(parent_json, &message)).then_some(message)
     }
 
     /// Forgets parents gone from the cache, when the index looks oversized.
@@ -588,21 +618,14 @@ fn report_undecodable(gvk: &Gvk, event: &watcher::Event<ParentObject>) -> bool {
     false
 }
 
-/// The Warning a pass owes its parent for an undecodable related object,
-/// if the parent's last status does not already tell it (the status is the
-/// memory: a pending pass retries every few seconds, the Warning is once).
-pub fn undecodable_warning(plan: &crate::plan::Plan, parent: &Value) -> Option<String> {
-    let pending = plan
-        .pending
-        .iter()
-        .find(|p| p.reason == Unreadable::UNDECODABLE)?;
-    let message = pending.message.clone().unwrap_or_default();
-    let told = parent
+/// Whether the parent's last status already tells `message` (so that a
+/// restarted operator does not warn again).
+fn status_tells(parent: &Value, message: &str) -> bool {
+    parent
         .pointer("/status/conditions")
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-        .is_some_and(|c| c["reason"] == Unreadable::UNDECODABLE && c["message"] == message);
-    (!told).then_some(message)
+        .is_some_and(|c| c["reason"] == Unreadable::UNDECODABLE && c["message"] == message)
 }
 
 /// An unbounded receiver as a stream.
