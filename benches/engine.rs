@@ -2,6 +2,11 @@
 //! evaluations per second for the `webapp` example rule, on one core.
 //!
 //! Run: `cargo bench --bench engine` (prints figures; asserts nothing).
+//!
+//! Rates depend on what else runs on the machine. For a figure that does
+//! not, run a fixed number of passes and count instructions:
+//! `TRELLIS_BENCH_PASSES=20000 perf stat -e instructions:u target/release/deps/engine-*`
+//! (instructions per pass = the count / 20000; the JSONPath phase is skipped).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -64,6 +69,19 @@ fn main() {
         sample.errors
     );
     let children_per_pass = sample.apply.len();
+
+    if let Some(n) = std::env::var("TRELLIS_BENCH_PASSES")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        let start = Instant::now();
+        for _ in 0..n {
+            black_box(plan::plan(black_box(&rule), black_box(&input)));
+        }
+        let secs = start.elapsed().as_secs_f64();
+        println!("{n} passes ({} child renders) in {secs:.2} s", n * children_per_pass as u64);
+        return;
+    }
 
     let budget = Duration::from_secs(3);
     let passes = rate(budget, || {

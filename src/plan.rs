@@ -406,16 +406,24 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             return plan;
         }
     }
-    let mut parent = input.parent.clone();
-    parent["spec"] = spec.clone();
-    strip_noise(&mut parent);
+    let parent = with_spec(input.parent, spec);
 
     let observed = input.observed.children_of(&rule.name, &info.uid);
     let children_ctx = children_context(rule, &observed);
+    // Converted once: `spec` and `metadata` are the parent's own values
+    // (shared, not copies), which halves the conversion cost of a pass.
+    let parent_value = render::to_value(&parent);
+    let field = |name: &str| {
+        parent_value
+            .get_attr(name)
+            .ok()
+            .filter(|v| !v.is_undefined())
+            .unwrap_or_else(|| minijinja::Value::from(()))
+    };
     let parent_ctx = context! {
-        parent => render::to_value(&parent),
-        spec => render::to_value(&spec),
-        metadata => render::to_value(parent.get("metadata").unwrap_or(&Value::Null)),
+        spec => field("spec"),
+        metadata => field("metadata"),
+        parent => parent_value,
         rule => context! { name => rule.name.clone() },
     };
     // Related entries decide what the pass may read: a refusal stops it
@@ -564,14 +572,58 @@ enum ChildResult {
     Rendered(Vec<(Apply, Option<Item>)>),
 }
 
+/// The parent as templates see it: its effective `spec` in place of its
+/// own, without noise. Built field by field so the old spec and the managed
+/// fields are never copied.
+fn with_spec(parent: &Value, spec: Value) -> Value {
+    let mut spec = Some(spec);
+    let mut out: Map<String, Value> = parent
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let v = match k.as_str() {
+                "spec" => spec.take().unwrap_or_default(),
+                "metadata" => metadata_without_noise(v),
+                _ => v.clone(),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    if let Some(spec) = spec {
+        out.insert("spec".to_owned(), spec);
+    }
+    Value::Object(out)
+}
+
+fn metadata_without_noise(meta: &Value) -> Value {
+    let Some(fields) = meta.as_object() else {
+        return meta.clone();
+    };
+    let out = fields
+        .iter()
+        .filter(|(k, _)| k.as_str() != "managedFields")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut out = Value::Object(out);
+    strip_noise_annotations(&mut out);
+    out
+}
+
 /// Managed fields and the last-applied annotation are never read by rules:
 /// keep them out of the evaluation context (and its cost).
 fn strip_noise(obj: &mut Value) {
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.remove("kubectl.kubernetes.io/last-applied-configuration");
+    if let Some(meta) = obj.get_mut("metadata") {
+        if let Some(fields) = meta.as_object_mut() {
+            fields.remove("managedFields");
         }
+        strip_noise_annotations(meta);
+    }
+}
+
+fn strip_noise_annotations(meta: &mut Value) {
+    if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+        ann.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
 }
 

@@ -196,10 +196,5 @@ pub(super) fn finish_object(
 
 /// Lowercase hex SHA-256 of an object's JSON form (key order as rendered).
 pub fn object_hash(obj: &Map<String, Value>) -> String {
-    use sha2::{Digest, Sha256};
-    let bytes = serde_json::to_vec(obj).unwrap_or_default();
-    Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::render::sha256_hex(&serde_json::to_vec(obj).unwrap_or_default())
 }

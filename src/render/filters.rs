@@ -80,9 +80,7 @@ fn b64decode(value: &Value) -> Result<String, Error> {
 }
 
 fn sha256(value: &Value) -> Result<String, Error> {
-    Ok(hex(&Sha256::digest(
-        string_arg("sha256", value)?.as_bytes(),
-    )))
+    Ok(sha256_hex(string_arg("sha256", value)?.as_bytes()))
 }
 
 fn rand_alnum(len: usize) -> Result<String, Error> {
@@ -98,8 +96,10 @@ fn rand_alnum(len: usize) -> Result<String, Error> {
         .collect())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Lowercase hex SHA-256. One `format!` per byte cost more than the hash
+/// itself on every pass (the webapp rule hashes its ConfigMap each render).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
 }
 
 /// Makes any string a valid DNS-1123 label (≤ 63 chars, `[a-z0-9-]`, alphanumeric
@@ -118,7 +118,7 @@ pub fn dns_label(input: &str) -> String {
     if !cleaned.is_empty() && cleaned.len() <= DNS_LABEL_MAX {
         return cleaned.to_owned();
     }
-    let digest = hex(&Sha256::digest(input.as_bytes()));
+    let digest = sha256_hex(input.as_bytes());
     let suffix = &digest[..8];
     let keep = DNS_LABEL_MAX - suffix.len() - 1;
     let head = cleaned[..cleaned.len().min(keep)].trim_end_matches('-');
