@@ -4,9 +4,11 @@
 //! Run: `cargo bench --bench engine` (prints figures; asserts nothing).
 //!
 //! Rates depend on what else runs on the machine. For a figure that does
-//! not, run a fixed number of passes and count instructions:
-//! `TRELLIS_BENCH_PASSES=20000 perf stat -e instructions:u target/release/deps/engine-*`
-//! (instructions per pass = the count / 20000; the JSONPath phase is skipped).
+//! not, run a fixed number of passes and count instructions, e.g. with
+//! `TRELLIS_BENCH_PASSES=1200 valgrind --tool=callgrind <bench binary>` less
+//! the same at 200 passes, divided by 1000 (the JSONPath phase is skipped).
+//! Under valgrind SHA-256 runs without the CPU's SHA instructions, so its
+//! share is overstated.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -79,7 +81,10 @@ fn main() {
             black_box(plan::plan(black_box(&rule), black_box(&input)));
         }
         let secs = start.elapsed().as_secs_f64();
-        println!("{n} passes ({} child renders) in {secs:.2} s", n * children_per_pass as u64);
+        println!(
+            "{n} passes ({} child renders) in {secs:.2} s",
+            n * children_per_pass as u64
+        );
         return;
     }
 
