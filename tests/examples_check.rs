@@ -445,3 +445,39 @@ fn example_crds_are_what_trellis_crd_prints_for_the_rules() {
         .expect("run trellis crd");
     assert_eq!(String::from_utf8_lossy(&again.stdout), text);
 }
+
+/// The quickstart creates every sample parent at once: two parents must
+/// never render a child of the same kind, namespace and name, or the
+/// second is refused (`ApplyError`: trellis never takes over another
+/// parent's child) and never becomes Ready. It happened: TlsService `shop`
+/// and WebApp `shop` both made Service team-a/shop.
+#[test]
+fn sample_parents_never_render_the_same_child() {
+    use std::collections::BTreeMap;
+    use trellis::plan::{self, Input, Observed};
+
+    let set = rule_set();
+    let none = Observed::from_objects([]);
+    let mut made_by: BTreeMap<String, String> = BTreeMap::new();
+    for file in yaml_files("examples/parents") {
+        if file.to_string_lossy().ends_with("-invalid.yaml") {
+            continue;
+        }
+        let [parent] = documents(&file).try_into().expect("one parent per file");
+        let rule = rule_for(&set, &parent).expect("a matching rule");
+        let input = Input {
+            parent: &parent,
+            observed: &none,
+            now: "2026-12-01T00:00:00Z",
+            scope_of: &trellis::kinds::scope,
+        };
+        // With nothing observed, children waiting on others or on related
+        // objects are pending: what renders is checked.
+        for apply in plan::plan(rule, &input).apply {
+            let key = apply.key.to_string();
+            if let Some(other) = made_by.insert(key.clone(), file.display().to_string()) {
+                panic!("{key} is rendered by both {other} and {}", file.display());
+            }
+        }
+    }
+}
