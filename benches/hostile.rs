@@ -18,34 +18,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kube::api::PostParams;
 use serde_json::{Value, json};
 
 use common::{OperatorProcess, RssSampler, mib};
 use support::hostile::{ECHO_RULE, nested};
 use support::operator::{Cleanup, TestKind};
-
-/// Creates a parent through a raw request (a deep spec's response does not
-/// decode as a `DynamicObject`).
-async fn create_raw(client: &kube::Client, kind: &TestKind, ns: &str, name: &str, spec: Value) {
-    let body = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.kind,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": spec,
-    });
-    let url = format!("/apis/{}/v1/namespaces/{ns}/{}", kind.group, kind.plural);
-    let req = kube::core::Request::new(url)
-        .create(
-            &PostParams::default(),
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .expect("request");
-    client
-        .request_text(req)
-        .await
-        .unwrap_or_else(|e| panic!("creating parent {name}: {e}"));
-}
 
 /// The parent's `Synced` condition as `status/reason`, read from its raw
 /// JSON (the deep one does not decode whole).
@@ -113,7 +90,7 @@ fn main() {
         for (what, name, spec, want) in cases {
             let sampler = RssSampler::start(pid);
             let start = Instant::now();
-            create_raw(&client, &kind, ns.name(), name, spec).await;
+            kind.create_raw(&client, ns.name(), name, spec, &[]).await;
             let outcome = loop {
                 op.check_running();
                 if let Some(s) = synced(&client, &kind, ns.name(), name).await

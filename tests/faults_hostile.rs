@@ -21,44 +21,6 @@ use support::operator::{
     wait_finalizer, wait_finalizer_released, wait_gone, wait_ready_and_synced,
 };
 
-/// Creates a parent through a raw request: the response holds the deep
-/// spec, which the typed client cannot decode (the point of the test).
-async fn create_raw(ns: &support::TestNamespace, kind: &TestKind, name: &str, spec: Value) {
-    create_raw_with(ns, kind, name, spec, &[]).await
-}
-
-/// [`create_raw`], the parent carrying `finalizers`.
-async fn create_raw_with(
-    ns: &support::TestNamespace,
-    kind: &TestKind,
-    name: &str,
-    spec: Value,
-    finalizers: &[&str],
-) {
-    let body = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.kind,
-        "metadata": {"name": name, "namespace": ns.name(), "finalizers": finalizers},
-        "spec": spec,
-    });
-    let url = format!(
-        "/apis/{}/v1/namespaces/{}/{}",
-        kind.group,
-        ns.name(),
-        kind.plural
-    );
-    let req = kube::core::Request::new(url)
-        .create(
-            &Default::default(),
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .expect("request");
-    ns.client
-        .request_text(req)
-        .await
-        .expect("create deep parent");
-}
-
 /// The raw JSON text of a parent.
 async fn get_raw(ns: &support::TestNamespace, kind: &TestKind, name: &str) -> String {
     let url = format!(
@@ -109,11 +71,12 @@ async fn a_parent_nested_too_deep_is_reported_and_skipped_while_its_kind_goes_on
     let (kind, _cleanup) = install_kind(&ns, "Echo").await;
     // Made before the operator starts: the initial LIST holds it.
     kind.create(&ns, "good", json!({"text": "hi"}), &[]).await;
-    create_raw(
-        &ns,
-        &kind,
+    kind.create_raw(
+        &ns.client,
+        ns.name(),
         "deep",
         json!({"text": "x", "blob": nested(200)}),
+        &[],
     )
     .await;
     let operator = start(&ns, &kind);
@@ -322,9 +285,9 @@ async fn a_removed_rule_cleans_up_after_its_parents_even_with_one_nested_too_dee
     // A parent that was decodable when it got the finalizer, then nested
     // 200 deep: the LIST of parents holds it, and so does every response
     // to a write on it.
-    create_raw_with(
-        &ns,
-        &kind,
+    kind.create_raw(
+        &ns.client,
+        ns.name(),
         "deep",
         json!({"blob": nested(200)}),
         &[trellis::operator::FINALIZER],

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+use support::faults::metric;
 use support::operator::{
     Cleanup, Operator, TestKind, assert_absent, condition, config_data, wait_condition_reason,
     wait_data, wait_event, wait_exists,
@@ -223,46 +224,6 @@ spec:
           blob: {{ related.blob.metadata.name }}
 "#;
 
-/// Creates an object through a raw request: the typed client cannot decode
-/// the deep response (the point of the test).
-async fn create_raw(
-    ns: &support::TestNamespace,
-    kind: &TestKind,
-    name: &str,
-    spec: serde_json::Value,
-) {
-    let body = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.kind,
-        "metadata": {"name": name, "namespace": ns.name()},
-        "spec": spec,
-    });
-    let url = format!(
-        "/apis/{}/v1/namespaces/{}/{}",
-        kind.group,
-        ns.name(),
-        kind.plural
-    );
-    let req = kube::core::Request::new(url)
-        .create(
-            &Default::default(),
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .expect("request");
-    ns.client
-        .request_text(req)
-        .await
-        .expect("create the object");
-}
-
-/// `name{labels} value` of one metric line, if `/metrics` has it.
-fn metric(text: &str, name: &str, label: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name) && l.contains(label))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_related_object_too_deep_to_decode_holds_its_readers_with_a_warning_and_a_metric() {
     let ns = support::namespace().await;
@@ -275,8 +236,10 @@ async fn a_related_object_too_deep_to_decode_holds_its_readers_with_a_warning_an
     for _ in 0..200 {
         deep = json!({ "a": deep });
     }
-    create_raw(&ns, &blob, "deep", json!({"blob": deep})).await;
-    create_raw(&ns, &blob, "fine", json!({"blob": 1})).await;
+    blob.create_raw(&ns.client, ns.name(), "deep", json!({"blob": deep}), &[])
+        .await;
+    blob.create_raw(&ns.client, ns.name(), "fine", json!({"blob": 1}), &[])
+        .await;
     let rule = reader
         .rule(BLOB_RULE)
         .replace("@BLOB_API_VERSION@", &blob.api_version());
@@ -320,22 +283,11 @@ async fn a_related_object_too_deep_to_decode_holds_its_readers_with_a_warning_an
     // Counted once as it arrived; warned once though the pending parent is
     // passed again (its safety-net requeue is 10 s).
     tokio::time::sleep(Duration::from_secs(12)).await;
-    let text = support::http_get(addr, "/metrics")
-        .await
-        .expect("GET /metrics");
+    let addr = addr.to_string();
     let kind_label = format!("kind=\"{}/{}\"", blob.api_version(), blob.kind);
-    assert!(
-        metric(&text, "trellis_undecodable_objects_total", &kind_label).is_some_and(|v| v >= 1.0),
-        "the undecodable Blob is counted:\n{text}"
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "trellis_events_total",
-            "reason=\"RelatedUndecodable\""
-        ),
-        Some(1.0),
-        "one Warning, not one per pass:\n{text}"
-    );
+    let undecodable = metric(&addr, "trellis_undecodable_objects_total", &[&kind_label]).await;
+    assert!(undecodable >= 1.0, "the undecodable Blob is counted");
+    let warnings = metric(&addr, "trellis_events", &["reason=\"RelatedUndecodable\""]).await;
+    assert_eq!(warnings, 1.0, "one Warning, not one per pass");
     operator.stop().await;
 }

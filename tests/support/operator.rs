@@ -170,6 +170,36 @@ impl TestKind {
             .unwrap_or_else(|e| panic!("creating {} {name}: {e}", self.kind))
     }
 
+    /// Creates an object of this kind in namespace `ns` through a raw
+    /// request, for objects the typed client cannot decode (a spec nested
+    /// past serde_json's depth limit: the response holds it too).
+    pub async fn create_raw(
+        &self,
+        client: &Client,
+        ns: &str,
+        name: &str,
+        spec: Value,
+        finalizers: &[&str],
+    ) {
+        let body = json!({
+            "apiVersion": self.api_version(),
+            "kind": self.kind,
+            "metadata": {"name": name, "namespace": ns, "finalizers": finalizers},
+            "spec": spec,
+        });
+        let url = format!("/apis/{}/v1/namespaces/{ns}/{}", self.group, self.plural);
+        let req = kube::core::Request::new(url)
+            .create(
+                &PostParams::default(),
+                serde_json::to_vec(&body).expect("json"),
+            )
+            .expect("request");
+        client
+            .request_text(req)
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {e}", self.kind));
+    }
+
     /// Merge-patches an object of this kind.
     pub async fn patch(&self, ns: &TestNamespace, name: &str, patch: Value) -> DynamicObject {
         self.api(ns)
