@@ -93,42 +93,20 @@ fn main() {
 }
 
 fn rule(kind: &TestKind, selector: u64) -> String {
-    if selector > 0 {
-        let select = if selector == 1 {
-            "matchLabels:\n          src: \"{{ spec.from }}\""
-        } else {
-            "matchExpressions:\n          - {key: src, operator: In, values: [\"{{ spec.from }}\"]}"
-        };
-        return kind.rule(
-            &r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: related-load
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  related:
-    - id: source
-      apiVersion: v1
-      kind: ConfigMap
-      selector:
-        @SELECT@
-  children:
-    - id: copy
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ '-copy' }}
-        data: {{ (related.source | first).data }}
-"#
-            .replace("@SELECT@", select),
-        );
-    }
+    // By name the entry is one object; by selector a list of (here) one.
+    let (source, data) = match selector {
+        0 => ("name: \"{{ spec.from }}\"", "related.source.data"),
+        1 => (
+            "selector:\n        matchLabels:\n          src: \"{{ spec.from }}\"",
+            "(related.source | first).data",
+        ),
+        _ => (
+            "selector:\n        matchExpressions:\n          - {key: src, operator: In, values: [\"{{ spec.from }}\"]}",
+            "(related.source | first).data",
+        ),
+    };
     kind.rule(
-        r#"
+        &r#"
 apiVersion: trellis.dev/v1alpha1
 kind: Rule
 metadata:
@@ -141,7 +119,7 @@ spec:
     - id: source
       apiVersion: v1
       kind: ConfigMap
-      name: "{{ spec.from }}"
+      @SOURCE@
   children:
     - id: copy
       apiVersion: v1
@@ -149,8 +127,10 @@ spec:
       template: |
         metadata:
           name: {{ parent.metadata.name ~ '-copy' }}
-        data: {{ related.source.data }}
-"#,
+        data: {{ @DATA@ }}
+"#
+        .replace("@SOURCE@", source)
+        .replace("@DATA@", data),
     )
 }
 
