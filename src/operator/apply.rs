@@ -140,7 +140,14 @@ pub(super) async fn apply_child(
                         let existing = serde_json::to_value(&existing).unwrap_or_default();
                         match foreign_owner(&existing, &apply.object, adopt) {
                             Some(owner) => Err(conflict(owner)),
-                            None => Ok(Applied::unchanged()),
+                            // Ours, and newer than the cache: the pass reads
+                            // it, or its status would say the child does not
+                            // exist yet until some later event (a restart
+                            // over a killed process's last creates hit it).
+                            None => Ok(Applied {
+                                outcome: Outcome::Unchanged,
+                                object: Some(existing),
+                            }),
                         }
                     }
                     None => Err(fail(kube::Error::Api(e))),

@@ -182,7 +182,16 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             match result {
                 Ok(applied) => {
                     match applied.outcome {
-                        Outcome::Unchanged => continue,
+                        Outcome::Unchanged => {
+                            // Read after a refused create: fresher than the
+                            // cache, so the status counts it as there.
+                            if let Some(object) = applied.object {
+                                observed.objects.insert(apply.key.clone(), object);
+                                sent.insert(apply.key.clone(), apply.hash.clone());
+                                wrote = true;
+                            }
+                            continue;
+                        }
                         Outcome::Unseen => {
                             unseen = true;
                             continue;
