@@ -573,7 +573,11 @@ pub async fn wait_ready_and_synced(parents: &Api<DynamicObject>, name: &str) {
     wait_for(parents, name, "Ready=True and Synced=True", |p| {
         match (condition_state(p, "Ready")?, condition_state(p, "Synced")?) {
             ((r, _), (s, _)) if r == "True" && s == "True" => Ok(()),
-            other => Err(format!("Ready, Synced: {other:?}")),
+            // The messages say which child holds it back, should it time out.
+            other => Err(format!(
+                "Ready, Synced: {other:?}; Ready says {}",
+                condition(p, "Ready").map_or(Value::Null, |c| c["message"].clone())
+            )),
         }
     })
     .await
