@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::Shared;
+use super::compact::CompactObject;
 use super::decode::ParentObject;
 use super::discovery::{Resolved, RuleKinds};
 use super::lock;
@@ -31,7 +32,7 @@ pub struct RuleCtx {
     pub kinds: RuleKinds,
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
-    pub children: Vec<(Resolved, Store<DynamicObject>)>,
+    pub children: Vec<(Resolved, Store<CompactObject>)>,
     /// The parent cache.
     pub parents: Store<ParentObject>,
     /// Consecutive failures per parent: backoff and Warning dedup.
@@ -266,9 +267,7 @@ impl RuleCtx {
         if let Some(ns) = &key.namespace {
             at = at.within(ns);
         }
-        store
-            .get(&at)
-            .and_then(|obj| serde_json::to_value(obj.as_ref()).ok())
+        store.get(&at).map(|obj| obj.to_value())
     }
 
     pub(super) fn field_manager(&self) -> String {
@@ -305,10 +304,8 @@ impl RuleCtx {
         let mut out = Vec::new();
         for (_, store) in &self.children {
             for obj in store.state() {
-                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid)
-                    && let Ok(v) = serde_json::to_value(obj.as_ref())
-                {
-                    out.push(v);
+                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid) {
+                    out.push(obj.to_value());
                 }
             }
         }

@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::api::{DynamicObject, PostParams};
+use kube::api::{DynamicObject, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
+use super::compact::CompactObject;
 use super::context::{self, RuleCtx};
 use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
@@ -306,16 +307,31 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 pub(super) fn trim(
     resource: &kube::discovery::ApiResource,
 ) -> impl FnMut(&mut DynamicObject) + Send + 'static {
+    let mut trim = trim_parts(resource);
+    move |obj: &mut DynamicObject| trim(&mut obj.metadata, &mut obj.types)
+}
+
+/// [`trim`] for the children's caches.
+fn trim_child(
+    resource: &kube::discovery::ApiResource,
+) -> impl FnMut(&mut CompactObject) + Send + 'static {
+    let mut trim = trim_parts(resource);
+    move |obj: &mut CompactObject| trim(&mut obj.metadata, &mut obj.types)
+}
+
+fn trim_parts(
+    resource: &kube::discovery::ApiResource,
+) -> impl FnMut(&mut ObjectMeta, &mut Option<kube::core::TypeMeta>) + Send + 'static {
     let types = kube::core::TypeMeta {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
     };
-    move |obj: &mut DynamicObject| {
-        obj.metadata.managed_fields = None;
-        if let Some(a) = obj.metadata.annotations.as_mut() {
+    move |metadata: &mut ObjectMeta, object_types: &mut Option<kube::core::TypeMeta>| {
+        metadata.managed_fields = None;
+        if let Some(a) = metadata.annotations.as_mut() {
             a.remove("kubectl.kubernetes.io/last-applied-configuration");
         }
-        obj.types = Some(types.clone());
+        *object_types = Some(types.clone());
     }
 }
 
@@ -537,7 +553,7 @@ async fn run_controller(
             scope,
             child_config.clone(),
             relisted_tx.clone(),
-            trim(&kind.resource),
+            trim_child(&kind.resource),
         );
         child_stores.push((kind.clone(), store));
         let mapper = parent_of(parents.clone(), parent_kind.clone());
@@ -632,8 +648,8 @@ async fn run_controller(
 fn parent_of(
     parents: Store<ParentObject>,
     parent: Resolved,
-) -> impl Fn(DynamicObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
-    move |child: DynamicObject| {
+) -> impl Fn(CompactObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
+    move |child: CompactObject| {
         let owner = child.owner_references().iter().find(|r| {
             r.controller == Some(true)
                 && r.kind == parent.gvk.kind
