@@ -8,13 +8,10 @@
 //! objects it reads. Metadata stays typed: the trigger mapper and the label
 //! checks read it on every event.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use kube::Resource;
-use kube::api::{ApiResource, DynamicObject, ObjectMeta};
-use kube::core::{DynamicResourceScope, TypeMeta};
-use serde::{Deserialize, Deserializer};
+use kube::api::ObjectMeta;
+use kube::core::TypeMeta;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -79,39 +76,7 @@ impl CompactObject {
     }
 }
 
-impl<'de> Deserialize<'de> for CompactObject {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw = Box::<RawValue>::deserialize(deserializer)?;
-        CompactObject::from_json(raw.get()).map_err(serde::de::Error::custom)
-    }
-}
-
-impl Resource for CompactObject {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
-
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::group(dt)
-    }
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::version(dt)
-    }
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::kind(dt)
-    }
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::api_version(dt)
-    }
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::decode::raw_decoded_resource!(CompactObject, metadata);
 
 #[cfg(test)]
 mod tests {

@@ -11,12 +11,8 @@
 //! decodes) are kept with the reason, so the object can be reported on and
 //! skipped while its kind's watch goes on.
 
-use std::borrow::Cow;
-
-use kube::Resource;
-use kube::api::{ApiResource, DynamicObject, ObjectMeta};
-use kube::core::{DynamicResourceScope, TypeMeta};
-use serde::{Deserialize, Deserializer};
+use kube::api::{DynamicObject, ObjectMeta};
+use kube::core::TypeMeta;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -91,39 +87,52 @@ fn describe(field: &str, err: &serde_json::Error) -> String {
     }
 }
 
-impl<'de> Deserialize<'de> for ParentObject {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw = Box::<RawValue>::deserialize(deserializer)?;
-        ParentObject::from_json(raw.get()).map_err(serde::de::Error::custom)
-    }
-}
+/// `Deserialize` (through the type's `from_json`, from the raw text) and
+/// `Resource` (a kind found at run time: its dynamic type is the
+/// `ApiResource`, as for `DynamicObject`) for a cache object type whose
+/// `ObjectMeta` is at `$meta`.
+macro_rules! raw_decoded_resource {
+    ($t:ty, $($meta:ident).+) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let raw = <Box<serde_json::value::RawValue> as serde::Deserialize>::deserialize(
+                    deserializer,
+                )?;
+                <$t>::from_json(raw.get()).map_err(serde::de::Error::custom)
+            }
+        }
 
-impl Resource for ParentObject {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
+        impl kube::Resource for $t {
+            type DynamicType = kube::api::ApiResource;
+            type Scope = kube::core::DynamicResourceScope;
 
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::group(dt)
-    }
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::version(dt)
-    }
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::kind(dt)
-    }
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::api_version(dt)
-    }
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        DynamicObject::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.object.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.object.metadata
-    }
+            fn group(dt: &kube::api::ApiResource) -> std::borrow::Cow<'_, str> {
+                <kube::api::DynamicObject as kube::Resource>::group(dt)
+            }
+            fn version(dt: &kube::api::ApiResource) -> std::borrow::Cow<'_, str> {
+                <kube::api::DynamicObject as kube::Resource>::version(dt)
+            }
+            fn kind(dt: &kube::api::ApiResource) -> std::borrow::Cow<'_, str> {
+                <kube::api::DynamicObject as kube::Resource>::kind(dt)
+            }
+            fn api_version(dt: &kube::api::ApiResource) -> std::borrow::Cow<'_, str> {
+                <kube::api::DynamicObject as kube::Resource>::api_version(dt)
+            }
+            fn plural(dt: &kube::api::ApiResource) -> std::borrow::Cow<'_, str> {
+                <kube::api::DynamicObject as kube::Resource>::plural(dt)
+            }
+            fn meta(&self) -> &kube::api::ObjectMeta {
+                &self.$($meta).+
+            }
+            fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+                &mut self.$($meta).+
+            }
+        }
+    };
 }
+pub(super) use raw_decoded_resource;
+
+raw_decoded_resource!(ParentObject, object.metadata);
 
 #[cfg(test)]
 mod tests {
