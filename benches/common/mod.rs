@@ -346,17 +346,7 @@ impl Requests {
 
     pub fn parse(text: &str) -> Requests {
         let mut out = BTreeMap::new();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-                continue;
-            };
-            let Some((labels, value)) = rest.rsplit_once("} ") else {
-                continue;
-            };
-            let Ok(value) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let labels = parse_labels(labels);
+        for (labels, value) in samples(text, "apiserver_request_total") {
             let get = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
             let resource = match get("subresource") {
                 "" => get("resource").to_owned(),
@@ -378,17 +368,7 @@ impl Requests {
     /// controller's, the garbage collector's or this program's.
     pub fn parse_operator(text: &str) -> Requests {
         let mut out = BTreeMap::new();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("trellis_api_requests_total{") else {
-                continue;
-            };
-            let Some((labels, value)) = rest.rsplit_once("} ") else {
-                continue;
-            };
-            let Ok(value) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let labels = parse_labels(labels);
+        for (labels, value) in samples(text, "trellis_api_requests_total") {
             let get = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
             let verb = match get("verb") {
                 "create" => "POST",
@@ -499,6 +479,18 @@ impl Requests {
 }
 
 /// `a="x",b="y"` into a map (values may hold escaped quotes).
+/// The labelled samples of metric `name` in a Prometheus text exposition.
+fn samples<'a>(
+    text: &'a str,
+    name: &'a str,
+) -> impl Iterator<Item = (BTreeMap<String, String>, f64)> + 'a {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (labels, value) = rest.rsplit_once("} ")?;
+        Some((parse_labels(labels), value.trim().parse::<f64>().ok()?))
+    })
+}
+
 fn parse_labels(text: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut rest = text;
