@@ -182,16 +182,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             match result {
                 Ok(applied) => {
                     match applied.outcome {
-                        Outcome::Unchanged => {
-                            // Read after a refused create: fresher than the
-                            // cache, so the status counts it as there.
-                            if let Some(object) = applied.object {
-                                observed.objects.insert(apply.key.clone(), object);
-                                sent.insert(apply.key.clone(), apply.hash.clone());
-                                wrote = true;
-                            }
-                            continue;
-                        }
+                        Outcome::Unchanged if applied.object.is_none() => continue,
+                        // Read after a refused create: fresher than the
+                        // cache, so the status counts it as there.
+                        Outcome::Unchanged => {}
                         Outcome::Unseen => {
                             unseen = true;
                             continue;
