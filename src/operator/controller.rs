@@ -123,7 +123,11 @@ async fn rule_loop(
         let stop = shutdown.child_token();
         let monitor = tokio::spawn(stop_when_kinds_change(
             rule.clone(),
-            kinds.unserved_related.len(),
+            kinds
+                .unserved_related
+                .iter()
+                .map(|(g, _)| g.clone())
+                .collect(),
             shared.clone(),
             stop.clone(),
         ));
@@ -255,12 +259,12 @@ async fn preflight(
 }
 
 /// Cancels `stop` once a CRD change leaves one of the rule's kinds
-/// unserved, or serves a related kind that was not (`unserved` of them when
-/// the watches started): the rule restarts with its watch, and the readers
-/// it held back proceed.
+/// unserved, or changes which related kinds are unserved (`unserved` when
+/// the watches started): the rule restarts with its watches, and the
+/// readers it held back proceed.
 async fn stop_when_kinds_change(
     rule: Arc<CompiledRule>,
-    unserved: usize,
+    unserved: Vec<crate::kinds::Gvk>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
@@ -273,7 +277,7 @@ async fn stop_when_kinds_change(
                 stop.cancel();
                 return;
             }
-            Ok(kinds) if kinds.unserved_related.len() != unserved => {
+            Ok(kinds) if kinds.unserved_related.iter().map(|(g, _)| g).ne(&unserved) => {
                 info!(rule = %rule.name, "restarting watches: the related kinds served changed");
                 stop.cancel();
                 return;
