@@ -1,0 +1,336 @@
+//! The command line: every subcommand, flag and environment variable.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::render::Limits;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "trellis",
+    version,
+    about = "A Kubernetes operator programmed with YAML rules",
+    long_about = "trellis keeps child objects in existence for every object of a parent kind, \
+                  as declared by rule files (trellis.dev/v1alpha1 Rule), and writes the children's \
+                  state back into the parent's status."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RenderLimits {
+    /// minijinja fuel per render (roughly: instructions executed)
+    #[arg(long, default_value_t = Limits::default().fuel, env = "TRELLIS_RENDER_FUEL")]
+    pub render_fuel: u64,
+    /// Deepest nesting a render may reach
+    #[arg(long, default_value_t = Limits::default().recursion, env = "TRELLIS_RENDER_RECURSION")]
+    pub render_recursion: usize,
+    /// Most bytes one template may produce
+    #[arg(long, default_value_t = Limits::default().max_bytes, env = "TRELLIS_RENDER_MAX_BYTES")]
+    pub render_max_bytes: usize,
+}
+
+impl RenderLimits {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            fuel: self.render_fuel,
+            recursion: self.render_recursion,
+            max_bytes: self.render_max_bytes,
+        }
+    }
+}
+
+/// `trellis run --leader-elect` and its timings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Leader election")]
+pub struct LeaderElection {
+    /// Run as one of several replicas: only the holder of a coordination.k8s.io Lease writes;
+    /// the others keep warm caches, write nothing, and take over when the leader goes
+    /// (SIGTERM releases the Lease, so a successor takes over at once)
+    #[arg(long, env = "TRELLIS_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the Lease
+    #[arg(
+        long,
+        default_value = "trellis",
+        value_name = "NAME",
+        env = "TRELLIS_LEADER_ELECT_LEASE_NAME"
+    )]
+    pub leader_elect_lease_name: String,
+    /// Namespace of the Lease [default: $POD_NAMESPACE, else the Pod's service account namespace]
+    #[arg(long, value_name = "NS", env = "TRELLIS_LEADER_ELECT_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+    /// How long the Lease holds without renewal before another replica may take it (whole seconds)
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub leader_elect_lease_duration: std::time::Duration,
+    /// A leader that could not renew for this long stops writing (shorter than the lease duration)
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub leader_elect_renew_deadline: std::time::Duration,
+    /// How often the leader renews, and a failed attempt is retried (whole seconds)
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub leader_elect_retry_period: std::time::Duration,
+}
+
+impl LeaderElection {
+    /// The election's settings; `None` without `--leader-elect`; an error
+    /// naming the flag when a value cannot work.
+    pub fn settings(&self) -> Result<Option<crate::operator::leader::Settings>, String> {
+        use crate::operator::leader;
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = match &self.leader_elect_namespace {
+            Some(ns) if !ns.trim().is_empty() => ns.trim().to_owned(),
+            _ => leader::namespace_from_environment()?,
+        };
+        let settings = leader::Settings {
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+            ..leader::Settings::new(
+                &self.leader_elect_lease_name,
+                &namespace,
+                &leader::identity(),
+            )
+        };
+        settings.validate()?;
+        Ok(Some(settings))
+    }
+}
+
+/// A socket address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct ListenAddr(pub Option<std::net::SocketAddr>);
+
+fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
+    match text {
+        "off" | "" => Ok(ListenAddr(None)),
+        _ => text
+            .parse()
+            .map(|a| ListenAddr(Some(a)))
+            .map_err(|e| format!("{e} (expected HOST:PORT or `off`)")),
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Output {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The operator: reconcile every rule's kind on the cluster (KUBECONFIG or in-cluster)
+    Run {
+        /// Rules directory (repeatable)
+        #[arg(
+            long = "rules",
+            required = true,
+            value_name = "DIR",
+            env = "TRELLIS_RULES",
+            value_delimiter = ','
+        )]
+        rules: Vec<PathBuf>,
+        /// Watch only this namespace (repeatable; default: all namespaces)
+        #[arg(
+            long = "namespace",
+            short = 'n',
+            value_name = "NS",
+            env = "TRELLIS_NAMESPACES",
+            value_delimiter = ','
+        )]
+        namespaces: Vec<String>,
+        /// Most reconciles in flight at once, across all rules
+        #[arg(long, default_value_t = 32, env = "TRELLIS_CONCURRENCY")]
+        concurrency: usize,
+        /// Log format
+        #[arg(long, value_enum, default_value = "text", env = "TRELLIS_LOG_FORMAT")]
+        log_format: LogFormat,
+        /// Address of /metrics, /healthz, /readyz and /status ("off" to disable)
+        #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen_addr, env = "TRELLIS_METRICS_ADDR")]
+        metrics_addr: ListenAddr,
+        /// Re-read the rules at least this often, events or not
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TRELLIS_RELOAD_POLL")]
+        reload_poll: std::time::Duration,
+        /// Apply the CRDs generated from rules with `crd:` (server-side apply,
+        /// at start and on every reload; never deleted)
+        #[arg(long, env = "TRELLIS_MANAGE_CRDS")]
+        manage_crds: bool,
+        #[command(flatten)]
+        limits: RenderLimits,
+        #[command(flatten)]
+        leader: LeaderElection,
+    },
+    /// Lint a rule set; exit 1 with file:line messages on any error
+    Check {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// CRD manifests (a file or a directory): warn about status fields they would drop
+        #[arg(long, value_name = "PATH")]
+        crds: Option<PathBuf>,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
+    /// Offline: what one reconcile pass would do for PARENT (no cluster needed)
+    Render {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// The parent object (YAML)
+        parent: PathBuf,
+        /// Live children (YAML stream), matched by kind and name
+        #[arg(long)]
+        observed: Option<PathBuf>,
+        /// CRD manifests (a file or a directory): the parent's scope and schema come from them
+        #[arg(long, value_name = "PATH")]
+        crds: Option<PathBuf>,
+        /// Output format
+        #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+        output: Output,
+        /// Timestamp for new condition transitions (default: now)
+        #[arg(long, value_name = "RFC3339")]
+        now: Option<String>,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
+    /// Print the least-privilege ClusterRole the rule set needs
+    Rbac {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// Name of the ClusterRole
+        #[arg(long, default_value = "trellis")]
+        name: String,
+        /// Also grant what `trellis run --manage-crds` needs (create and patch
+        /// on the generated CRDs, by name)
+        #[arg(long)]
+        manage_crds: bool,
+    },
+    /// Print the JSON Schema of the rule format
+    Schema,
+    /// Print the dependency graph of rules' children and related entries
+    /// (all rules, or RULE)
+    ///
+    /// Nodes are children and related entries (read, never written); edges
+    /// point from what must be ready first to what waits for it: solid for
+    /// `dependsOn`, dotted for an implicit dependency (the child reads
+    /// `children.X` or `related.Y`). forEach, includeWhen, policy, and a
+    /// related entry's selector/optional/readyWhen are marked on the node.
+    Graph {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// Only this rule
+        rule: Option<String>,
+        /// Output format
+        #[arg(short = 'o', long, value_enum, default_value = "mermaid")]
+        output: GraphOutput,
+    },
+    /// Against the live cluster (KUBECONFIG or in-cluster): what one pass of the
+    /// operator would change, per child, as a diff
+    ///
+    /// Plans the pass as `trellis run` would, from the live parent, its live
+    /// children and the related objects its rule reads, then asks the API
+    /// server what each write would do with server-side dry-run requests:
+    /// nothing is written. Lists children that would be created (+), updated
+    /// (~, field by field), recreated (!), pruned (-) or refused (x), children
+    /// held back, and changes to the parent's status. Run it with the edited
+    /// rules before shipping them (the operator can keep running).
+    ///
+    /// Exit code: 0 nothing would change, 1 something would, 2 a pass would
+    /// fail or the cluster could not be asked. Needs get/list on the parent,
+    /// child and related kinds, and patch (dry-run) on children and the
+    /// parent's status.
+    Diff {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// A manifest naming the parent (apiVersion, kind, metadata.namespace
+        /// and name); the live object of that name is diffed
+        #[arg(
+            required_unless_present = "all",
+            conflicts_with = "all",
+            value_name = "PARENT.yaml"
+        )]
+        parent: Option<PathBuf>,
+        /// Every parent of every rule
+        #[arg(long)]
+        all: bool,
+        /// With --all: only parents in this namespace
+        #[arg(short = 'n', long, requires = "all", value_name = "NS")]
+        namespace: Option<String>,
+        /// With --all: only this rule's parents
+        #[arg(long, requires = "all", value_name = "RULE")]
+        rule: Option<String>,
+        #[command(flatten)]
+        limits: RenderLimits,
+    },
+    /// Print the CustomResourceDefinitions of the rules that set `crd:`
+    Crd {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GraphOutput {
+    Dot,
+    Mermaid,
+}
+
+#[cfg(test)]
+mod leader_flags {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn settings(args: &[&str]) -> Result<Option<crate::operator::leader::Settings>, String> {
+        let argv = ["trellis", "run", "--rules", "rules"].iter().chain(args);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Run { leader, .. } => leader.settings(),
+            _ => Err("not run".into()),
+        }
+    }
+
+    #[test]
+    fn leader_election_is_off_unless_asked_for_and_takes_its_timings_from_flags() {
+        assert_eq!(settings(&[]), Ok(None));
+        let s = settings(&[
+            "--leader-elect",
+            "--leader-elect-namespace=ops",
+            "--leader-elect-lease-name=mine",
+            "--leader-elect-lease-duration=20s",
+        ])
+        .expect("valid")
+        .expect("enabled");
+        assert_eq!(
+            (s.namespace.as_str(), s.lease_name.as_str()),
+            ("ops", "mine")
+        );
+        assert_eq!(s.lease_duration, std::time::Duration::from_secs(20));
+        assert_eq!(s.renew_deadline, std::time::Duration::from_secs(10));
+        assert_eq!(s.retry_period, std::time::Duration::from_secs(2));
+        assert!(!s.identity.is_empty());
+        let err = settings(&[
+            "--leader-elect",
+            "--leader-elect-namespace=ops",
+            "--leader-elect-renew-deadline=1s",
+        ])
+        .expect_err("a renew deadline below the retry period");
+        assert!(err.contains("--leader-elect-retry-period"), "{err}");
+    }
+}

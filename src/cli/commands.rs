@@ -1,0 +1,211 @@
+//! The offline commands besides `render` (`check`, `schema`, `rbac`,
+//! `graph`, `crd`) and `diff`, which asks the live cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use super::{
+    GraphOutput, load, load_crds, load_settled, print_out, read_yaml_stream, warn_dropped,
+};
+use crate::render::Limits;
+use crate::rules::RuleSet;
+use crate::yaml;
+
+pub fn check(dirs: &[PathBuf], limits: Limits, crds_path: Option<&Path>) -> ExitCode {
+    let crds = match load_crds(crds_path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    // The parent kind's CRD settles the scope questions the rules leave open.
+    let settle = |set: &mut RuleSet| {
+        let Some(crds) = &crds else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        for rule in &set.rules {
+            if let Some((crd, _)) = crds.find(&rule.parent) {
+                let scope = crate::crd::offline::scope_of(crd);
+                errors.extend(crate::rules::scope::settle(rule, scope, &mut set.warnings));
+            }
+        }
+        errors
+    };
+    match load_settled(dirs, limits, settle) {
+        Ok(set) => {
+            let dropped = crds.as_ref().map_or(0, |c| warn_dropped(&set, c));
+            let warnings = set.warnings.len() + dropped;
+            stderr!(
+                "{} rule(s) OK{}",
+                set.rules.len(),
+                if warnings > 0 {
+                    format!(", {warnings} warning(s)")
+                } else {
+                    String::new()
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+pub fn schema() -> ExitCode {
+    match serde_json::to_string_pretty(&crate::rules::model::json_schema()) {
+        Ok(text) => print_out(&format!("{text}\n"))
+            .err()
+            .unwrap_or(ExitCode::SUCCESS),
+        Err(e) => {
+            stderr!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub fn rbac(dirs: &[PathBuf], name: &str, manage_crds: bool) -> ExitCode {
+    let set = match load(dirs, Limits::default()) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    let role = crate::rbac::cluster_role_with(&set, name, manage_crds);
+    match yaml::to_string(&role) {
+        Ok(text) => print_out(&format!("{}\n", text.trim_end()))
+            .err()
+            .unwrap_or(ExitCode::SUCCESS),
+        Err(e) => {
+            stderr!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub fn graph(dirs: &[PathBuf], rule: Option<&str>, output: GraphOutput) -> ExitCode {
+    let set = match load(dirs, Limits::default()) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    let graphs: Vec<crate::graph::Graph> = set
+        .rules
+        .iter()
+        .filter(|r| rule.is_none_or(|name| r.name == name))
+        .map(|r| crate::graph::Graph::of(r))
+        .collect();
+    if let (Some(name), true) = (rule, graphs.is_empty()) {
+        eprintln!(
+            "error: no rule named `{name}` (rules: {})",
+            set.rules
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return ExitCode::from(1);
+    }
+    print!(
+        "{}",
+        match output {
+            GraphOutput::Dot => crate::graph::to_dot(&graphs),
+            GraphOutput::Mermaid => crate::graph::to_mermaid(&graphs),
+        }
+    );
+    ExitCode::SUCCESS
+}
+
+/// `trellis diff` (a PARENT.yaml, or `--all` narrowed by `namespace` and
+/// `rule`): exit 0 nothing would change, 1 something would, 2 error.
+pub fn diff(
+    dirs: &[PathBuf],
+    parent_path: Option<&Path>,
+    namespace: Option<String>,
+    rule: Option<String>,
+    limits: Limits,
+) -> ExitCode {
+    let error = ExitCode::from(2);
+    let Ok(set) = load(dirs, limits) else {
+        return error;
+    };
+    let manifest = match parent_path.map(read_yaml_stream).transpose() {
+        Ok(None) => None,
+        Ok(Some(docs)) => match <[Value; 1]>::try_from(docs) {
+            Ok([doc]) => Some(doc),
+            Err(docs) => {
+                stderr!(
+                    "error: the parent file holds {} documents, not one",
+                    docs.len()
+                );
+                return error;
+            }
+        },
+        Err(e) => {
+            stderr!("error: {e}");
+            return error;
+        }
+    };
+    let target = match &manifest {
+        Some(doc) => crate::diff::live::Target::Parent(doc),
+        None => crate::diff::live::Target::All { namespace, rule },
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            stderr!("error: cannot start the async runtime: {e}");
+            return error;
+        }
+    };
+    let report = runtime.block_on(async {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
+        })?;
+        crate::diff::live::diff(&client, &set, &target).await
+    });
+    match report {
+        Ok(report) => {
+            for note in &report.notes {
+                stderr!("note: {note}");
+            }
+            if print_out(&crate::diff::print(&report.diffs)).is_err() {
+                return error;
+            }
+            ExitCode::from(crate::diff::exit_code(&report.diffs))
+        }
+        Err(e) => {
+            stderr!("error: {e}");
+            error
+        }
+    }
+}
+
+/// The YAML stream `trellis crd` prints: one document per rule with `crd:`,
+/// in rule-name order.
+pub fn crd_documents(set: &RuleSet) -> Result<String, String> {
+    let mut out = String::new();
+    for crd in set.rules.iter().filter_map(|r| r.crd.as_ref()) {
+        if !out.is_empty() {
+            out.push_str("---\n");
+        }
+        out.push_str(&yaml::to_string(crd)?);
+    }
+    Ok(out)
+}
+
+pub fn crd(dirs: &[PathBuf]) -> ExitCode {
+    let set = match load(dirs, Limits::default()) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    if !set.rules.iter().any(|r| r.crd.is_some()) {
+        stderr!("note: no rule sets `crd:`; nothing to print");
+        return ExitCode::SUCCESS;
+    }
+    match crd_documents(&set) {
+        Ok(text) => print_out(&text).err().unwrap_or(ExitCode::SUCCESS),
+        Err(e) => {
+            stderr!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! `trellis render` and what it shares with the golden tests: which rule
+//! takes a parent, the scope of kinds offline, and the document a pass prints.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+
+use super::{Output, load, load_crds, print_out, read_yaml_stream, warn_dropped};
+use crate::crd::offline::OfflineCrds;
+use crate::kinds::{self, Gvk};
+use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
+use crate::render::Limits;
+use crate::rules::model::Scope;
+use crate::rules::{CompiledRule, RuleSet};
+use crate::yaml;
+
+/// The rule for a parent object: same apiVersion/kind, and its namespaces and
+/// selector (if any) match.
+pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, String> {
+    let api_version = parent
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = parent
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let gvk = Gvk::new(api_version, kind);
+    let candidates: Vec<&CompiledRule> = set
+        .for_parent(&gvk)
+        .map(|r| r.as_ref())
+        .filter(|r| crate::plan::parent_matches(r, parent))
+        .collect();
+    match candidates.as_slice() {
+        [] => Err(format!("no rule matches a parent of kind {gvk}")),
+        [one] => Ok(one),
+        many => Err(format!(
+            "several rules match a parent of kind {gvk}: {}",
+            many.iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// Scope of a kind offline: for the parent kind, the rule's
+/// `spec.parent.scope`, else its generated CRD's (`crd:`); else the built-in
+/// table (children may override it per child).
+pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
+    let hint = rule.rule.spec.parent.scope.or_else(|| {
+        rule.rule
+            .spec
+            .crd
+            .as_ref()
+            .map(|_| crate::crd::scope(&rule.rule))
+    });
+    offline_scope_with(rule, hint)
+}
+
+/// Like [`offline_scope`], with the parent kind's scope given.
+pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&Gvk) -> Scope + '_ {
+    move |gvk: &Gvk| match hint {
+        Some(scope) if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind => scope,
+        _ => kinds::scope(gvk),
+    }
+}
+
+/// Gives unlabelled observed objects the labels trellis would have put on
+/// them, by matching kind and name against a render. Hand-written
+/// `--observed` files can then omit the labels.
+///
+/// A child held back by `dependsOn` is only rendered once its dependencies
+/// are found ready, so this labels, renders again and labels again until a
+/// pass labels nothing new (each pass that does adds at least one child id).
+fn label_observed(
+    rule: &CompiledRule,
+    parent: &Value,
+    mut observed: Vec<Value>,
+    now: &str,
+    scope_of: &dyn Fn(&Gvk) -> Scope,
+) -> Observed {
+    let uid = parent
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or(plan::PLACEHOLDER_UID)
+        .to_owned();
+    for _ in 0..=rule.children.len() {
+        let labelled = Observed::from_objects(observed.iter().cloned());
+        let trial = plan::plan(
+            rule,
+            &Input {
+                parent,
+                observed: &labelled,
+                now,
+                scope_of,
+            },
+        );
+        let mut changed = false;
+        for obj in &mut observed {
+            let has_label = obj
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(LABEL_CHILD))
+                .is_some();
+            if has_label {
+                continue;
+            }
+            let Some(key) = ObjectKey::of(obj) else {
+                continue;
+            };
+            // The namespace counts when the file gives one: a related
+            // object (config-propagation's source ConfigMap) shares its
+            // copies' kind and name, and is not one of them.
+            let Some(apply) = trial.apply.iter().find(|a| {
+                a.key.group == key.group
+                    && a.key.kind == key.kind
+                    && a.key.name == key.name
+                    && (key.namespace.is_none() || key.namespace == a.key.namespace)
+            }) else {
+                continue;
+            };
+            let meta = &mut obj["metadata"];
+            if meta.get("namespace").is_none()
+                && let Some(ns) = &apply.key.namespace
+            {
+                meta["namespace"] = json!(ns);
+            }
+            let labels = &mut meta["labels"];
+            if !labels.is_object() {
+                *labels = json!({});
+            }
+            labels[LABEL_RULE] = json!(rule.name);
+            labels[LABEL_CHILD] = json!(apply.id);
+            labels[plan::LABEL_PARENT_UID] = json!(uid);
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+    Observed::from_objects(observed)
+}
+
+/// The document `trellis render` prints.
+pub fn render_document(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+) -> Value {
+    render_document_with(rule, parent, observed, now, None)
+}
+
+/// [`render_document`], with CRD manifests (`--crds`): the parent's scope
+/// comes from its CRD, and its spec is checked against the CRD's schema.
+pub fn render_document_with(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+    crds: Option<&OfflineCrds>,
+) -> Value {
+    let scope_of = offline_scope_with(rule, crate::crd::offline::parent_scope(rule, parent, crds));
+    let observed = label_observed(rule, parent, observed, now, &scope_of);
+    let plan = plan::plan(
+        rule,
+        &Input {
+            parent,
+            observed: &observed,
+            now,
+            scope_of: &scope_of,
+        },
+    );
+    // `createOnly` children that exist are never sent again: show them apart.
+    let (kept, applied): (Vec<_>, Vec<_>) = plan.apply.iter().partition(|a| {
+        a.policy == crate::rules::model::Policy::CreateOnly && observed.objects.contains_key(&a.key)
+    });
+    let mut doc = json!({
+        "children": applied.iter().map(|a| a.object.clone()).collect::<Vec<_>>(),
+        "status": plan.status,
+        "pending": plan.pending,
+        "rule": rule.name,
+    });
+    if !kept.is_empty() {
+        doc["unchanged"] = json!(kept.iter().map(|a| a.key.to_string()).collect::<Vec<_>>());
+    }
+    if !plan.delete.is_empty() {
+        doc["delete"] = json!(
+            plan.delete
+                .iter()
+                .map(|d| d.key.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
+    let mut errors = plan.errors.clone();
+    if let Some((_, version)) = crds.and_then(|c| c.find(&rule.parent)) {
+        errors.extend(crate::crd::offline::validate_parent(version, parent));
+    }
+    if !errors.is_empty() {
+        doc["errors"] = json!(errors);
+    }
+    doc
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn render(
+    dirs: &[PathBuf],
+    parent_path: &Path,
+    observed_path: Option<&Path>,
+    output: Output,
+    now: Option<String>,
+    limits: Limits,
+    crds_path: Option<&Path>,
+) -> ExitCode {
+    let set = match load(dirs, limits) {
+        Ok(set) => set,
+        Err(code) => return code,
+    };
+    let crds = match load_crds(crds_path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(c) = &crds {
+        warn_dropped(&set, c);
+    }
+    let parents = match read_yaml_stream(parent_path) {
+        Ok(p) => p,
+        Err(e) => {
+            stderr!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let [parent] = parents.as_slice() else {
+        stderr!(
+            "error: {}: expected exactly one parent object, found {}",
+            parent_path.display(),
+            parents.len()
+        );
+        return ExitCode::from(1);
+    };
+    let observed = match observed_path.map(read_yaml_stream).transpose() {
+        Ok(o) => o.unwrap_or_default(),
+        Err(e) => {
+            stderr!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let rule = match rule_for(&set, parent) {
+        Ok(rule) => rule,
+        Err(e) => {
+            stderr!("error: {}: {e}", parent_path.display());
+            return ExitCode::from(1);
+        }
+    };
+    if parent.pointer("/metadata/uid").is_none() {
+        stderr!(
+            "note: {} has no metadata.uid; using {} in labels and ownerReferences",
+            parent_path.display(),
+            plan::PLACEHOLDER_UID
+        );
+    }
+    let now = now.unwrap_or_else(crate::clock::now_rfc3339);
+    let doc = render_document_with(rule, parent, observed, &now, crds.as_ref());
+    let text = match output {
+        Output::Json => serde_json::to_string_pretty(&doc).map_err(|e| e.to_string()),
+        Output::Yaml => yaml::to_string(&doc),
+    };
+    match text {
+        Ok(text) => {
+            if let Err(code) = print_out(&format!("{}\n", text.trim_end())) {
+                return code;
+            }
+            if doc.get("errors").is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            stderr!("error: cannot print the result: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
+    use super::render_document;
+    use crate::rules::CompiledRule;
+
+    const NOW: &str = "2026-11-29T00:00:00Z";
+
+    fn rule(spec: &str) -> Arc<CompiledRule> {
+        crate::rules::testing::rule_with_spec(spec)
+    }
+
+    /// ConfigMaps `a-one` ← `a-two` ← `a-three`, each behind the one before.
+    const CHAIN: &str = "  children:
+    - id: one
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-one' }}}
+    - id: two
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [one]
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-two' }}}
+    - id: three
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [two]
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-three' }}}
+";
+
+    fn parent(namespace: Option<&str>) -> Value {
+        let mut p = json!({
+            "apiVersion": "demo.trellis.dev/v1",
+            "kind": "App",
+            "metadata": {"name": "a", "uid": "uid-1", "generation": 1},
+        });
+        if let Some(ns) = namespace {
+            p["metadata"]["namespace"] = json!(ns);
+        }
+        p
+    }
+
+    fn unlabelled(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+    }
+
+    fn ready(doc: &Value) -> &Value {
+        doc["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+    }
+
+    #[test]
+    fn observed_children_behind_depends_on_are_matched() {
+        let r = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        let observed = vec![
+            unlabelled("a-three"),
+            unlabelled("a-two"),
+            unlabelled("a-one"),
+        ];
+        let doc = render_document(&r, &parent(Some("ns")), observed, NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"].as_array().unwrap().len(), 3, "{doc:#}");
+        assert_eq!(ready(&doc)["status"], "True", "{doc:#}");
+    }
+
+    /// A copy per item into namespace `item`, of the source `src/cfg`.
+    const COPIES: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}
+  related:
+    - id: source
+      apiVersion: v1
+      kind: ConfigMap
+      namespace: src
+      name: cfg
+  children:
+    - id: copy
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: \"['team-a', 'team-b']\"
+      template: |
+        metadata: {name: cfg, namespace: {{ item }}}
+        data: {{ related.source.data }}
+  status:
+    fields:
+      - path: copies
+        value: \"children.copy | default([]) | length\"
+";
+
+    #[test]
+    fn an_observed_related_object_named_like_a_child_elsewhere_is_not_that_child() {
+        let r = rule(COPIES);
+        let object = |ns: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "cfg", "namespace": ns}, "data": {"k": "v"}})
+        };
+        let doc = render_document(&r, &parent(None), vec![object("src")], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["status"]["copies"], 0, "no copy exists yet: {doc:#}");
+        assert!(
+            doc.get("delete").is_none(),
+            "the source is never pruned: {doc:#}"
+        );
+        assert_eq!(doc["children"].as_array().map(Vec::len), Some(2));
+        let doc = render_document(
+            &r,
+            &parent(None),
+            vec![object("src"), object("team-a")],
+            NOW,
+        );
+        assert_eq!(doc["status"]["copies"], 1, "{doc:#}");
+        assert!(doc.get("delete").is_none(), "{doc:#}");
+    }
+
+    #[test]
+    fn parent_scope_comes_from_the_rule_offline() {
+        let cluster = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}}\n{}",
+            CHAIN.replace("{name: {{", "{namespace: team, name: {{")
+        ));
+        let doc = render_document(&cluster, &parent(None), vec![], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"][0]["metadata"]["namespace"], "team");
+        let doc = render_document(&cluster, &parent(Some("ns")), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!(["App ns/a: cluster-scoped parent must not have metadata.namespace"])
+        );
+
+        // Without a hint, a CRD parent written without a namespace is
+        // cluster-scoped (so its namespaced children must name one)...
+        let unhinted = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        let doc = render_document(&unhinted, &parent(None), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!(["template of child \"one\": the parent is cluster-scoped: \
+                 a namespaced child must set metadata.namespace"])
+        );
+        // ...and one with a namespace is namespaced.
+        let doc = render_document(&unhinted, &parent(Some("ns")), vec![], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"][0]["metadata"]["namespace"], "ns");
+
+        // A rule's `crd:` block is its parent's CRD: namespaced by default.
+        let with_crd = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n  crd: {{}}\n{CHAIN}"
+        ));
+        let doc = render_document(&with_crd, &parent(None), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!([
+                "App a: the parent has no metadata.namespace (App is namespaced; \
+                 if it is not, set spec.parent.scope: Cluster in the rule)"
+            ])
+        );
+        assert_eq!(doc["children"], json!([]));
+    }
+}
