@@ -10,12 +10,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use support::converge::Expect;
 use support::faults::{PrivateCluster, Proxy, client_for, free_address, metric, timed};
-use support::operator::{Operator, TestKind, condition_state};
+use support::operator::{Operator, TestKind};
 
 /// Three children per parent, as in the load: a ConfigMap, a
 /// createOnly Secret (never re-rolled) and a ClusterIP Service.
@@ -129,31 +130,31 @@ async fn passwords(client: &Client) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Whether every parent is Ready and Synced and has exactly its three children.
-async fn converged(client: &Client, kind: &TestKind, n: usize) -> bool {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &kind.resource);
-    let Ok(list) = api.list(&ListParams::default()).await else {
-        return false;
+/// `Ok` once every parent is Ready and Synced and has exactly its three
+/// children; otherwise what is left.
+async fn converged(client: &Client, kind: &TestKind, n: usize) -> Result<(), String> {
+    let children = [
+        ApiResource::erase::<ConfigMap>(&()),
+        ApiResource::erase::<Secret>(&()),
+        ApiResource::erase::<Service>(&()),
+    ];
+    let expect = Expect {
+        namespace: NS,
+        parents: &kind.resource,
+        count: n,
+        rule: "trio",
+        children: &children,
     };
-    let all_good = list.items.len() == n
-        && list.items.iter().all(|p| {
-            matches!(condition_state(p, "Ready"), Ok((s, _)) if s == "True")
-                && matches!(condition_state(p, "Synced"), Ok((s, _)) if s == "True")
-        });
-    if !all_good {
-        return false;
+    support::converge::check(client, &expect).await
+}
+
+/// `Ok` once `name` exists.
+async fn exists(cms: &Api<ConfigMap>, name: &str) -> Result<(), String> {
+    match cms.get_opt(name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(format!("ConfigMap {name} does not exist")),
+        Err(e) => Err(format!("reading ConfigMap {name}: {e}")),
     }
-    let lp = ListParams::default().labels("trellis.dev/rule=trio");
-    let cms = Api::<ConfigMap>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await;
-    let secrets = Api::<Secret>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await;
-    let svcs = Api::<Service>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await;
-    matches!((cms, secrets, svcs), (Ok(c), Ok(s), Ok(v)) if c.items.len() == n && s.items.len() == n && v.items.len() == n)
 }
 
 /// Asserts that no createOnly Secret seen `before` was re-rolled or lost.
@@ -252,10 +253,6 @@ async fn a_child_deleted_while_the_watches_were_cut_comes_back_in_seconds() {
     })
     .await;
     let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), NS);
-    let gone = |name: &'static str| {
-        let cms = cms.clone();
-        async move { matches!(cms.get_opt(name).await, Ok(Some(_))) }
-    };
 
     // Cut: the watches resume from their resourceVersion and see the delete.
     proxy.sever();
@@ -267,7 +264,7 @@ async fn a_child_deleted_while_the_watches_were_cut_comes_back_in_seconds() {
     timed(
         "watch cut 5 s, child deleted meanwhile -> recreated",
         Duration::from_secs(30),
-        || gone("p3-config"),
+        || exists(&cms, "p3-config"),
     )
     .await;
 
@@ -286,10 +283,7 @@ async fn a_child_deleted_while_the_watches_were_cut_comes_back_in_seconds() {
     timed(
         "watch cut + API server restart (relist), child deleted meanwhile -> recreated",
         Duration::from_secs(30),
-        || {
-            let cms = cms.clone();
-            async move { matches!(cms.get_opt("p5-config").await, Ok(Some(_))) }
-        },
+        || exists(&cms, "p5-config"),
     )
     .await;
     timed("all converged again", Duration::from_secs(30), || {

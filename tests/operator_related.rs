@@ -5,7 +5,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
@@ -18,6 +17,7 @@ use kube::api::{
 };
 use serde_json::json;
 
+use support::logs::Logs;
 use support::operator::{
     Cleanup, Operator, QUIET, TestKind, WAIT, assert_absent, condition, config_data, install_kind,
     rule_set, wait_condition_reason, wait_data, wait_event, wait_exists, wait_gone,
@@ -60,51 +60,13 @@ async fn config_map(ns: &support::TestNamespace, name: &str, data: &[(&str, &str
         .unwrap_or_else(|e| panic!("creating ConfigMap {name}: {e}"));
 }
 
-/// Every log line of this test binary, from one global subscriber: a
-/// thread-local one ([`support::operator::LogCapture`]) misses events whose
-/// callsites other tests' operators registered first. Lines name their
-/// parent with its (unique) namespace, so tests tell theirs apart.
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn get() -> &'static Logs {
-        static LOGS: OnceLock<Logs> = OnceLock::new();
-        LOGS.get_or_init(|| {
-            let sink = Arc::new(Mutex::new(Vec::new()));
-            let writer = sink.clone();
-            tracing_subscriber::fmt()
-                .with_env_filter("info,trellis=debug")
-                .with_ansi(false)
-                .with_writer(move || Sink(writer.clone()))
-                .try_init()
-                .expect("the only global subscriber of this test binary");
-            Logs(sink)
-        })
-    }
-
-    fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+/// Every log line of this test binary, from one global subscriber
+/// ([`support::logs`]): a thread-local one
+/// ([`support::operator::LogCapture`]) misses events whose callsites other
+/// tests' operators registered first. Lines name their parent with its
+/// (unique) namespace, so tests tell theirs apart.
+fn logs() -> &'static Logs {
+    Logs::get().expect("the only global subscriber of this test binary")
 }
 
 /// Passes the operator logged for the parent `ns/name` so far.
@@ -153,7 +115,7 @@ async fn an_edited_related_object_re_reconciles_exactly_its_readers_and_a_restar
     let (app, _cleanup) = install_kind(&ns, "Reader").await;
     config_map(&ns, "src-1", &[("v", "one")]).await;
     config_map(&ns, "src-2", &[("v", "two")]).await;
-    let logs = Logs::get();
+    let logs = logs();
     let operator = Operator::start(&ns.client, ns.name(), &[&app.rule(COPY_RULE)]);
     app.create(&ns, "reader-a", json!({"from": "src-1"}), &[])
         .await;

@@ -245,35 +245,39 @@ pub fn free_address() -> std::net::SocketAddr {
     l.local_addr().expect("address")
 }
 
-/// Waits `timeout` at most; the time it took, for the figures in the log.
+/// Waits `timeout` at most for `check` to return `Ok`; the time it took,
+/// for the figures in the log. On timeout, fails with what `check` last
+/// said (say what is left undone, not only that something is) and the tail
+/// of the operator's log.
 pub async fn timed<F, Fut>(what: &str, timeout: Duration, check: F) -> Duration
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
+    Fut: std::future::Future<Output = Result<(), String>>,
 {
     let started = std::time::Instant::now();
     let mut check = check;
     loop {
-        if check().await {
-            let took = started.elapsed();
-            eprintln!("[faults] {what}: {took:.2?}");
-            return took;
+        let last = match check().await {
+            Ok(()) => {
+                let took = started.elapsed();
+                eprintln!("[faults] {what}: {took:.2?}");
+                return took;
+            }
+            Err(last) => last,
+        };
+        if started.elapsed() >= timeout {
+            panic!(
+                "{what}: not within {timeout:?}; last check: {last}{}",
+                super::logs::tail(None, 40)
+            );
         }
-        assert!(
-            started.elapsed() < timeout,
-            "{what}: not within {timeout:?}"
-        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 /// The operator's log on the test's stderr, filtered by `RUST_LOG`
 /// (nothing unless it is set): the fault tests are the ones to debug.
+/// Every line is kept for a timeout's message either way ([`super::logs`]).
 pub fn logs() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
+    let _ = super::logs::Logs::get();
 }

@@ -67,8 +67,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 
+pub mod converge;
 pub mod faults;
 pub mod hostile;
+pub mod logs;
 pub mod node;
 pub mod operator;
 pub mod process;
@@ -343,10 +345,31 @@ pub async fn namespace() -> TestNamespace {
     namespace_for(&test).await
 }
 
+/// Namespaces made by [`namespace_for`], by the name of the thread that
+/// made them (a test's thread is named after the test).
+fn namespaces_by_thread()
+-> std::sync::MutexGuard<'static, std::collections::HashMap<String, String>> {
+    static MADE: OnceLock<std::sync::Mutex<std::collections::HashMap<String, String>>> =
+        OnceLock::new();
+    MADE.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The namespace the calling test made last, if it made one: the log lines
+/// naming it are the test's own.
+pub fn test_namespace() -> Option<String> {
+    let thread = std::thread::current().name()?.to_owned();
+    namespaces_by_thread().get(&thread).cloned()
+}
+
 /// A fresh namespace for `test`, named after it.
 pub async fn namespace_for(test: &str) -> TestNamespace {
     let client = client().await;
     let name = unique_name(test);
+    if let Some(thread) = std::thread::current().name() {
+        namespaces_by_thread().insert(thread.to_owned(), name.clone());
+    }
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -397,7 +420,10 @@ where
         match check().await {
             Ok(value) => return value,
             Err(e) if start.elapsed() >= timeout => {
-                panic!("timed out after {timeout:?} waiting for {what}; last result: {e:?}")
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; last result: {e:?}{}",
+                    logs::tail(test_namespace().as_deref(), 40)
+                )
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }

@@ -251,6 +251,8 @@ impl Operator {
         rules: trellis::rules::RuleSet,
         client: &Client,
     ) -> Operator {
+        // Its log is kept for the message of a wait that times out.
+        let _ = super::logs::Logs::get();
         let cancel = CancellationToken::new();
         let task = tokio::spawn(trellis::operator::run_with(
             options,
@@ -568,17 +570,14 @@ pub async fn wait_condition_reason(
     .await
 }
 
-/// Polls until the parent `name` is `Ready=True` and `Synced=True` at once.
+/// Polls until the parent `name` is `Ready=True` and `Synced=True` at once,
+/// for its current generation.
 pub async fn wait_ready_and_synced(parents: &Api<DynamicObject>, name: &str) {
     wait_for(parents, name, "Ready=True and Synced=True", |p| {
-        match (condition_state(p, "Ready")?, condition_state(p, "Synced")?) {
-            ((r, _), (s, _)) if r == "True" && s == "True" => Ok(()),
-            // The messages say which child holds it back, should it time out.
-            other => Err(format!(
-                "Ready, Synced: {other:?}; Ready says {}",
-                condition(p, "Ready").map_or(Value::Null, |c| c["message"].clone())
-            )),
-        }
+        // Should it time out, the conditions say which child holds it back.
+        super::converge::parent_converged(p)
+            .then_some(())
+            .ok_or_else(|| super::converge::describe(p))
     })
     .await
 }

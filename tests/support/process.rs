@@ -18,6 +18,8 @@ pub struct Replica {
     child: Option<Child>,
     pub addr: SocketAddr,
     log: PathBuf,
+    /// Its name in [`super::logs`].
+    logged_as: String,
 }
 
 impl Replica {
@@ -45,7 +47,11 @@ impl Replica {
             cmd.env("KUBECONFIG", path);
         }
         let child = cmd.spawn().expect("start trellis run");
+        // Its log tail goes into the message of a wait that times out.
+        let logged_as = format!("{}/{name}", ns.name());
+        super::logs::register_file(&logged_as, log.clone());
         Replica {
+            logged_as,
             name: name.to_owned(),
             child: Some(child),
             addr,
@@ -140,6 +146,7 @@ impl Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
+        super::logs::forget_file(&self.logged_as);
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
