@@ -410,3 +410,106 @@ async fn another_rules_object_and_another_controllers_object_are_refused_by_the_
     );
     operator.stop().await;
 }
+
+const KEEP_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: keep
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: token
+      apiVersion: v1
+      kind: ConfigMap
+      policy: createOnly
+      template: |
+        metadata:
+          name: {{ spec.name }}
+        data:
+          token: {{ rand_alnum(12) }}
+          user: {{ spec.user | default("alice") }}
+"#;
+
+/// A `createOnly` child is made as every child is, by the create-only
+/// apply (no POST: its fields are owned through `Apply`), is never written
+/// again once it exists, whatever its rendering becomes, and is never made
+/// over an object of its name that someone else made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_only_child_is_made_by_an_apply_once_and_never_over_someone_elses_object() {
+    let ns = support::namespace().await;
+    let cms: Api<ConfigMap> = ns.api();
+    let theirs = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "theirs"},
+        "data": {"ledger": "42"},
+    });
+    let before = cms
+        .patch(
+            "theirs",
+            &PatchParams::apply("payroll-tool"),
+            &Patch::Apply(&theirs),
+        )
+        .await
+        .expect("someone else's ConfigMap");
+    let (kind, _cleanup) = install_kind(&ns, "Keep").await;
+    let (operator, addr) = start(&ns, &kind, KEEP_RULE);
+    kind.create(&ns, "keeper", json!({"name": "kept"}), &[])
+        .await;
+    kind.create(&ns, "thief", json!({"name": "theirs"}), &[])
+        .await;
+    let parents = kind.api(&ns);
+    support::operator::wait_ready_and_synced(&parents, "keeper").await;
+    let made = cms.get("kept").await.expect("kept");
+    assert!(
+        made.managed_fields().iter().all(|m| {
+            m.operation.as_deref() == Some("Apply") && m.manager.as_deref() == Some("trellis/keep")
+        }),
+        "made by trellis's apply: {:?}",
+        made.managed_fields()
+    );
+    assert_eq!(
+        requests(&addr, "create", "configmaps").await,
+        0.0,
+        "no POST"
+    );
+
+    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
+    let message = condition(&thief, "Synced").expect("Synced")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("theirs") && message.contains("managed by payroll-tool"),
+        "{message}"
+    );
+
+    // A new rendering (and every pass it causes) leaves the child as made.
+    kind.patch(&ns, "keeper", json!({"spec": {"user": "bob"}}))
+        .await;
+    support::eventually("keeper's edit observed", support::operator::WAIT, || {
+        let parents = parents.clone();
+        async move {
+            let p = parents.get("keeper").await.map_err(|e| e.to_string())?;
+            (support::converge::parent_converged(&p) && p.metadata.generation == Some(2))
+                .then_some(())
+                .ok_or_else(|| support::converge::describe(&p))
+        }
+    })
+    .await;
+    tokio::time::sleep(QUIET).await;
+    let kept = cms.get("kept").await.expect("kept");
+    assert_eq!(
+        kept.metadata.resource_version, made.metadata.resource_version,
+        "a createOnly child is never written again: {kept:?}"
+    );
+    let now = cms.get("theirs").await.expect("theirs");
+    assert_eq!(
+        now.metadata.resource_version, before.metadata.resource_version,
+        "someone else's object is never written: {now:?}"
+    );
+    operator.stop().await;
+}

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use kube::api::{
-    DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
 use serde_json::Value;
 use tracing::info;
@@ -55,11 +55,11 @@ impl Applied {
 /// A child not among them is new, not cached yet, or someone else's, and
 /// is written without a read first: what the caches know decides what they
 /// can (another parent's object, one this process just made), and the API
-/// server refuses the rest — a create-only POST meets `AlreadyExists`, a
-/// create-only apply (a `resourceVersion` no stored object has) meets 409
-/// whenever the object exists. So an object someone else made is never
-/// written, not even for a moment. Only a refused write is followed by a
-/// read, to name the owner.
+/// server refuses the rest: every new child, `createOnly` or not, is sent
+/// as a create-only apply ([`create_only`]), which meets 409 whenever the
+/// object exists. So an object someone else made is never written, not
+/// even for a moment. Only a refused write is followed by a read, to name
+/// the owner.
 pub(super) async fn apply_child(
     ctx: &RuleCtx,
     apply: &Apply,
@@ -118,40 +118,27 @@ pub(super) async fn apply_child(
         }
         ours = true;
     }
+    let manager = ctx.field_manager();
     if live.is_none() && apply.policy == Policy::CreateOnly {
-        // A create, not an apply: should the object exist it is kept as it
-        // is (a `rand_alnum` secret is never re-rolled).
-        let object: DynamicObject = serde_json::from_value(apply.object.clone())
-            .map_err(|e| Error::Plan(format!("{}: {e}", apply.key)))?;
-        let params = PostParams {
-            field_manager: Some(ctx.field_manager()),
-            ..PostParams::default()
-        };
+        // Made as every new child is made (the create-only apply below), but
+        // never forced nor applied again: should the object exist it is
+        // kept as it is (a `rand_alnum` secret is never re-rolled).
         ctx.shared.gate.check()?;
-        return match api.create(&params, &object).await {
+        return match create_only(&api, apply, &manager).await {
             Ok(made) => {
                 ctx.remember_created(&apply.key, parent_uid, &apply.hash);
                 Ok(Applied::written(Outcome::Created, made))
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                // Refused: it exists. Whose is it?
-                match api.get_opt(&apply.key.name).await.map_err(fail)? {
-                    Some(existing) => {
-                        let existing = serde_json::to_value(&existing).unwrap_or_default();
-                        match foreign_owner(&existing, &apply.object, adopt) {
-                            Some(owner) => Err(conflict(owner)),
-                            // Ours, and newer than the cache: the pass reads
-                            // it, or its status would say the child does not
-                            // exist yet until some later event (a restart
-                            // over a killed process's last creates hit it).
-                            None => Ok(Applied {
-                                outcome: Outcome::Unchanged,
-                                object: Some(existing),
-                            }),
-                        }
-                    }
-                    None => Err(fail(kube::Error::Api(e))),
-                }
+            Err(kube::Error::Api(e)) if refused(&e) => {
+                // Ours, and newer than the cache: the pass reads it, or its
+                // status would say the child does not exist yet until some
+                // later event (a restart over a killed process's last
+                // creates hit it).
+                let (existing, _) = whose(&api, apply, adopt, e).await?;
+                Ok(Applied {
+                    outcome: Outcome::Unchanged,
+                    object: Some(existing),
+                })
             }
             Err(source) => Err(fail(source)),
         };
@@ -194,7 +181,6 @@ pub(super) async fn apply_child(
         return Ok(Applied::unchanged());
     }
 
-    let manager = ctx.field_manager();
     ctx.shared.gate.check()?;
     if ours {
         let params = PatchParams::apply(&manager).force();
@@ -212,45 +198,19 @@ pub(super) async fn apply_child(
         };
         return Ok(Applied::written(outcome, written));
     }
-    // Unknown to the caches: most likely new. A create-only apply: the
-    // resourceVersion precondition (a version no stored object can have)
-    // makes the API server refuse with 409 should the object exist, so an
-    // object someone else made is never touched, not even for a moment;
-    // when it does not exist it is created with this manager's `Apply`
-    // ownership, so a field later removed from the template is removed
-    // from the object (a POST would record an `Update` entry, whose fields
-    // a later apply cannot remove).
-    let mut create = apply.object.clone();
-    if let Some(meta) = create.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.insert(
-            "resourceVersion".to_owned(),
-            Value::String(NO_STORED_VERSION.to_owned()),
-        );
-    }
-    let params = PatchParams::apply(&manager);
-    match api
-        .patch(&apply.key.name, &params, &Patch::Apply(&create))
-        .await
-    {
+    // Unknown to the caches: most likely new, and made by the create-only
+    // apply; refused, it exists: ours after all (made by an earlier
+    // process, not cached yet) or adopted, its fields are taken.
+    match create_only(&api, apply, &manager).await {
         Ok(written) => {
             ctx.remember_created(&apply.key, parent_uid, &apply.hash);
             Ok(Applied::written(Outcome::Created, written))
         }
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
-            // Refused: it exists (409), or the API server rejects the
-            // object as it stands (422). Whose is it?
-            let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? else {
-                return Err(fail(kube::Error::Api(e)));
-            };
-            let existing = serde_json::to_value(&existing).unwrap_or_default();
-            if let Some(owner) = foreign_owner(&existing, &apply.object, adopt) {
-                return Err(conflict(owner));
-            }
+        Err(kube::Error::Api(e)) if refused(&e) => {
+            let (_, e) = whose(&api, apply, adopt, e).await?;
             if e.code == 422 {
                 return Err(fail(kube::Error::Api(e)));
             }
-            // Ours after all (made by an earlier process, not cached yet),
-            // or adopted: take the fields.
             let written = api
                 .patch(
                     &apply.key.name,
@@ -262,6 +222,67 @@ pub(super) async fn apply_child(
             Ok(Applied::written(Outcome::Updated, written))
         }
         Err(source) => Err(fail(source)),
+    }
+}
+
+/// The create-only apply, how every child is made: an unforced apply
+/// carrying a `resourceVersion` no stored object has
+/// ([`NO_STORED_VERSION`]). Should the object exist, the API server refuses
+/// it (409), so an object someone else made is never touched, not even for
+/// a moment; when it does not exist it is created with this manager's
+/// `Apply` ownership, so a field later removed from the template is removed
+/// from the object (a POST would record an `Update` entry, whose fields a
+/// later apply cannot remove).
+async fn create_only(
+    api: &kube::Api<DynamicObject>,
+    apply: &Apply,
+    manager: &str,
+) -> Result<DynamicObject, kube::Error> {
+    let mut create = apply.object.clone();
+    if let Some(meta) = create.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert(
+            "resourceVersion".to_owned(),
+            Value::String(NO_STORED_VERSION.to_owned()),
+        );
+    }
+    api.patch(
+        &apply.key.name,
+        &PatchParams::apply(manager),
+        &Patch::Apply(&create),
+    )
+    .await
+}
+
+/// A refusal of the create-only apply worth a read: the object exists
+/// (409), or the API server rejects the object as it stands (422), which
+/// an existing object may explain.
+fn refused(e: &kube::core::Status) -> bool {
+    e.code == 409 || e.code == 422
+}
+
+/// After a refused create-only apply: the existing object when it is this
+/// parent's (or `adopt` takes it), with the refusal. Someone else's is a
+/// [`Error::Conflict`] naming the owner; none at all, the refusal itself.
+async fn whose(
+    api: &kube::Api<DynamicObject>,
+    apply: &Apply,
+    adopt: bool,
+    refusal: Box<kube::core::Status>,
+) -> Result<(Value, Box<kube::core::Status>), Error> {
+    let fail = |source| Error::Apply {
+        key: apply.key.to_string(),
+        source,
+    };
+    let Some(existing) = api.get_opt(&apply.key.name).await.map_err(fail)? else {
+        return Err(fail(kube::Error::Api(refusal)));
+    };
+    let existing = serde_json::to_value(&existing).unwrap_or_default();
+    match foreign_owner(&existing, &apply.object, adopt) {
+        Some(owner) => Err(Error::Conflict {
+            key: apply.key.to_string(),
+            owner,
+        }),
+        None => Ok((existing, refusal)),
     }
 }
 
