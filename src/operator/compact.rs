@@ -8,12 +8,14 @@
 //! objects it reads. Metadata stays typed: the trigger mapper and the label
 //! checks read it on every event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kube::api::ObjectMeta;
 use kube::core::TypeMeta;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+
+use crate::plan::LABEL_PARENT_UID;
 
 /// One cached child.
 #[derive(Debug, Clone)]
@@ -25,13 +27,19 @@ pub struct CompactObject {
     rest: Box<RawValue>,
 }
 
-type RawMap = BTreeMap<String, Box<RawValue>>;
+pub(super) type RawMap = BTreeMap<String, Box<RawValue>>;
 
 impl CompactObject {
     /// Splits one object's JSON text; `managedFields` are dropped before
     /// they are decoded, as every cache drops them.
     pub fn from_json(text: &str) -> Result<CompactObject, serde_json::Error> {
-        let mut top: RawMap = serde_json::from_str(text)?;
+        CompactObject::from_fields(serde_json::from_str(text)?)
+    }
+
+    /// An object from its top-level fields, each still raw: `metadata` is
+    /// decoded (without `managedFields`), the types read, and what is left
+    /// kept as text.
+    pub(super) fn from_fields(mut top: RawMap) -> Result<CompactObject, serde_json::Error> {
         let metadata = match top.remove("metadata") {
             Some(raw) => {
                 let mut fields: RawMap = serde_json::from_str(raw.get())?;
@@ -57,6 +65,11 @@ impl CompactObject {
         })
     }
 
+    /// The text of the fields besides types and metadata (one JSON object).
+    pub(super) fn rest_text(&self) -> &str {
+        self.rest.get()
+    }
+
     /// The whole object, as a pass reads it.
     pub fn to_value(&self) -> Value {
         let mut out = Map::new();
@@ -73,6 +86,89 @@ impl CompactObject {
             out.extend(rest);
         }
         Value::Object(out)
+    }
+}
+
+/// One child cache's objects by the parent uid on their label, kept from
+/// the cache's own watch events: a pass visits its own children, not every
+/// child of the rule (which made each pass O(N), each convergence O(N²)).
+/// Entries may be stale (a relisted cache reports no deletions, a label may
+/// change): a reader looks each one up in the cache and checks the label.
+#[derive(Default)]
+pub struct ByParent {
+    state: std::sync::Mutex<ByParentState>,
+}
+
+/// A child's namespace and name.
+pub type ChildName = (Option<String>, String);
+type Index = HashMap<String, HashSet<ChildName>>;
+
+#[derive(Default)]
+struct ByParentState {
+    live: Index,
+    /// Filled during a relist, swapped in when it is done (as the store is).
+    relisting: Option<Index>,
+}
+
+impl ByParent {
+    /// Follows one event of the cache's watch (after the store took it).
+    pub fn observe(&self, event: &kube::runtime::watcher::Event<CompactObject>) {
+        use kube::runtime::watcher::Event;
+        let mut state = super::lock(&self.state);
+        match event {
+            Event::Init => state.relisting = Some(Index::new()),
+            Event::InitApply(o) => {
+                let state = &mut *state;
+                add(state.relisting.as_mut().unwrap_or(&mut state.live), o);
+            }
+            Event::InitDone => {
+                if let Some(index) = state.relisting.take() {
+                    state.live = index;
+                }
+            }
+            Event::Apply(o) => add(&mut state.live, o),
+            Event::Delete(o) => {
+                if let Some(uid) = o
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_PARENT_UID))
+                    && let Some(names) = state.live.get_mut(uid)
+                {
+                    names.remove(&name_of(o));
+                    if names.is_empty() {
+                        state.live.remove(uid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The children indexed under the parent with `uid`.
+    pub fn of(&self, uid: &str) -> Vec<ChildName> {
+        super::lock(&self.state)
+            .live
+            .get(uid)
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn name_of(o: &CompactObject) -> ChildName {
+    (
+        o.metadata.namespace.clone(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn add(index: &mut Index, o: &CompactObject) {
+    if let Some(uid) = o
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_PARENT_UID))
+    {
+        index.entry(uid.clone()).or_default().insert(name_of(o));
     }
 }
 
@@ -112,5 +208,47 @@ mod tests {
             compact.to_value(),
             json!({"metadata": {"name": "x"}, "data": {"k": "v"}})
         );
+    }
+
+    fn child(name: &str, uid: &str) -> CompactObject {
+        CompactObject::from_json(
+            &json!({"metadata": {"name": name, "namespace": "a",
+                                 "labels": {LABEL_PARENT_UID: uid}}})
+            .to_string(),
+        )
+        .expect("decodes")
+    }
+
+    fn names(index: &ByParent, uid: &str) -> Vec<String> {
+        let mut names: Vec<String> = index.of(uid).into_iter().map(|(_, n)| n).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn children_are_indexed_under_their_parent_and_leave_it_when_deleted() {
+        use kube::runtime::watcher::Event;
+        let index = ByParent::default();
+        index.observe(&Event::Apply(child("x-config", "x")));
+        index.observe(&Event::Apply(child("x-web", "x")));
+        index.observe(&Event::Apply(child("y-web", "y")));
+        assert_eq!(names(&index, "x"), ["x-config", "x-web"]);
+        assert_eq!(names(&index, "y"), ["y-web"]);
+        index.observe(&Event::Delete(child("x-web", "x")));
+        assert_eq!(names(&index, "x"), ["x-config"]);
+        assert!(names(&index, "z").is_empty());
+    }
+
+    #[test]
+    fn a_relist_replaces_the_index_once_it_is_done() {
+        use kube::runtime::watcher::Event;
+        let index = ByParent::default();
+        index.observe(&Event::Apply(child("gone", "x")));
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(child("kept", "x")));
+        // Until the relist is done, readers see the old index, as the store does.
+        assert_eq!(names(&index, "x"), ["gone"]);
+        index.observe(&Event::InitDone);
+        assert_eq!(names(&index, "x"), ["kept"]);
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::Shared;
-use super::compact::CompactObject;
+use super::compact::{ByParent, CompactObject};
 use super::decode::ParentObject;
 use super::discovery::{Resolved, RuleKinds};
 use super::lock;
@@ -32,7 +32,7 @@ pub struct RuleCtx {
     pub kinds: RuleKinds,
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
-    pub children: Vec<(Resolved, Store<CompactObject>)>,
+    pub children: Vec<ChildCache>,
     /// The parent cache.
     pub parents: Store<ParentObject>,
     /// Consecutive failures per parent: backoff and Warning dedup.
@@ -56,10 +56,19 @@ pub struct RuleCtx {
     pub written: Mutex<HashMap<String, Written>>,
 }
 
+/// One child kind's cache, and its index by parent.
+pub struct ChildCache {
+    pub kind: Resolved,
+    pub store: Store<CompactObject>,
+    pub by_parent: Arc<ByParent>,
+}
+
 /// A status write the parent cache may not show yet.
 pub struct Written {
     pub over: String,
-    pub status: Value,
+    /// As JSON text: one is held per parent written in the last minutes,
+    /// and as a `Value` a status weighs several times its text.
+    pub status: Box<str>,
     pub at: Instant,
 }
 
@@ -160,7 +169,7 @@ fn brief(err: &kube::Error) -> String {
 }
 
 /// `namespace/name` (or `name`) of a parent, for logs and backoff keys.
-pub fn parent_key(parent: &DynamicObject) -> String {
+pub fn parent_key<K: Resource>(parent: &K) -> String {
     match parent.namespace() {
         Some(ns) => format!("{ns}/{}", parent.name_any()),
         None => parent.name_any(),
@@ -201,14 +210,14 @@ impl RuleCtx {
         &self,
         uid: &str,
         resource_version: Option<String>,
-        status: Value,
+        status: &Value,
     ) {
         let Some(over) = resource_version else {
             return;
         };
         let written = Written {
             over,
-            status,
+            status: status.to_string().into_boxed_str(),
             at: Instant::now(),
         };
         lock(&self.written).insert(uid.to_owned(), written);
@@ -220,7 +229,8 @@ impl RuleCtx {
         let mut written = lock(&self.written);
         let entry = written.get(uid)?;
         if Some(entry.over.as_str()) == resource_version {
-            return Some(entry.status.clone());
+            // Text this process wrote from a Value: it parses again.
+            return serde_json::from_str(&entry.status).ok();
         }
         written.remove(uid);
         None
@@ -259,15 +269,15 @@ impl RuleCtx {
 
     /// An object of this rule's child caches by key, whatever parent it is for.
     pub(super) fn cached_child(&self, key: &ObjectKey) -> Option<Value> {
-        let (kind, store) = self
+        let cache = self
             .children
             .iter()
-            .find(|(k, _)| k.gvk.group == key.group && k.gvk.kind == key.kind)?;
-        let mut at = ObjectRef::new_with(&key.name, kind.resource.clone());
+            .find(|c| c.kind.gvk.group == key.group && c.kind.gvk.kind == key.kind)?;
+        let mut at = ObjectRef::new_with(&key.name, cache.kind.resource.clone());
         if let Some(ns) = &key.namespace {
             at = at.within(ns);
         }
-        store.get(&at).map(|obj| obj.to_value())
+        cache.store.get(&at).map(|obj| obj.to_value())
     }
 
     pub(super) fn field_manager(&self) -> String {
@@ -302,8 +312,15 @@ impl RuleCtx {
     /// Children of one parent, from the caches.
     pub(super) fn observed(&self, uid: &str) -> Vec<Value> {
         let mut out = Vec::new();
-        for (_, store) in &self.children {
-            for obj in store.state() {
+        for cache in &self.children {
+            for (namespace, name) in cache.by_parent.of(uid) {
+                let mut at = ObjectRef::new_with(&name, cache.kind.resource.clone());
+                if let Some(ns) = &namespace {
+                    at = at.within(ns);
+                }
+                let Some(obj) = cache.store.get(&at) else {
+                    continue;
+                };
                 if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid) {
                     out.push(obj.to_value());
                 }

@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::api::{DynamicObject, ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
-use super::compact::CompactObject;
-use super::context::{self, RuleCtx};
+use super::compact::{ByParent, CompactObject};
+use super::context::{self, ChildCache, RuleCtx};
 use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
 use super::reconcile;
@@ -310,14 +310,6 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 /// in apiVersion/kind, which list responses leave out of their items.
 pub(super) fn trim(
     resource: &kube::discovery::ApiResource,
-) -> impl FnMut(&mut DynamicObject) + Send + 'static {
-    let mut trim = trim_parts(resource);
-    move |obj: &mut DynamicObject| trim(&mut obj.metadata, &mut obj.types)
-}
-
-/// [`trim`] for the children's caches.
-fn trim_child(
-    resource: &kube::discovery::ApiResource,
 ) -> impl FnMut(&mut CompactObject) + Send + 'static {
     let mut trim = trim_parts(resource);
     move |obj: &mut CompactObject| trim(&mut obj.metadata, &mut obj.types)
@@ -456,8 +448,7 @@ fn outside_status(parent: &ParentObject) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     parent.undecodable.hash(&mut h);
-    let parent = &parent.object;
-    let meta = &parent.metadata;
+    let meta = &parent.object.metadata;
     meta.uid.hash(&mut h);
     meta.labels.hash(&mut h);
     meta.annotations.hash(&mut h);
@@ -466,14 +457,7 @@ fn outside_status(parent: &ParentObject) -> Option<u64> {
         .as_ref()
         .map(|t| t.0.to_string())
         .hash(&mut h);
-    if let Some(data) = parent.data.as_object() {
-        for (k, v) in data {
-            if k != "status" {
-                k.hash(&mut h);
-                v.to_string().hash(&mut h);
-            }
-        }
-    }
+    parent.outside_status_text().hash(&mut h);
     Some(h.finish())
 }
 
@@ -557,10 +541,20 @@ async fn run_controller(
             scope,
             child_config.clone(),
             relisted_tx.clone(),
-            trim_child(&kind.resource),
+            trim(&kind.resource),
         );
-        child_stores.push((kind.clone(), store));
+        let by_parent = Arc::new(ByParent::default());
+        child_stores.push(ChildCache {
+            kind: kind.clone(),
+            store,
+            by_parent: by_parent.clone(),
+        });
         let mapper = parent_of(parents.clone(), parent_kind.clone());
+        let stream = stream.inspect(move |event| {
+            if let Ok(event) = event {
+                by_parent.observe(event);
+            }
+        });
         let objects = own_errors(
             format!("{} {}", rule.name, kind.gvk),
             stream.touched_objects(),
@@ -581,7 +575,7 @@ async fn run_controller(
     let (caches_ready, listing) = context::caches_ready(
         child_stores
             .iter()
-            .map(|(_, s)| context::listed(s.clone()))
+            .map(|c| context::listed(c.store.clone()))
             .chain(related.ready)
             .collect(),
     );

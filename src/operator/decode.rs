@@ -11,69 +11,100 @@
 //! decodes) are kept with the reason, so the object can be reported on and
 //! skipped while its kind's watch goes on.
 
-use kube::api::{DynamicObject, ObjectMeta};
-use kube::core::TypeMeta;
+use kube::api::DynamicObject;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-/// A parent from a watch or a response; `object` is whole unless
-/// `undecodable` says why not (then it holds metadata and, if it decoded,
-/// status).
+use super::compact::{CompactObject, RawMap};
+
+/// A parent (or a related object) from a watch or a response, kept as the
+/// children are (see `compact`): typed metadata and the text of the rest,
+/// parsed when a pass reads it. `status` is apart, so that what wakes a
+/// parent (anything but its status) is one string to hash. Unless
+/// `undecodable` says why, the text holds the whole object; then it holds
+/// nothing but, if it decoded, the status.
 #[derive(Debug, Clone)]
 pub struct ParentObject {
-    pub object: DynamicObject,
+    /// Types, metadata and every field but `status`.
+    pub object: CompactObject,
+    status: Option<Box<RawValue>>,
     pub undecodable: Option<String>,
 }
-
-type RawMap = std::collections::BTreeMap<String, Box<RawValue>>;
 
 impl ParentObject {
     /// Decodes one object's JSON text, keeping what it can: the top level
     /// and `metadata` are split into raw values by a scan that does not
     /// recurse; `managedFields` (which mirror the spec's depth) are dropped,
     /// as the caches drop them anyway; every other field is decoded on its
-    /// own, so only the fields too deep to decode are lost.
+    /// own (and the value dropped: the text is kept), so only the fields
+    /// too deep to decode are lost.
     pub fn from_json(text: &str) -> Result<ParentObject, serde_json::Error> {
-        let top: RawMap = serde_json::from_str(text)?;
-        let mut metadata: RawMap = match top.get("metadata") {
-            Some(raw) => serde_json::from_str(raw.get())?,
-            None => RawMap::new(),
-        };
-        metadata.remove("managedFields");
-        let metadata: ObjectMeta = serde_json::from_str(&serde_json::to_string(&metadata)?)?;
-        let text_of = |key: &str| -> Option<String> {
-            top.get(key)
-                .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
-        };
-        let types = match (text_of("apiVersion"), text_of("kind")) {
-            (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
-            _ => None,
-        };
-        let mut data = Map::new();
+        let mut top: RawMap = serde_json::from_str(text)?;
         let mut undecodable = None;
+        let mut bad = Vec::new();
         for (key, raw) in &top {
             if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
                 continue;
             }
-            match serde_json::from_str::<Value>(raw.get()) {
-                Ok(value) => {
-                    data.insert(key.clone(), value);
-                }
-                Err(err) => undecodable = Some(describe(key, &err)),
+            // A Value, not `IgnoredAny`: serde_json skips ignored values
+            // without its recursion limit, and a pass parses this text again.
+            if let Err(err) = serde_json::from_str::<Value>(raw.get()) {
+                undecodable = Some(describe(key, &err));
+                bad.push(key.clone());
             }
         }
+        for key in bad {
+            top.remove(&key);
+        }
+        let status = top.remove("status");
         if undecodable.is_some() {
             // Without the whole spec nothing may be rendered from it.
-            data.retain(|k, _| k == "status");
+            top.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
         }
         Ok(ParentObject {
-            object: DynamicObject {
-                types,
-                metadata,
-                data: Value::Object(data),
-            },
+            object: CompactObject::from_fields(top)?,
+            status,
             undecodable,
         })
+    }
+
+    /// The object whole (what of it decoded), as a pass reads it.
+    pub fn to_value(&self) -> Value {
+        let mut value = self.object.to_value();
+        if let (Some(status), Value::Object(map)) = (self.status_value(), &mut value) {
+            map.insert("status".into(), status);
+        }
+        value
+    }
+
+    /// The object whole, typed as the clients take it.
+    pub fn to_object(&self) -> DynamicObject {
+        let mut data = Map::new();
+        // Text validated when it was decoded: it parses again.
+        if let Ok(Value::Object(rest)) = serde_json::from_str(self.object.rest_text()) {
+            data = rest;
+        }
+        if let Some(status) = self.status_value() {
+            data.insert("status".into(), status);
+        }
+        DynamicObject {
+            types: self.object.types.clone(),
+            metadata: self.object.metadata.clone(),
+            data: Value::Object(data),
+        }
+    }
+
+    /// `status`, if the object has one.
+    pub fn status_value(&self) -> Option<Value> {
+        self.status
+            .as_ref()
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+    }
+
+    /// The text of every field but types, metadata and status: what a
+    /// change of the parent (other than of its status) changes.
+    pub fn outside_status_text(&self) -> &str {
+        self.object.rest_text()
     }
 }
 
@@ -152,18 +183,19 @@ mod tests {
     fn a_plain_object_decodes_whole() {
         let p = ParentObject::from_json(&object("a", r#"{"image":"nginx"}"#)).expect("decodes");
         assert_eq!(p.undecodable, None);
-        assert_eq!(p.object.data["spec"]["image"], "nginx");
+        assert_eq!(p.to_value()["spec"]["image"], "nginx");
     }
 
     #[test]
     fn a_deep_object_keeps_its_metadata_and_status_and_says_why() {
         let p = ParentObject::from_json(&object("deep", &nested(200))).expect("skeleton");
-        let why = p.undecodable.expect("undecodable");
+        let why = p.undecodable.clone().expect("undecodable");
         assert!(why.contains("128 levels"), "{why}");
         assert_eq!(p.object.metadata.name.as_deref(), Some("deep"));
         assert_eq!(p.object.metadata.uid.as_deref(), Some("u-deep"));
-        assert_eq!(p.object.data["status"]["x"], 1);
-        assert!(p.object.data.get("spec").is_none());
+        assert_eq!(p.to_value()["status"]["x"], 1);
+        assert!(p.to_value().get("spec").is_none());
+        assert!(p.to_object().data.get("spec").is_none());
     }
 
     #[test]
@@ -195,7 +227,24 @@ mod tests {
         );
         let p = ParentObject::from_json(&text).expect("decodes");
         assert_eq!(p.undecodable, None);
-        assert_eq!(p.object.data["spec"]["x"], 1);
+        assert_eq!(p.to_object().data["spec"]["x"], 1);
         assert_eq!(p.object.metadata.managed_fields, None);
+    }
+
+    #[test]
+    fn a_parent_reads_back_whole_and_its_status_is_kept_apart() {
+        let text = object("a", r#"{"image":"nginx"}"#);
+        let p = ParentObject::from_json(&text).expect("decodes");
+        let whole: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(p.to_value(), whole);
+        assert_eq!(serde_json::to_value(p.to_object()).expect("json"), whole);
+        assert_eq!(p.status_value(), Some(serde_json::json!({"x": 1})));
+        assert!(!p.outside_status_text().contains("status"));
+        let restatused =
+            ParentObject::from_json(&text.replace(r#"{"x":1}"#, r#"{"x":2}"#)).expect("decodes");
+        assert_eq!(p.outside_status_text(), restatused.outside_status_text());
+        let edited =
+            ParentObject::from_json(&object("a", r#"{"image":"httpd"}"#)).expect("decodes");
+        assert_ne!(p.outside_status_text(), edited.outside_status_text());
     }
 }

@@ -42,7 +42,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::{Semaphore, watch};
@@ -106,7 +106,7 @@ impl Options {
 /// What every rule's controller shares.
 pub struct Shared {
     pub client: Client,
-    pub recorder: Recorder,
+    pub recorder: summary::Publisher,
     pub namespaces: Vec<String>,
     /// Bounds reconciles in flight across all rules (FIFO, so fair).
     pub permits: Semaphore,
@@ -188,7 +188,7 @@ pub async fn run_with(
     let metrics = Arc::<crate::telemetry::Metrics>::default();
     let client = requests::counted(client, metrics.clone());
     let (epoch_tx, epoch_rx) = watch::channel(0u64);
-    let recorder = Recorder::new(
+    let recorder = summary::Publisher::new(
         client.clone(),
         Reporter {
             controller: "trellis".into(),

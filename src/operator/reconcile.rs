@@ -71,9 +71,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     };
     ctx.sweep();
     if let Some(why) = &parent.undecodable {
-        return undecodable(&ctx, &parent.object, why).await;
+        return undecodable(&ctx, &parent.to_object(), why).await;
     }
-    let parent = &parent.object;
+    // Parsed from the cache's text once per pass.
+    let parent = &parent.to_object();
     let rule = &ctx.rule();
     let key = parent_key(parent);
     let uid = parent.uid().unwrap_or_default();

@@ -506,9 +506,7 @@ fn to_entry(gvk: &Gvk, o: &ParentObject) -> Result<Option<(ObjectKey, Value)>, U
             message: format!("{object} cannot be decoded: {why}"),
         });
     }
-    let Ok(value) = serde_json::to_value(&o.object) else {
-        return Ok(None);
-    };
+    let value = o.to_value();
     Ok(ObjectKey::of(&value).map(|k| (k, value)))
 }
 

@@ -260,14 +260,9 @@ pub(super) async fn write_status(
         Err(err) => return Err(Error::Status(err)),
     };
     // The API server silently prunes fields its schema does not know.
-    let kept = written
-        .object
-        .data
-        .get("status")
-        .cloned()
-        .unwrap_or(Value::Null);
+    let kept = written.status_value().unwrap_or(Value::Null);
     if let Some(uid) = parent.uid() {
-        ctx.remember_status(&uid, parent.resource_version(), kept.clone());
+        ctx.remember_status(&uid, parent.resource_version(), &kept);
     }
     let mut paths = Vec::new();
     leaf_paths(&status, &mut Vec::new(), &mut paths);

@@ -4,8 +4,54 @@
 //! parents that is thousands of writes nobody reads. Failures are reported
 //! on their own (Warnings, deduplicated by the backoff).
 
-use kube::runtime::events::EventType;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
+
+/// Publishes Events through kube's `Recorder`, which keeps every Event it
+/// published for 6 minutes (to patch a repeat into a series) and scans all
+/// of them on each publish: at 10,000 parents, two Events each, that is
+/// 20,000 cached Events (megabytes) and an O(N) scan per write. A fresh
+/// recorder after every [`ROTATE`] publishes bounds both; a repeat across a
+/// rotation is written as a new Event instead of a patch of the old one.
+pub struct Publisher {
+    client: Client,
+    reporter: Reporter,
+    current: Mutex<(Recorder, usize)>,
+}
+
+/// Publishes per recorder.
+const ROTATE: usize = 256;
+
+impl Publisher {
+    pub fn new(client: Client, reporter: Reporter) -> Publisher {
+        let recorder = Recorder::new(client.clone(), reporter.clone());
+        Publisher {
+            client,
+            reporter,
+            current: Mutex::new((recorder, 0)),
+        }
+    }
+
+    pub async fn publish(
+        &self,
+        event: &Event,
+        reference: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        let recorder = {
+            let mut current = super::lock(&self.current);
+            if current.1 >= ROTATE {
+                *current = (Recorder::new(self.client.clone(), self.reporter.clone()), 0);
+            }
+            current.1 += 1;
+            current.0.clone()
+        };
+        recorder.publish(event, reference).await
+    }
+}
 
 /// Most objects named in one Event; the rest are counted.
 const NAMED: usize = 10;

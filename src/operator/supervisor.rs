@@ -235,7 +235,7 @@ async fn list_in(
             if let Some(why) = &p.undecodable {
                 info!(kind = %kind.gvk, name = %p.object.name_any(), "cleanup reads only the metadata of an undecodable object: {why}");
             }
-            p.object
+            p.to_object()
         })
     };
     if !kind.namespaced || scopes.contains(&None) {
@@ -364,7 +364,7 @@ async fn release_finalizer(
             }
             Err(kube::Error::Api(e)) if e.code == 404 => return,
             Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(&name).await {
-                Ok(Some(fresh)) => current = fresh.object,
+                Ok(Some(fresh)) => current = fresh.to_object(),
                 Ok(None) => return,
                 Err(err) => {
                     warn!(rule = %rule.name, parent = %name, "cannot release finalizer: {err}");
