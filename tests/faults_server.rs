@@ -97,9 +97,19 @@ async fn create_parents(s: &Setup, range: std::ops::Range<usize>) {
 }
 
 fn start_operator(s: &Setup, client: &Client, metrics: std::net::SocketAddr) -> Operator {
+    start_operator_with(s, client, metrics, |_| {})
+}
+
+fn start_operator_with(
+    s: &Setup,
+    client: &Client,
+    metrics: std::net::SocketAddr,
+    tune: impl FnOnce(&mut trellis::operator::Options),
+) -> Operator {
     let mut options = trellis::operator::Options::new(vec![], vec![NS.to_owned()]);
     options.instance = "faults".into();
     options.metrics_addr = Some(metrics);
+    tune(&mut options);
     Operator::spawn(
         options,
         support::operator::rule_set(&[&s.kind.rule(TRIO_RULE)]),
@@ -291,5 +301,65 @@ async fn a_child_deleted_while_the_watches_were_cut_comes_back_in_seconds() {
     })
     .await;
     report(&metrics.to_string(), "after cut watches", n).await;
+    operator.stop().await;
+}
+
+/// Passes cut off by a network outage fail one after another, and each
+/// failing parent's backoff grows while the API server is out of reach; the
+/// watches resume when it is back (no relist: the server kept its watch
+/// cache), so no event wakes those parents. They are retried as soon as the
+/// server answers again, not after a backoff as long as the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parents_whose_passes_failed_in_an_outage_are_retried_as_soon_as_the_server_answers() {
+    let s = setup("outage").await;
+    let n = 40;
+    let proxy = Proxy::start(s.cp.api_address().await).await;
+    let through_proxy = client_for(s.cp.kubeconfig.clone(), Some(&proxy.address)).await;
+    let metrics = free_address();
+    // One pass at a time: the cut finds most parents not yet converged.
+    let operator = start_operator_with(&s, &through_proxy, metrics, |o| o.concurrency = 1);
+    let addr = metrics.to_string();
+    create_parents(&s, 0..1).await;
+    timed(
+        "the operator's first pass",
+        Duration::from_secs(30),
+        || async {
+            match support::faults::try_metric(&addr, "trellis_reconciles", &[]).await {
+                Some(n) if n >= 1.0 => Ok(()),
+                other => Err(format!("{other:?} reconciles")),
+            }
+        },
+    )
+    .await;
+    create_parents(&s, 1..n).await;
+    proxy.sever();
+    let failed = || async {
+        match support::faults::try_metric(&addr, "trellis_reconciles", &["result=\"error\""]).await
+        {
+            Some(n) if n >= 1.0 => Ok(()),
+            other => Err(format!("{other:?} failed passes")),
+        }
+    };
+    timed(
+        "a pass failed for want of the server",
+        Duration::from_secs(10),
+        failed,
+    )
+    .await;
+    // Long enough for the failing parents' backoff to pass 20 s.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let unconverged = converged(&s.client, &s.kind, n).await;
+    assert!(
+        unconverged.is_err(),
+        "converged before the connection came back: the test proves nothing"
+    );
+    proxy.restore();
+    timed(
+        "connection back after 30 s -> all converged",
+        Duration::from_secs(15),
+        || converged(&s.client, &s.kind, n),
+    )
+    .await;
+    report(&addr, "after a 30 s outage", n).await;
     operator.stop().await;
 }

@@ -37,6 +37,10 @@ pub struct RuleCtx {
     pub parents: Store<ParentObject>,
     /// Consecutive failures per parent: backoff and Warning dedup.
     pub failures: super::retry::Failures,
+    /// Parents whose pass failed for want of the API server, retried once
+    /// it serves again.
+    /// (By backoff key: `namespace/name`.)
+    pub outage: super::retry::Outage<(String, ObjectRef<ParentObject>)>,
     /// Status paths already reported as dropped by the API server.
     pub warned: Mutex<BTreeSet<String>>,
     /// The related caches and the index of what each parent read.
@@ -149,6 +153,16 @@ impl Error {
     pub(super) fn is_transport(&self) -> bool {
         self.kube_error()
             .is_some_and(|e| !matches!(e, kube::Error::Api(_)))
+    }
+
+    /// The API server could not serve the request: no answer, or a 5xx
+    /// or 429 (its etcd gone, overloaded). Nothing the parent can fix.
+    pub(super) fn is_outage(&self) -> bool {
+        match self.kube_error() {
+            Some(kube::Error::Api(status)) => status.code >= 500 || status.code == 429,
+            Some(_) => true,
+            None => false,
+        }
     }
 
     pub(super) fn kube_error(&self) -> Option<&kube::Error> {

@@ -32,7 +32,7 @@ use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
 use super::reconcile;
 use super::related;
-use super::retry::{Failures, WatchBackoff};
+use super::retry::{Failures, Outage, WatchBackoff};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::rules::CompiledRule;
 use crate::rules::model::{LabelSelector, SelectorOperator};
@@ -589,10 +589,12 @@ async fn run_controller(
         children: child_stores,
         parents: parents.clone(),
         failures: Failures::default(),
+        outage: Outage::default(),
         warned: Mutex::new(BTreeSet::new()),
         created: Mutex::default(),
         written: Mutex::default(),
     });
+    let controller = controller.reconcile_on(recovered(ctx.clone()));
     // A reloaded rule with the same kinds, or a watch that had to relist
     // (its server was gone): re-reconcile every parent at once, backoffs lifted.
     let mut updates = rules;
@@ -669,12 +671,51 @@ fn parent_of(
     }
 }
 
+/// Parents whose pass failed while the API server could not serve,
+/// handed back with their holds lifted as soon as it serves again (see
+/// [`Outage`]): a watch that resumes after the outage brings them nothing.
+fn recovered(ctx: Arc<RuleCtx>) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
+    futures::stream::unfold(ctx, |ctx| async move {
+        let client = ctx.shared.client.clone();
+        let failed = ctx
+            .outage
+            .recovered(WatchBackoff::default, || serving(client.clone()))
+            .await;
+        info!(rule = %ctx.rule().name, parents = failed.len(), "the API server serves again: retrying the parents that failed meanwhile");
+        for (key, _) in &failed {
+            ctx.failures.release(key);
+        }
+        ctx.report_backoff();
+        let parents: Vec<_> = failed.into_iter().map(|(_, at)| at).collect();
+        Some((futures::stream::iter(parents), ctx))
+    })
+    .flatten()
+}
+
+/// Whether the API server serves: `/readyz` answers (it checks etcd). Any
+/// other answer that is not the server's failure (a 403 where `/readyz` is
+/// not granted) counts as serving too: it was reached.
+async fn serving(client: Client) -> bool {
+    let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
+        return false;
+    };
+    match client.request_text(request).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) => status.code < 500 && status.code != 429,
+        Err(_) => false,
+    }
+}
+
 fn error_policy(parent: Arc<ParentObject>, err: &context::Error, ctx: Arc<RuleCtx>) -> Action {
     if let context::Error::NotLeader(_) = err {
         // Not a failure of the parent: becoming leader reconciles every one.
         return Action::await_change();
     }
     let key = context::parent_key(&parent.object);
+    if err.is_outage() {
+        let at = ObjectRef::from_obj_with(parent.as_ref(), ctx.kinds.parent.resource.clone());
+        ctx.outage.failed((key.clone(), at));
+    }
     let delay = ctx.failures.record(
         &key,
         parent.object.metadata.generation,

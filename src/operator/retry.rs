@@ -112,6 +112,15 @@ impl Failures {
         }
     }
 
+    /// Lifts the hold of `key` and restarts its count: its failures were
+    /// the server's ([`Outage`]).
+    pub fn release(&self, key: &str) {
+        if let Some(f) = self.lock().get_mut(key) {
+            f.count = 0;
+            f.until = Instant::now();
+        }
+    }
+
     /// Parents currently held back.
     pub fn holding(&self, now: Instant) -> usize {
         self.lock().values().filter(|f| f.until > now).count()
@@ -124,6 +133,69 @@ impl Failures {
     /// Forgets parents for which `keep` is false.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.lock().retain(|k, _| keep(k));
+    }
+}
+
+/// Parents whose pass failed because the API server could not serve it (no
+/// answer, or a 5xx: its etcd gone): the server's fault, not theirs. Their
+/// backoff grew while it was away, and a watch that resumes after the
+/// outage (no relist) brings them no event, so without this each would wait
+/// out its own backoff, up to the outage's length again, after the server
+/// is back. Instead one probe follows the server at the watches' reconnect
+/// cadence ([`WatchBackoff`]) and, once it answers, hands these parents back
+/// to be reconciled at once.
+pub struct Outage<T> {
+    failed: Mutex<Vec<T>>,
+    wake: tokio::sync::Notify,
+}
+
+impl<T> Default for Outage<T> {
+    fn default() -> Self {
+        Outage {
+            failed: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl<T: PartialEq> Outage<T> {
+    /// A pass of `parent` failed for want of the server.
+    pub fn failed(&self, parent: T) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if !failed.contains(&parent) {
+            failed.push(parent);
+        }
+        drop(failed);
+        self.wake.notify_one();
+    }
+
+    /// The parents that failed, once the server serves again after not
+    /// serving: after each failure `serving` is asked, after each delay of
+    /// a fresh `backoff`, until it says yes. A server that serves at the
+    /// first question had no outage: those failures were the parents' own
+    /// (a webhook's 500, say), and they keep their backoff.
+    pub async fn recovered<I, F, Fut>(&self, backoff: impl Fn() -> I, mut serving: F) -> Vec<T>
+    where
+        I: Iterator<Item = Duration>,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        loop {
+            self.wake.notified().await;
+            let mut down = false;
+            for delay in backoff() {
+                tokio::time::sleep(delay).await;
+                if serving().await {
+                    break;
+                }
+                down = true;
+            }
+            let failed =
+                std::mem::take(&mut *self.failed.lock().unwrap_or_else(|p| p.into_inner()));
+            if down {
+                return failed;
+            }
+        }
     }
 }
 
@@ -240,6 +312,59 @@ mod tests {
         assert_eq!(f.holding(t0), 2);
         f.release_all();
         assert_eq!(f.holding(Instant::now()), 0);
+    }
+
+    /// A probe answering in turn from `answers` (then yes), counting the questions.
+    fn probe(
+        answers: &'static [bool],
+    ) -> (
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        impl FnMut() -> std::future::Ready<bool>,
+    ) {
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        let probe = move || {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::ready(answers.get(n).copied().unwrap_or(true))
+        };
+        (asked, probe)
+    }
+
+    fn every_10ms() -> std::iter::Repeat<Duration> {
+        std::iter::repeat(Duration::from_millis(10))
+    }
+
+    #[tokio::test]
+    async fn parents_failed_in_an_outage_are_handed_back_once_the_server_serves_again() {
+        let outage = Outage::<&str>::default();
+        outage.failed("ns/a");
+        outage.failed("ns/b");
+        outage.failed("ns/a");
+        let (asked, serving) = probe(&[false, false]);
+        let back = outage.recovered(every_10ms, serving).await;
+        assert_eq!(back, vec!["ns/a", "ns/b"], "each parent once");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn failures_while_the_server_serves_are_not_handed_back() {
+        let outage = Outage::<&str>::default();
+        outage.failed("ns/webhook-500");
+        let (asked, serving) = probe(&[]);
+        let waited = tokio::time::timeout(
+            Duration::from_millis(200),
+            outage.recovered(every_10ms, serving),
+        )
+        .await;
+        assert!(
+            waited.is_err(),
+            "handed back {waited:?}: there was no outage"
+        );
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "asked once"
+        );
     }
 
     #[test]
