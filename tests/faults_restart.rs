@@ -182,6 +182,23 @@ async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
     let (kind, _cleanup) = install_kind(&ns, "Pair").await;
     let (names, operator) = converged(&ns, &kind, 8).await;
     operator.stop().await;
+    let statuses = || async {
+        let list = kind
+            .api(&ns)
+            .list(&ListParams::default())
+            .await
+            .expect("list parents");
+        list.items
+            .into_iter()
+            .map(|p| {
+                (
+                    p.metadata.name.clone().unwrap_or_default(),
+                    p.data["status"].clone(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let left = statuses().await;
 
     let (operator, addr) = start_measured(&ns, &kind);
     let count = names.len() as f64;
@@ -212,7 +229,23 @@ async fn a_restart_that_finds_everything_as_it_was_left_sends_no_write() {
     eprintln!(
         "[faults] restart with nothing changed: {writes} status writes, {created} creates, {updated} updates, {unchanged} unchanged"
     );
-    assert_eq!((writes, created, updated), (0.0, 0.0, 0.0));
+    if (writes, created, updated) != (0.0, 0.0, 0.0) {
+        // Which statuses the restarted operator rewrote, and how.
+        let now = statuses().await;
+        let changed: Vec<String> = now
+            .iter()
+            .filter(|(name, status)| left.get(*name) != Some(status))
+            .map(|(name, status)| {
+                format!("{name}:\n  left: {:?}\n  now:  {status}", left.get(name))
+            })
+            .collect();
+        panic!(
+            "a restart with nothing changed wrote: {writes} statuses, {created} creates, \
+             {updated} updates; statuses changed:\n{}{}",
+            changed.join("\n"),
+            support::logs::tail(Some(ns.name()), 40)
+        );
+    }
     assert!(unchanged >= 2.0 * names.len() as f64, "{unchanged}");
     operator.stop().await;
 }

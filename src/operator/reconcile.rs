@@ -24,6 +24,9 @@ use super::summary::{self, Summary};
 use super::{FINALIZER, PAUSED_ANNOTATION};
 use crate::plan::{self, Input, ObjectKey, Observed};
 
+/// How soon a pass that relied on a child it cannot see yet looks again.
+const UNSEEN_RECHECK: Duration = Duration::from_secs(1);
+
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
     parent: Arc<ParentObject>,
@@ -274,7 +277,18 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         mark_apply_error(status, &message, &parent_json, &now);
         ctx.warn(parent, "ApplyError", message).await;
     }
-    summary.ready = summary::ready_change(&parent_json, status.as_ref());
+    // A pass that cannot see a child this process made moments ago (its
+    // watch event not in yet) knows less than the pass that made it, which
+    // wrote the status from the API server's answer: its own status would
+    // say the child "does not exist yet", and Ready would flap to False and
+    // back (two writes, a NotReady Event; a restart in between finds the
+    // False one and writes again). The child's event, or the requeue
+    // below, brings a pass that sees it.
+    if unseen && apply_errors.is_empty() && plan.errors.is_empty() {
+        status = None;
+    } else {
+        summary.ready = summary::ready_change(&parent_json, status.as_ref());
+    }
     // Someone must fix it (the parent's Ready names it): a Warning, once,
     // unless the lost-readiness Warning of this pass already tells it.
     if let Some(note) = ctx
@@ -304,14 +318,19 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         return Err(Error::Plan(plan.errors.join("; ")));
     }
     ctx.failures.clear(&key);
+    if unseen {
+        // Its status waits for a pass that sees the child: soon, not at
+        // the child's event alone (after a network outage a parent once
+        // waited the full 30 s, saying that a child which existed did not,
+        // no event having woken it). Until the child has been trusted unseen
+        // for `UNSEEN_TRUST`, each recheck is a pass without a write; then
+        // it is applied again (a deletion the cache saw before any pass
+        // saw the child would otherwise wait for the next change).
+        return Ok(Action::requeue(UNSEEN_RECHECK));
+    }
     if !plan.pending.is_empty() {
         // Child watches normally wake us when a dependency turns ready; this is the safety net.
         return Ok(Action::requeue(Duration::from_secs(10)));
-    }
-    if unseen {
-        // A deletion the cache saw before any pass saw the child would
-        // otherwise wait for the next change.
-        return Ok(Action::requeue(super::context::UNSEEN_TRUST));
     }
     Ok(match rule.resync {
         Some(every) => Action::requeue(every),
