@@ -339,6 +339,7 @@ fn cached_watch<K>(
     config: watcher::Config,
     relisted: tokio::sync::mpsc::UnboundedSender<()>,
     trim: impl FnMut(&mut K) + Send + 'static,
+    observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -356,7 +357,18 @@ where
 {
     let writer = Writer::new(kind.resource.clone());
     let store = writer.as_reader();
+    let mut observe = observe;
+    // `observe` (an index of the store) sees each event before the store:
+    // the store's readiness wakes the reconciles, on other threads, and an
+    // index still swapping in its first list would tell them a listed
+    // child does not exist (a restart that found everything in place
+    // flapped Ready to False and back).
     let stream = watch_stream(client, kind, namespaces, config, trim)
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                observe(event);
+            }
+        })
         .reflect(writer)
         .inspect(relist_signal(relisted));
     (store, stream)
@@ -488,6 +500,7 @@ async fn run_controller(
             let mut trim = trim(&parent_kind.resource);
             move |p: &mut ParentObject| trim(&mut p.object)
         },
+        |_: &watcher::Event<ParentObject>| {},
     );
 
     let related = related::Caches::start(
@@ -535,6 +548,7 @@ async fn run_controller(
             .iter()
             .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
         let scope: &[String] = if anywhere { &[] } else { &namespaces };
+        let by_parent = Arc::new(ByParent::default());
         let (store, stream) = cached_watch(
             &shared.client,
             kind,
@@ -542,19 +556,17 @@ async fn run_controller(
             child_config.clone(),
             relisted_tx.clone(),
             trim(&kind.resource),
+            {
+                let by_parent = by_parent.clone();
+                move |event: &watcher::Event<CompactObject>| by_parent.observe(event)
+            },
         );
-        let by_parent = Arc::new(ByParent::default());
         child_stores.push(ChildCache {
             kind: kind.clone(),
             store,
-            by_parent: by_parent.clone(),
+            by_parent,
         });
         let mapper = parent_of(parents.clone(), parent_kind.clone());
-        let stream = stream.inspect(move |event| {
-            if let Ok(event) = event {
-                by_parent.observe(event);
-            }
-        });
         let objects = own_errors(
             format!("{} {}", rule.name, kind.gvk),
             stream.touched_objects(),
