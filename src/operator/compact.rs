@@ -21,7 +21,18 @@ use crate::plan::LABEL_PARENT_UID;
 #[derive(Debug, Clone)]
 pub struct CompactObject {
     pub types: Option<TypeMeta>,
+    /// For a child, only what the caches and the trigger mapper read
+    /// (name, namespace, uid, resourceVersion, generation, ownerReferences):
+    /// labels and annotations are in `meta`. Whole for a parent (see
+    /// [`CompactObject::from_fields_whole`]).
     pub metadata: ObjectMeta,
+    /// The whole `metadata` (less `managedFields` and kubectl's
+    /// last-applied annotation) as text, when `metadata` holds only part.
+    /// Two small label and annotation maps take over a kilobyte of heap
+    /// typed (a B-tree node each), a few hundred bytes as text.
+    meta: Option<Box<RawValue>>,
+    /// The `trellis.dev/parent-uid` label, read on every event.
+    parent_uid: Option<String>,
     /// The top-level fields besides `apiVersion`, `kind` and `metadata`
     /// (`spec`, `data`, `status`, ...), as one JSON object's text.
     rest: Box<RawValue>,
@@ -29,40 +40,70 @@ pub struct CompactObject {
 
 pub(super) type RawMap = BTreeMap<String, Box<RawValue>>;
 
+/// The metadata fields a child keeps typed.
+const IDENTITY: [&str; 6] = [
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "ownerReferences",
+];
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 impl CompactObject {
-    /// Splits one object's JSON text; `managedFields` are dropped before
+    /// Splits one child's JSON text; `managedFields` are dropped before
     /// they are decoded, as every cache drops them.
     pub fn from_json(text: &str) -> Result<CompactObject, serde_json::Error> {
-        CompactObject::from_fields(serde_json::from_str(text)?)
-    }
-
-    /// An object from its top-level fields, each still raw: `metadata` is
-    /// decoded (without `managedFields`), the types read, and what is left
-    /// kept as text.
-    pub(super) fn from_fields(mut top: RawMap) -> Result<CompactObject, serde_json::Error> {
-        let metadata = match top.remove("metadata") {
-            Some(raw) => {
-                let mut fields: RawMap = serde_json::from_str(raw.get())?;
-                fields.remove("managedFields");
-                serde_json::from_str(&serde_json::to_string(&fields)?)?
-            }
-            None => ObjectMeta::default(),
+        let mut top: RawMap = serde_json::from_str(text)?;
+        let mut fields = metadata_fields(&mut top)?;
+        if let Some(raw) = fields.get_mut("annotations")
+            && raw.get().contains(LAST_APPLIED)
+        {
+            let mut annotations: RawMap = serde_json::from_str(raw.get())?;
+            annotations.remove(LAST_APPLIED);
+            *raw = serde_json::value::to_raw_value(&annotations)?;
+        }
+        let parent_uid = match fields.get("labels") {
+            Some(raw) => serde_json::from_str::<BTreeMap<String, String>>(raw.get())?
+                .remove(LABEL_PARENT_UID),
+            None => None,
         };
-        let text_of = |raw: Option<Box<RawValue>>| -> Option<String> {
-            raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
-        };
-        let types = match (
-            text_of(top.remove("apiVersion")),
-            text_of(top.remove("kind")),
-        ) {
-            (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
-            _ => None,
-        };
+        let meta = serde_json::value::to_raw_value(&fields)?;
+        fields.retain(|k, _| IDENTITY.contains(&k.as_str()));
+        let metadata = serde_json::from_str(&serde_json::to_string(&fields)?)?;
+        let (types, rest) = types_and_rest(top)?;
         Ok(CompactObject {
             types,
             metadata,
-            rest: serde_json::value::to_raw_value(&top)?,
+            meta: Some(meta),
+            parent_uid,
+            rest,
         })
+    }
+
+    /// An object (a parent) from its top-level fields, each still raw, with
+    /// its metadata typed whole (without `managedFields`): the predicate,
+    /// the selectors and the label index read it on every event.
+    pub(super) fn from_fields_whole(mut top: RawMap) -> Result<CompactObject, serde_json::Error> {
+        let fields = metadata_fields(&mut top)?;
+        let metadata: ObjectMeta = serde_json::from_str(&serde_json::to_string(&fields)?)?;
+        let (types, rest) = types_and_rest(top)?;
+        Ok(CompactObject {
+            types,
+            parent_uid: metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_PARENT_UID).cloned()),
+            metadata,
+            meta: None,
+            rest,
+        })
+    }
+
+    /// The `trellis.dev/parent-uid` label.
+    pub fn parent_uid(&self) -> Option<&str> {
+        self.parent_uid.as_deref()
     }
 
     /// The text of the fields besides types and metadata (one JSON object).
@@ -77,16 +118,44 @@ impl CompactObject {
             out.insert("apiVersion".into(), types.api_version.clone().into());
             out.insert("kind".into(), types.kind.clone().into());
         }
-        out.insert(
-            "metadata".into(),
-            serde_json::to_value(&self.metadata).unwrap_or_default(),
-        );
+        let metadata = match &self.meta {
+            // Text this process wrote from a parse: it parses again.
+            Some(meta) => serde_json::from_str(meta.get()).unwrap_or_default(),
+            None => serde_json::to_value(&self.metadata).unwrap_or_default(),
+        };
+        out.insert("metadata".into(), metadata);
         // Text this process wrote from a parse: it parses again.
         if let Ok(Value::Object(rest)) = serde_json::from_str(self.rest.get()) {
             out.extend(rest);
         }
         Value::Object(out)
     }
+}
+
+/// Takes `metadata` out of the top-level fields, as raw fields without
+/// `managedFields` (which mirror the spec's depth and which nothing reads).
+fn metadata_fields(top: &mut RawMap) -> Result<RawMap, serde_json::Error> {
+    let mut fields: RawMap = match top.remove("metadata") {
+        Some(raw) => serde_json::from_str(raw.get())?,
+        None => RawMap::new(),
+    };
+    fields.remove("managedFields");
+    Ok(fields)
+}
+
+/// The types, and the fields left (less the types) as one text.
+fn types_and_rest(mut top: RawMap) -> Result<(Option<TypeMeta>, Box<RawValue>), serde_json::Error> {
+    let text_of = |raw: Option<Box<RawValue>>| -> Option<String> {
+        raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+    };
+    let types = match (
+        text_of(top.remove("apiVersion")),
+        text_of(top.remove("kind")),
+    ) {
+        (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+        _ => None,
+    };
+    Ok((types, serde_json::value::to_raw_value(&top)?))
 }
 
 /// One child cache's objects by the parent uid on their label, kept from
@@ -128,11 +197,7 @@ impl ByParent {
             }
             Event::Apply(o) => add(&mut state.live, o),
             Event::Delete(o) => {
-                if let Some(uid) = o
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL_PARENT_UID))
+                if let Some(uid) = o.parent_uid()
                     && let Some(names) = state.live.get_mut(uid)
                 {
                     names.remove(&name_of(o));
@@ -162,13 +227,8 @@ fn name_of(o: &CompactObject) -> ChildName {
 }
 
 fn add(index: &mut Index, o: &CompactObject) {
-    if let Some(uid) = o
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_PARENT_UID))
-    {
-        index.entry(uid.clone()).or_default().insert(name_of(o));
+    if let Some(uid) = o.parent_uid() {
+        index.entry(uid.to_owned()).or_default().insert(name_of(o));
     }
 }
 
@@ -196,7 +256,35 @@ mod tests {
             .expect("metadata")
             .remove("managedFields");
         assert_eq!(compact.to_value(), want);
-        assert_eq!(compact.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        // Typed: what the caches and the mapper read, not the label maps.
+        assert_eq!(compact.metadata.name.as_deref(), Some("web"));
+        assert_eq!(compact.metadata.labels, None);
+    }
+
+    #[test]
+    fn a_child_keeps_its_parent_uid_and_loses_kubectls_last_applied_copy() {
+        let object = json!({
+            "metadata": {"name": "web", "namespace": "a", "uid": "u1", "resourceVersion": "7",
+                         "labels": {LABEL_PARENT_UID: "p1", "app": "web"},
+                         "annotations": {LAST_APPLIED: "{}", "trellis.dev/hash": "h"},
+                         "ownerReferences": [{"apiVersion": "demo/v1", "kind": "App", "name": "p",
+                                              "uid": "p1", "controller": true}]},
+            "data": {"k": "v"},
+        });
+        let compact = CompactObject::from_json(&object.to_string()).expect("decodes");
+        assert_eq!(compact.parent_uid(), Some("p1"));
+        assert_eq!(compact.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(compact.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(
+            compact.metadata.owner_references.as_ref().map(Vec::len),
+            Some(1)
+        );
+        let value = compact.to_value();
+        assert_eq!(
+            value["metadata"]["annotations"],
+            json!({"trellis.dev/hash": "h"})
+        );
+        assert_eq!(value["metadata"]["labels"]["app"], "web");
     }
 
     #[test]

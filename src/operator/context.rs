@@ -21,7 +21,7 @@ use super::compact::{ByParent, CompactObject};
 use super::decode::ParentObject;
 use super::discovery::{Resolved, RuleKinds};
 use super::lock;
-use crate::plan::{LABEL_PARENT_UID, ObjectKey};
+use crate::plan::ObjectKey;
 use crate::rules::CompiledRule;
 use kube::runtime::reflector::ObjectRef;
 
@@ -335,7 +335,7 @@ impl RuleCtx {
                 let Some(obj) = cache.store.get(&at) else {
                     continue;
                 };
-                if obj.labels().get(LABEL_PARENT_UID).map(String::as_str) == Some(uid) {
+                if obj.parent_uid() == Some(uid) {
                     out.push(obj.to_value());
                 }
             }

@@ -33,7 +33,7 @@ use super::discovery::{self, Resolved, RuleKinds};
 use super::reconcile;
 use super::related;
 use super::retry::{Failures, Outage, WatchBackoff};
-use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
+use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
 use crate::rules::model::{LabelSelector, SelectorOperator};
 use crate::telemetry::RuleState;
@@ -674,11 +674,11 @@ fn parent_of(
                 _ => r,
             });
         }
-        let uid = child.labels().get(LABEL_PARENT_UID)?;
+        let uid = child.parent_uid()?;
         parents
             .state()
             .iter()
-            .find(|p| p.meta().uid.as_deref() == Some(uid.as_str()))
+            .find(|p| p.meta().uid.as_deref() == Some(uid))
             .map(|p| ObjectRef::from_obj_with(p.as_ref(), parent.resource.clone()))
     }
 }

@@ -62,7 +62,7 @@ impl ParentObject {
             top.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
         }
         Ok(ParentObject {
-            object: CompactObject::from_fields(top)?,
+            object: CompactObject::from_fields_whole(top)?,
             status,
             undecodable,
         })
