@@ -11,7 +11,7 @@ use serde_json::json;
 
 use support::operator::{
     QUIET, WAIT, condition, condition_state, config_data, start_with_new_kind, wait_condition,
-    wait_condition_reason, wait_data, wait_event, wait_exists, wait_for, wait_gone, wait_recreated,
+    wait_data, wait_event, wait_exists, wait_for, wait_gone, wait_recreated,
 };
 
 const DRIFT_RULE: &str = r#"
@@ -337,11 +337,7 @@ async fn an_object_someone_else_made_is_never_adopted_and_survives_the_parent() 
     app.create(&ns, "thief", json!({"name": "victim"}), &[])
         .await;
     let parents = app.api(&ns);
-    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
-    let message = condition(&thief, "Synced").expect("Synced")["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let message = support::operator::wait_refused(&parents, "thief").await;
     assert!(
         message.contains("victim") && message.contains("not created by trellis"),
         "{message}"

@@ -13,9 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use support::faults::{free_address, metric};
-use support::operator::{
-    Operator, QUIET, TestKind, condition, install_kind, wait_condition, wait_condition_reason,
-};
+use support::operator::{Operator, QUIET, TestKind, install_kind, wait_condition};
 
 /// Three children ready as soon as they exist; `extra` waits for `config`,
 /// so a pass that makes `config` makes `extra` too only if it reads its own
@@ -202,11 +200,7 @@ async fn an_object_someone_else_made_without_colliding_fields_is_never_written()
     kind.create(&ns, "thief", json!({"name": "theirs"}), &[])
         .await;
     let parents = kind.api(&ns);
-    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
-    let message = condition(&thief, "Synced").expect("Synced")["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let message = support::operator::wait_refused(&parents, "thief").await;
     assert!(
         message.contains("theirs") && message.contains("managed by payroll-tool"),
         "{message}"
@@ -382,11 +376,7 @@ async fn another_rules_object_and_another_controllers_object_are_refused_by_the_
     )
     .await;
     let parents = kind.api(&ns);
-    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
-    let message = condition(&thief, "Synced").expect("Synced")["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let message = support::operator::wait_refused(&parents, "thief").await;
     assert!(
         message.contains("ruled") && message.contains("rule other"),
         "{message}"
@@ -477,11 +467,7 @@ async fn a_create_only_child_is_made_by_an_apply_once_and_never_over_someone_els
         "no POST"
     );
 
-    let thief = wait_condition_reason(&parents, "thief", "Synced", "False", "ApplyError").await;
-    let message = condition(&thief, "Synced").expect("Synced")["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let message = support::operator::wait_refused(&parents, "thief").await;
     assert!(
         message.contains("theirs") && message.contains("managed by payroll-tool"),
         "{message}"

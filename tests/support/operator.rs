@@ -570,6 +570,16 @@ pub async fn wait_condition_reason(
     .await
 }
 
+/// Polls until the parent `name` is `Synced=False` for `ApplyError` (a
+/// child refused: someone else's object), and returns that condition's message.
+pub async fn wait_refused(parents: &Api<DynamicObject>, name: &str) -> String {
+    let parent = wait_condition_reason(parents, name, "Synced", "False", "ApplyError").await;
+    condition(&parent, "Synced")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Polls until the parent `name` is `Ready=True` and `Synced=True` at once,
 /// for its current generation.
 pub async fn wait_ready_and_synced(parents: &Api<DynamicObject>, name: &str) {
