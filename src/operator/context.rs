@@ -67,6 +67,17 @@ pub struct ChildCache {
     pub by_parent: Arc<ByParent>,
 }
 
+impl ChildCache {
+    /// The cached object of this kind at `namespace`/`name`.
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<CompactObject>> {
+        let mut at = ObjectRef::new_with(name, self.kind.resource.clone());
+        if let Some(ns) = namespace {
+            at = at.within(ns);
+        }
+        self.store.get(&at)
+    }
+}
+
 /// A status write the parent cache may not show yet.
 pub struct Written {
     pub over: String,
@@ -287,11 +298,9 @@ impl RuleCtx {
             .children
             .iter()
             .find(|c| c.kind.gvk.group == key.group && c.kind.gvk.kind == key.kind)?;
-        let mut at = ObjectRef::new_with(&key.name, cache.kind.resource.clone());
-        if let Some(ns) = &key.namespace {
-            at = at.within(ns);
-        }
-        cache.store.get(&at).map(|obj| obj.to_value())
+        cache
+            .get(key.namespace.as_deref(), &key.name)
+            .map(|obj| obj.to_value())
     }
 
     pub(super) fn field_manager(&self) -> String {
@@ -328,11 +337,7 @@ impl RuleCtx {
         let mut out = Vec::new();
         for cache in &self.children {
             for (namespace, name) in cache.by_parent.of(uid) {
-                let mut at = ObjectRef::new_with(&name, cache.kind.resource.clone());
-                if let Some(ns) = &namespace {
-                    at = at.within(ns);
-                }
-                let Some(obj) = cache.store.get(&at) else {
+                let Some(obj) = cache.get(namespace.as_deref(), &name) else {
                     continue;
                 };
                 if obj.parent_uid() == Some(uid) {

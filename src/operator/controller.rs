@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -311,23 +311,16 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 pub(super) fn trim(
     resource: &kube::discovery::ApiResource,
 ) -> impl FnMut(&mut CompactObject) + Send + 'static {
-    let mut trim = trim_parts(resource);
-    move |obj: &mut CompactObject| trim(&mut obj.metadata, &mut obj.types)
-}
-
-fn trim_parts(
-    resource: &kube::discovery::ApiResource,
-) -> impl FnMut(&mut ObjectMeta, &mut Option<kube::core::TypeMeta>) + Send + 'static {
     let types = kube::core::TypeMeta {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
     };
-    move |metadata: &mut ObjectMeta, object_types: &mut Option<kube::core::TypeMeta>| {
-        metadata.managed_fields = None;
-        if let Some(a) = metadata.annotations.as_mut() {
+    move |obj: &mut CompactObject| {
+        obj.metadata.managed_fields = None;
+        if let Some(a) = obj.metadata.annotations.as_mut() {
             a.remove("kubectl.kubernetes.io/last-applied-configuration");
         }
-        *object_types = Some(types.clone());
+        obj.types = Some(types.clone());
     }
 }
 

@@ -164,9 +164,7 @@ impl<T> Default for Outage<T> {
 impl<T: Eq + Hash> Outage<T> {
     /// A pass of `parent` failed for want of the server.
     pub fn failed(&self, parent: T) {
-        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.insert(parent);
-        drop(failed);
+        super::lock(&self.failed).insert(parent);
         self.wake.notify_one();
     }
 
@@ -191,8 +189,7 @@ impl<T: Eq + Hash> Outage<T> {
                 }
                 down = true;
             }
-            let failed =
-                std::mem::take(&mut *self.failed.lock().unwrap_or_else(|p| p.into_inner()));
+            let failed = std::mem::take(&mut *super::lock(&self.failed));
             if down {
                 return failed.into_iter().collect();
             }
