@@ -20,7 +20,27 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// Every log line of this test binary's in-process operators.
-pub struct Logs(Arc<Mutex<Vec<u8>>>);
+pub struct Logs(Buffer);
+
+/// Log output kept in memory: a subscriber writes through [`Buffer::writer`].
+#[derive(Clone, Default)]
+pub struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Buffer {
+    /// A `MakeWriter` for `tracing_subscriber`'s `with_writer`.
+    pub fn writer(&self) -> impl Fn() -> Sink + Send + Sync + 'static {
+        let buffer = self.0.clone();
+        move || Sink(buffer.clone())
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
 
 impl Logs {
     /// The binary's one global subscriber, installed on first call. `None`
@@ -28,11 +48,10 @@ impl Logs {
     pub fn get() -> Option<&'static Logs> {
         static LOGS: OnceLock<Option<Logs>> = OnceLock::new();
         LOGS.get_or_init(|| {
-            let sink = Arc::new(Mutex::new(Vec::new()));
-            let writer = sink.clone();
+            let sink = Buffer::default();
             let kept = tracing_subscriber::fmt::layer()
                 .with_ansi(false)
-                .with_writer(move || Sink(writer.clone()))
+                .with_writer(sink.writer())
                 .with_filter(EnvFilter::new("info,trellis=debug"));
             let shown = std::env::var_os("RUST_LOG").map(|_| {
                 tracing_subscriber::fmt::layer()
@@ -50,15 +69,12 @@ impl Logs {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        self.0.lines()
     }
 }
 
-struct Sink(Arc<Mutex<Vec<u8>>>);
+/// One write into a [`Buffer`].
+pub struct Sink(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -17,8 +17,6 @@
 //! ClusterRoles, ...) even when it panics.
 
 use std::fmt::Debug;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
@@ -646,18 +644,17 @@ where
 /// Log lines written while it is installed, on the current thread only (so
 /// use it in a `current_thread` test, where the operator's tasks run too).
 pub struct LogCapture {
-    lines: Arc<Mutex<Vec<u8>>>,
+    lines: super::logs::Buffer,
     _guard: tracing::subscriber::DefaultGuard,
 }
 
 impl LogCapture {
     pub fn start() -> LogCapture {
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
+        let lines = super::logs::Buffer::default();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter("info,trellis=debug")
             .with_ansi(false)
-            .with_writer(move || CaptureWriter(sink.clone()))
+            .with_writer(lines.writer())
             .finish();
         LogCapture {
             lines,
@@ -666,26 +663,6 @@ impl LogCapture {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        let bytes = self.lines.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-struct CaptureWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for CaptureWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        self.lines.lines()
     }
 }
