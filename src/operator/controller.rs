@@ -350,21 +350,37 @@ where
 {
     let writer = Writer::new(kind.resource.clone());
     let store = writer.as_reader();
-    let mut observe = observe;
-    // `observe` (an index of the store) sees each event before the store:
-    // the store's readiness wakes the reconciles, on other threads, and an
-    // index still swapping in its first list would tell them a listed
-    // child does not exist (a restart that found everything in place
-    // flapped Ready to False and back).
-    let stream = watch_stream(client, kind, namespaces, config, trim)
+    let stream = observed_then_stored(
+        watch_stream(client, kind, namespaces, config, trim),
+        writer,
+        observe,
+    )
+    .inspect(relist_signal(relisted));
+    (store, stream)
+}
+
+/// Feeds each event to `observe` (an index of the store) before the store
+/// takes it: the store's readiness wakes the reconciles, on other threads,
+/// and an index still swapping in its first list would tell them a listed
+/// child does not exist (a restart that found everything in place flapped
+/// Ready to False and back).
+fn observed_then_stored<K, S>(
+    stream: S,
+    writer: Writer<K>,
+    mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    stream
         .inspect(move |event| {
             if let Ok(event) = event {
                 observe(event);
             }
         })
         .reflect(writer)
-        .inspect(relist_signal(relisted));
-    (store, stream)
 }
 
 /// A watch of one kind (one namespace, or all and filtered to `namespaces`),
@@ -754,5 +770,58 @@ mod tests {
             ],
         };
         assert_eq!(selector_string(&selector), "tier=web,env in (a,b),!legacy");
+    }
+
+    /// What a pass woken by the store's readiness reads of the index: the
+    /// waker runs inside the store's `InitDone`, as a reconcile on another
+    /// thread may.
+    struct WokenReader {
+        index: Arc<ByParent>,
+        seen: Mutex<Option<Vec<super::super::compact::ChildName>>>,
+    }
+
+    impl futures::task::ArcWake for WokenReader {
+        fn wake_by_ref(me: &Arc<Self>) {
+            *super::super::lock(&me.seen) = Some(me.index.of("p1"));
+        }
+    }
+
+    #[test]
+    fn the_children_index_holds_the_first_list_when_the_store_wakes_its_readers() {
+        let resource =
+            kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let writer = Writer::<CompactObject>::new(resource);
+        let store = writer.as_reader();
+        let reader = Arc::new(WokenReader {
+            index: Arc::new(ByParent::default()),
+            seen: Mutex::new(None),
+        });
+        let mut ready = Box::pin(store.wait_until_ready());
+        let waker = futures::task::waker(reader.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(ready.as_mut().poll(&mut cx).is_pending());
+
+        let child = CompactObject::from_json(
+            r#"{"metadata":{"name":"p-config","namespace":"a",
+                "labels":{"trellis.dev/parent-uid":"p1"}}}"#,
+        )
+        .expect("decodes");
+        let events = futures::stream::iter([
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(child)),
+            Ok(watcher::Event::InitDone),
+        ]);
+        let index = reader.index.clone();
+        let stream = observed_then_stored(events, writer, move |e: &watcher::Event<_>| {
+            index.observe(e)
+        });
+        futures::executor::block_on(stream.for_each(|_| future::ready(())));
+
+        assert!(ready.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(
+            *super::super::lock(&reader.seen),
+            Some(vec![(Some("a".to_owned()), "p-config".to_owned())]),
+            "a pass woken by the store's readiness must find the listed child in the index"
+        );
     }
 }
