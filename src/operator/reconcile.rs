@@ -284,7 +284,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     // back (two writes, a NotReady Event; a restart in between finds the
     // False one and writes again). The child's event, or the requeue
     // below, brings a pass that sees it.
-    if unseen && apply_errors.is_empty() && plan.errors.is_empty() {
+    if withholds_status(unseen, !apply_errors.is_empty() || !plan.errors.is_empty()) {
         status = None;
     } else {
         summary.ready = summary::ready_change(&parent_json, status.as_ref());
@@ -318,6 +318,17 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         return Err(Error::Plan(plan.errors.join("; ")));
     }
     ctx.failures.clear(&key);
+    Ok(next_pass(unseen, !plan.pending.is_empty(), rule.resync))
+}
+
+/// Whether a pass writes no status: it relied on a child it cannot see
+/// (see above), and has no error of its own to report.
+fn withholds_status(unseen: bool, failed: bool) -> bool {
+    unseen && !failed
+}
+
+/// When a pass that ended without error looks again.
+fn next_pass(unseen: bool, pending: bool, resync: Option<Duration>) -> Action {
     if unseen {
         // Its status waits for a pass that sees the child: soon, not at
         // the child's event alone (after a network outage a parent once
@@ -326,16 +337,16 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         // for `UNSEEN_TRUST`, each recheck is a pass without a write; then
         // it is applied again (a deletion the cache saw before any pass
         // saw the child would otherwise wait for the next change).
-        return Ok(Action::requeue(UNSEEN_RECHECK));
+        return Action::requeue(UNSEEN_RECHECK);
     }
-    if !plan.pending.is_empty() {
+    if pending {
         // Child watches normally wake us when a dependency turns ready; this is the safety net.
-        return Ok(Action::requeue(Duration::from_secs(10)));
+        return Action::requeue(Duration::from_secs(10));
     }
-    Ok(match rule.resync {
+    match resync {
         Some(every) => Action::requeue(every),
         None => Action::await_change(),
-    })
+    }
 }
 
 /// A parent that did not decode (too deep, malformed): reported on the
@@ -371,4 +382,77 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
         write_status(ctx, parent, &parent_json, status).await?;
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const RULE: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  children:\n    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ parent.metadata.name ~ '-config' }}\n        data: {k: v}\n";
+
+    /// The status the plan gives a parent whose ConfigMap the cache does not show.
+    fn planned_without_the_child() -> Value {
+        let rule = crate::rules::testing::rule_with_spec(RULE);
+        let parent = json!({
+            "apiVersion": "demo.trellis.dev/v1", "kind": "App",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": {},
+        });
+        let observed = Observed::from_objects(Vec::new());
+        let plan = plan::plan(
+            &rule,
+            &Input {
+                parent: &parent,
+                observed: &observed,
+                now: "2026-12-01T00:00:00Z",
+                scope_of: &crate::kinds::scope,
+            },
+        );
+        assert!(plan.errors.is_empty(), "{:?}", plan.errors);
+        plan.status.expect("a status")
+    }
+
+    #[test]
+    fn a_pass_that_cannot_see_a_child_it_just_made_writes_no_status_and_looks_again_in_a_second() {
+        // What it would write is false: the child exists, the pass that
+        // made it wrote the status from the API server's answer.
+        let planned = planned_without_the_child();
+        assert!(
+            planned.to_string().contains("does not exist yet"),
+            "{planned}"
+        );
+        assert!(withholds_status(true, false));
+        let hour = Some(Duration::from_secs(3600));
+        for (pending, resync) in [(false, None), (true, None), (false, hour), (true, hour)] {
+            assert_eq!(
+                next_pass(true, pending, resync),
+                Action::requeue(Duration::from_secs(1)),
+                "pending {pending}, resync {resync:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pass_that_cannot_see_a_child_it_just_made_still_reports_its_own_errors() {
+        assert!(!withholds_status(true, true));
+    }
+
+    #[test]
+    fn a_child_never_made_and_not_in_the_cache_is_reported_as_not_existing_yet() {
+        let planned = planned_without_the_child();
+        assert!(
+            planned.to_string().contains("does not exist yet"),
+            "{planned}"
+        );
+        assert!(
+            !withholds_status(false, false),
+            "the usual status is written"
+        );
+        assert_eq!(next_pass(false, false, None), Action::await_change());
+        assert_eq!(
+            next_pass(false, true, None),
+            Action::requeue(Duration::from_secs(10))
+        );
+    }
 }
