@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
+use super::by_uid::ByUid;
 use super::compact::{ByParent, CompactObject};
 use super::context::{self, ChildCache, RuleCtx};
 use super::decode::ParentObject;
@@ -499,6 +500,13 @@ async fn run_controller(
         parent_config = parent_config.labels(&selector_string(selector));
     }
     let (relisted_tx, mut relisted_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Only a namespaced parent can have children without its controller
+    // ownerReference (in another namespace, or cluster-scoped): the
+    // mapper finds those by uid.
+    let unowned_children = parent_kind.namespaced
+        && (rule.children.iter().any(|c| c.spec.allow_cross_namespace)
+            || kinds.children.iter().any(|k| !k.namespaced));
+    let parents_by_uid = unowned_children.then(|| Arc::new(ByUid::default()));
     let (parents, parent_stream) = cached_watch(
         &shared.client,
         &parent_kind,
@@ -509,7 +517,14 @@ async fn run_controller(
             let mut trim = trim(&parent_kind.resource);
             move |p: &mut ParentObject| trim(&mut p.object)
         },
-        |_: &watcher::Event<ParentObject>| {},
+        {
+            let index = parents_by_uid.clone();
+            move |event: &watcher::Event<ParentObject>| {
+                if let Some(index) = &index {
+                    index.observe(event);
+                }
+            }
+        },
     );
 
     let related = related::Caches::start(
@@ -575,7 +590,7 @@ async fn run_controller(
             store,
             by_parent,
         });
-        let mapper = parent_of(parents.clone(), parent_kind.clone());
+        let mapper = parent_of(parents_by_uid.clone(), parent_kind.clone());
         let objects = own_errors(
             format!("{} {}", rule.name, kind.gvk),
             stream.touched_objects(),
@@ -665,9 +680,11 @@ async fn run_controller(
 }
 
 /// Maps a child event to its parent: the controller ownerReference when it
-/// points at the parent kind, else the `trellis.dev/parent-uid` label.
+/// points at the parent kind, else the `trellis.dev/parent-uid` label
+/// looked up in `by_uid` (kept only for a rule whose children may have
+/// no such ownerReference).
 fn parent_of(
-    parents: Store<ParentObject>,
+    by_uid: Option<Arc<ByUid>>,
     parent: Resolved,
 ) -> impl Fn(CompactObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
     move |child: CompactObject| {
@@ -683,12 +700,12 @@ fn parent_of(
                 _ => r,
             });
         }
-        let uid = child.parent_uid()?;
-        parents
-            .state()
-            .iter()
-            .find(|p| p.meta().uid.as_deref() == Some(uid))
-            .map(|p| ObjectRef::from_obj_with(p.as_ref(), parent.resource.clone()))
+        let (namespace, name) = by_uid.as_ref()?.get(child.parent_uid()?)?;
+        let r = ObjectRef::new_with(&name, parent.resource.clone());
+        Some(match namespace {
+            Some(ns) => r.within(&ns),
+            None => r,
+        })
     }
 }
 

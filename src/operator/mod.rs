@@ -18,6 +18,7 @@
 //! holds the Lease; the others run the same watches and write nothing.
 
 mod apply;
+mod by_uid;
 mod compact;
 mod context;
 mod controller;
