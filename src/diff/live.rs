@@ -96,8 +96,8 @@ impl Kinds {
 
 fn api(client: &Client, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
     match (kind.namespaced, namespace) {
-        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &kind.resource),
-        _ => Api::all_with(client.clone(), &kind.resource),
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &*kind.resource),
+        _ => Api::all_with(client.clone(), &*kind.resource),
     }
 }
 

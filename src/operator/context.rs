@@ -310,8 +310,8 @@ impl RuleCtx {
     pub(super) fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
         let client = self.shared.client.clone();
         match (kind.namespaced, namespace) {
-            (true, Some(ns)) => Api::namespaced_with(client, ns, &kind.resource),
-            _ => Api::all_with(client, &kind.resource),
+            (true, Some(ns)) => Api::namespaced_with(client, ns, &*kind.resource),
+            _ => Api::all_with(client, &*kind.resource),
         }
     }
 

@@ -340,7 +340,7 @@ fn cached_watch<K>(
 )
 where
     K: Resource<
-            DynamicType = kube::discovery::ApiResource,
+            DynamicType = super::decode::SharedResource,
             Scope = kube::core::DynamicResourceScope,
         > + Clone
         + serde::de::DeserializeOwned
@@ -395,7 +395,7 @@ pub(super) fn watch_stream<K>(
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
     K: Resource<
-            DynamicType = kube::discovery::ApiResource,
+            DynamicType = super::decode::SharedResource,
             Scope = kube::core::DynamicResourceScope,
         > + Clone
         + serde::de::DeserializeOwned
@@ -807,7 +807,7 @@ mod tests {
     fn the_children_index_holds_the_first_list_when_the_store_wakes_its_readers() {
         let resource =
             kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
-        let writer = Writer::<CompactObject>::new(resource);
+        let writer = Writer::<CompactObject>::new(resource.into());
         let store = writer.as_reader();
         let reader = Arc::new(WokenReader {
             index: Arc::new(ByParent::default()),

@@ -7,7 +7,7 @@
 
 use kube::Client;
 use kube::core::GroupVersionKind;
-use kube::discovery::{self, ApiResource, Scope};
+use kube::discovery::{self, Scope};
 
 use crate::kinds::Gvk;
 use crate::rules::CompiledRule;
@@ -16,7 +16,8 @@ use crate::rules::CompiledRule;
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub gvk: Gvk,
-    pub resource: ApiResource,
+    /// Shared: it is the caches' dynamic type, copied into every cache key.
+    pub resource: super::decode::SharedResource,
     pub namespaced: bool,
     /// The `/status` subresource exists (CRDs with `subresources.status`).
     pub status_subresource: bool,
@@ -65,7 +66,7 @@ pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, String> {
             gvk: gvk.clone(),
             namespaced: caps.scope == Scope::Namespaced,
             status_subresource: caps.subresources.iter().any(|(r, _)| r.plural == "status"),
-            resource,
+            resource: resource.into(),
         }),
         Err(err) => Err(format!("{gvk} is not served by the API server: {err}")),
     }

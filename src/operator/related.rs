@@ -168,7 +168,7 @@ pub type ParentRef = ObjectRef<ParentObject>;
 /// The queue's reference to a parent object.
 pub fn parent_ref(
     parent: &kube::api::DynamicObject,
-    resource: &kube::discovery::ApiResource,
+    resource: &super::decode::SharedResource,
 ) -> ParentRef {
     let meta = &parent.metadata;
     let r = ObjectRef::new_with(meta.name.as_deref().unwrap_or_default(), resource.clone());
