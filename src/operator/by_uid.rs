@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use kube::Resource;
 use kube::runtime::watcher::Event;
 
+use super::relisted::Relisted;
+
 /// A parent's namespace and name.
 pub type ParentName = (Option<String>, String);
 type Index = HashMap<String, ParentName>;
@@ -19,43 +21,22 @@ type Index = HashMap<String, ParentName>;
 /// in when it is done, as the store does.
 #[derive(Default)]
 pub struct ByUid {
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    live: Index,
-    /// Filled during a relist, swapped in when it is done.
-    relisting: Option<Index>,
+    state: Mutex<Relisted<Index>>,
 }
 
 impl ByUid {
     /// Follows one event of the parent watch (before the store takes it).
     pub fn observe<K: Resource>(&self, event: &Event<K>) {
-        let mut state = super::lock(&self.state);
-        match event {
-            Event::Init => state.relisting = Some(Index::new()),
-            Event::InitApply(o) => {
-                let state = &mut *state;
-                add(state.relisting.as_mut().unwrap_or(&mut state.live), o);
+        super::lock(&self.state).follow(event, add, |index, o| {
+            if let Some(uid) = o.meta().uid.as_deref() {
+                index.remove(uid);
             }
-            Event::InitDone => {
-                if let Some(index) = state.relisting.take() {
-                    state.live = index;
-                }
-            }
-            Event::Apply(o) => add(&mut state.live, o),
-            Event::Delete(o) => {
-                if let Some(uid) = o.meta().uid.as_deref() {
-                    state.live.remove(uid);
-                }
-            }
-        }
+        });
     }
 
     /// The parent with `uid`, if the watch has seen it.
     pub fn get(&self, uid: &str) -> Option<ParentName> {
-        super::lock(&self.state).live.get(uid).cloned()
+        super::lock(&self.state).live().get(uid).cloned()
     }
 }
 

@@ -165,54 +165,33 @@ fn types_and_rest(mut top: RawMap) -> Result<(Option<TypeMeta>, Box<RawValue>), 
 /// change): a reader looks each one up in the cache and checks the label.
 #[derive(Default)]
 pub struct ByParent {
-    state: std::sync::Mutex<ByParentState>,
+    state: std::sync::Mutex<super::relisted::Relisted<Index>>,
 }
 
 /// A child's namespace and name.
 pub type ChildName = (Option<String>, String);
 type Index = HashMap<String, HashSet<ChildName>>;
 
-#[derive(Default)]
-struct ByParentState {
-    live: Index,
-    /// Filled during a relist, swapped in when it is done (as the store is).
-    relisting: Option<Index>,
-}
-
 impl ByParent {
-    /// Follows one event of the cache's watch (after the store took it).
+    /// Follows one event of the cache's watch (before the store takes it,
+    /// so that a pass the store's readiness wakes finds the index filled).
     pub fn observe(&self, event: &kube::runtime::watcher::Event<CompactObject>) {
-        use kube::runtime::watcher::Event;
-        let mut state = super::lock(&self.state);
-        match event {
-            Event::Init => state.relisting = Some(Index::new()),
-            Event::InitApply(o) => {
-                let state = &mut *state;
-                add(state.relisting.as_mut().unwrap_or(&mut state.live), o);
-            }
-            Event::InitDone => {
-                if let Some(index) = state.relisting.take() {
-                    state.live = index;
+        super::lock(&self.state).follow(event, add, |index, o| {
+            if let Some(uid) = o.parent_uid()
+                && let Some(names) = index.get_mut(uid)
+            {
+                names.remove(&name_of(o));
+                if names.is_empty() {
+                    index.remove(uid);
                 }
             }
-            Event::Apply(o) => add(&mut state.live, o),
-            Event::Delete(o) => {
-                if let Some(uid) = o.parent_uid()
-                    && let Some(names) = state.live.get_mut(uid)
-                {
-                    names.remove(&name_of(o));
-                    if names.is_empty() {
-                        state.live.remove(uid);
-                    }
-                }
-            }
-        }
+        });
     }
 
     /// The children indexed under the parent with `uid`.
     pub fn of(&self, uid: &str) -> Vec<ChildName> {
         super::lock(&self.state)
-            .live
+            .live()
             .get(uid)
             .map(|names| names.iter().cloned().collect())
             .unwrap_or_default()

@@ -29,6 +29,7 @@ mod finalize;
 pub mod leader;
 mod reconcile;
 pub mod related;
+mod relisted;
 mod requests;
 mod retry;
 mod status_write;
