@@ -300,6 +300,25 @@ async fn a_killed_leader_is_replaced_and_the_successor_reconciles_what_was_creat
     for (key, rv) in &before {
         assert_eq!(after.get(key), Some(rv), "{key} changed on takeover");
     }
+    // Unchanged resourceVersions would hide no-op applies: the successor's
+    // own counters say it sent none. Its only writes are the new parent's
+    // child and status.
+    let addr = b.addr.to_string();
+    let op = |op: &'static str| {
+        let addr = addr.clone();
+        async move {
+            support::faults::metric(&addr, "trellis_child_operations", &[&format!("op=\"{op}\"")])
+                .await
+        }
+    };
+    let status_writes = support::faults::metric(&addr, "trellis_status_writes", &[]).await;
+    assert_eq!(
+        (op("create").await, op("update").await, op("delete").await, status_writes),
+        (1.0, 0.0, 0.0, 1.0),
+        "the successor's (creates, updates, deletes, status writes): only the new parent's \
+         child and status\n{}",
+        b.log_tail()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
