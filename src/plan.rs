@@ -226,6 +226,8 @@ pub struct Input<'a> {
     pub observed: &'a Observed,
     /// RFC 3339 timestamp used for new condition transitions.
     pub now: &'a str,
+    /// Every kind's scope: discovery's on a live cluster; offline, the
+    /// rule's `scope:` hints, then the built-in table (`cli::render`).
     pub scope_of: ScopeOf<'a>,
 }
 

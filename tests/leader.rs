@@ -307,13 +307,22 @@ async fn a_killed_leader_is_replaced_and_the_successor_reconciles_what_was_creat
     let op = |op: &'static str| {
         let addr = addr.clone();
         async move {
-            support::faults::metric(&addr, "trellis_child_operations", &[&format!("op=\"{op}\"")])
-                .await
+            support::faults::metric(
+                &addr,
+                "trellis_child_operations",
+                &[&format!("op=\"{op}\"")],
+            )
+            .await
         }
     };
     let status_writes = support::faults::metric(&addr, "trellis_status_writes", &[]).await;
     assert_eq!(
-        (op("create").await, op("update").await, op("delete").await, status_writes),
+        (
+            op("create").await,
+            op("update").await,
+            op("delete").await,
+            status_writes
+        ),
         (1.0, 0.0, 0.0, 1.0),
         "the successor's (creates, updates, deletes, status writes): only the new parent's \
          child and status\n{}",

@@ -59,11 +59,33 @@ pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
     offline_scope_with(rule, hint)
 }
 
-/// Like [`offline_scope`], with the parent kind's scope given.
+/// Like [`offline_scope`], with the parent kind's scope given. A child's or
+/// related entry's `scope:` hint comes next, then the built-in table. Hints
+/// are offline only: on a live cluster discovery alone says (the planner
+/// never reads them), so a wrong hint cannot move a child's namespace.
 pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&Gvk) -> Scope + '_ {
-    move |gvk: &Gvk| match hint {
-        Some(scope) if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind => scope,
-        _ => kinds::scope(gvk),
+    move |gvk: &Gvk| {
+        if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind {
+            if let Some(scope) = hint {
+                return scope;
+            }
+        }
+        let same = |g: &Gvk| g.group == gvk.group && g.kind == gvk.kind;
+        let children = rule
+            .children
+            .iter()
+            .filter(|c| same(&c.gvk))
+            .map(|c| c.spec.scope);
+        let related = rule
+            .related
+            .iter()
+            .filter(|r| same(&r.gvk))
+            .map(|r| r.spec.scope);
+        children
+            .chain(related)
+            .flatten()
+            .next()
+            .unwrap_or_else(|| kinds::scope(gvk))
     }
 }
 
@@ -453,5 +475,36 @@ mod tests {
             ])
         );
         assert_eq!(doc["children"], json!([]));
+    }
+
+    #[test]
+    fn offline_a_childs_scope_hint_comes_before_the_built_in_table() {
+        use crate::kinds::Gvk;
+        use crate::rules::model::Scope;
+        let hinted = rule(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      scope: Cluster
+      template: |
+        metadata: {name: x}
+",
+        );
+        let scope_of = super::offline_scope(&hinted);
+        assert_eq!(scope_of(&Gvk::new("v1", "ConfigMap")), Scope::Cluster);
+        assert_eq!(
+            scope_of(&Gvk::new("demo.trellis.dev/v1", "App")),
+            Scope::Cluster
+        );
+        assert_eq!(scope_of(&Gvk::new("v1", "Secret")), Scope::Namespaced);
+        let plain = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        assert_eq!(
+            super::offline_scope(&plain)(&Gvk::new("v1", "ConfigMap")),
+            Scope::Namespaced
+        );
     }
 }

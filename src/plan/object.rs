@@ -73,10 +73,7 @@ pub(super) fn finish_object(
             )));
         }
     };
-    let scope = child
-        .spec
-        .scope
-        .unwrap_or_else(|| (input.scope_of)(&child.gvk));
+    let scope = (input.scope_of)(&child.gvk);
     let cross = child.spec.allow_cross_namespace;
     let hint = "set allowCrossNamespace: true on the child in the rule to allow it";
     let namespace = match (&info.namespace, scope) {

@@ -245,10 +245,7 @@ fn namespace_of(
             message,
         },
     };
-    let scope = entry
-        .spec
-        .scope
-        .unwrap_or_else(|| (input.scope_of)(&entry.gvk));
+    let scope = (input.scope_of)(&entry.gvk);
     let named = match &entry.namespace {
         Some(t) => Some(render_text(rule, t, ctx, &what)?).filter(|s| !s.is_empty()),
         None => None,

@@ -664,3 +664,4 @@ fn selector_and_namespaces_decide_which_parents_match() {
 
 mod contract;
 mod related;
+mod scope;
