@@ -34,7 +34,7 @@ pub fn check(dirs: &[PathBuf], limits: Limits, crds_path: Option<&Path>) -> Exit
     };
     match load_settled(dirs, limits, settle) {
         Ok(set) => {
-            let dropped = crds.as_ref().map_or(0, |c| warn_dropped(&set, c));
+            let dropped = warn_dropped(&set, crds.as_ref());
             let warnings = set.warnings.len() + dropped;
             stderr!(
                 "{} rule(s) OK{}",

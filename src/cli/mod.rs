@@ -131,8 +131,17 @@ fn load_crds(path: Option<&Path>) -> Result<Option<OfflineCrds>, ExitCode> {
     })
 }
 
-/// Warns about status fields the given CRDs would drop.
-fn warn_dropped(set: &RuleSet, crds: &OfflineCrds) -> usize {
+/// Warns about status fields the parents' CRDs would drop: those of
+/// `--crds` when given, else the ones trellis generates from `crd:` blocks.
+fn warn_dropped(set: &RuleSet, crds: Option<&OfflineCrds>) -> usize {
+    let generated;
+    let crds = match crds {
+        Some(crds) => crds,
+        None => {
+            generated = OfflineCrds::generated(set.rules.iter().map(|r| r.as_ref()));
+            &generated
+        }
+    };
     let mut n = 0;
     for rule in &set.rules {
         if let Some((crd, version)) = crds.find(&rule.parent) {

@@ -243,9 +243,7 @@ pub fn render(
         Ok(c) => c,
         Err(code) => return code,
     };
-    if let Some(c) = &crds {
-        warn_dropped(&set, c);
-    }
+    warn_dropped(&set, crds.as_ref());
     let parents = match read_yaml_stream(parent_path) {
         Ok(p) => p,
         Err(e) => {

@@ -47,6 +47,16 @@ impl OfflineCrds {
         Ok(OfflineCrds { crds })
     }
 
+    /// The CRDs trellis generates for the rules that set `crd:`: what the
+    /// offline commands take as the parent's CRD when `--crds` is not given.
+    pub fn generated<'a>(rules: impl IntoIterator<Item = &'a CompiledRule>) -> OfflineCrds {
+        let crds = rules
+            .into_iter()
+            .filter_map(|rule| super::generate(&rule.rule).0)
+            .collect();
+        OfflineCrds { crds }
+    }
+
     /// The CRD and its version that serve `gvk`.
     pub fn find(&self, gvk: &Gvk) -> Option<(&Value, &Value)> {
         self.crds.iter().find_map(|crd| {

@@ -839,3 +839,41 @@ fn offline_parent_check_reads_nullable_int_or_string_and_set_lists_as_the_api_se
         "{refused:?}"
     );
 }
+
+#[test]
+fn without_crds_the_generated_crd_stands_for_the_parents_and_keeps_every_status_field() {
+    use super::offline::{OfflineCrds, dropped_status_fields};
+    let rule = crate::rules::testing::rule_with_spec(
+        "  parent: {apiVersion: demo.example.com/v1, kind: App}
+  crd:
+    statusSchema:
+      type: object
+      properties:
+        info: {type: object, properties: {a: {type: string}}}
+  children:
+    - id: c
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {name: x}
+  status:
+    fields:
+      - {path: info.b, value: \"'y'\"}
+      - {path: url, value: \"'x'\"}
+",
+    );
+    let crds = OfflineCrds::generated([rule.as_ref()]);
+    let (crd, version) = crds
+        .find(&rule.parent)
+        .expect("the generated CRD serves App");
+    assert_eq!(crd["metadata"]["name"], "apps.demo.example.com");
+    assert!(dropped_status_fields(&rule, crd, version).is_empty());
+    let plain = crate::rules::testing::rule_with_spec(
+        "  parent: {apiVersion: demo.example.com/v1, kind: App}\n  children: []\n",
+    );
+    assert!(
+        OfflineCrds::generated([plain.as_ref()])
+            .find(&plain.parent)
+            .is_none()
+    );
+}
