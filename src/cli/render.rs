@@ -65,10 +65,11 @@ pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
 /// never reads them), so a wrong hint cannot move a child's namespace.
 pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&Gvk) -> Scope + '_ {
     move |gvk: &Gvk| {
-        if gvk.group == rule.parent.group && gvk.kind == rule.parent.kind {
-            if let Some(scope) = hint {
-                return scope;
-            }
+        if gvk.group == rule.parent.group
+            && gvk.kind == rule.parent.kind
+            && let Some(scope) = hint
+        {
+            return scope;
         }
         let same = |g: &Gvk| g.group == gvk.group && g.kind == gvk.kind;
         let children = rule
