@@ -9,7 +9,8 @@
 //!  forEach items ─▶ render ─▶ YAML ─▶ enforce kind/name/namespace/labels/owner ─▶ apply
 //!     │
 //!     ▼
-//!  prune set (only when the pass had no error) + readiness + status
+//!  readiness + status ─▶ prune set (only when the pass, status included,
+//!                        had no error)
 //! ```
 //!
 //! Nothing here performs I/O or reads the clock: the caller passes `now`, and
@@ -515,7 +516,21 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         plan.failure_reason = Some("RenderError");
     }
 
-    // Prune: only on a clean pass; pending children keep what they have.
+    if rule.writes_status() {
+        let (status, errors) =
+            build_status(rule, input, &info, &plan, &outcome, &base, &children_ctx);
+        plan.status = Some(status);
+        // A failed status field or condition is an error of the pass (render
+        // exits 2, the operator reports it), though children were applied.
+        if !errors.is_empty() {
+            plan.errors.extend(errors);
+            plan.failure_reason.get_or_insert("RenderError");
+        }
+    }
+
+    // Prune: only on a clean pass, decided once every error of the pass
+    // (status fields and conditions included) is known; pending children
+    // keep what they have.
     if plan.errors.is_empty() {
         for (id, objects) in &observed {
             let index = rule.children.iter().position(|c| &c.spec.id == id);
@@ -538,18 +553,6 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                         .to_owned(),
                 });
             }
-        }
-    }
-
-    if rule.writes_status() {
-        let (status, errors) =
-            build_status(rule, input, &info, &plan, &outcome, &base, &children_ctx);
-        plan.status = Some(status);
-        // A failed status field or condition is an error of the pass (render
-        // exits 2, the operator reports it), though children were applied.
-        if !errors.is_empty() {
-            plan.errors.extend(errors);
-            plan.failure_reason.get_or_insert("RenderError");
         }
     }
     plan

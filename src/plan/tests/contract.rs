@@ -78,3 +78,49 @@ fn leading_zero_literal_in_a_child_is_octal_and_integers_stay_integers() {
     assert_eq!(data["replicas"], json!(6));
     assert!(data["plain"].is_u64() || data["plain"].is_i64(), "{data}");
 }
+
+#[test]
+fn failed_status_field_prunes_nothing_even_when_include_when_turned_false() {
+    let optional = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      includeWhen: spec.enabled\n",
+    );
+    let status = "  status:\n    fields:\n      - path: n\n        value: spec.count + 1\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{optional}{status}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({"enabled": false})), vec![cm]);
+    assert!(
+        p.errors.iter().any(|e| e.contains("status field `n`")),
+        "{:?}",
+        p.errors
+    );
+    assert!(
+        p.delete.is_empty(),
+        "pruned despite an error: {:?}",
+        p.delete
+    );
+    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(condition(&p, "Synced")["reason"], "RenderError");
+}
+
+#[test]
+fn failed_condition_prunes_nothing() {
+    let optional = CM.replace(
+        "      kind: ConfigMap\n",
+        "      kind: ConfigMap\n      includeWhen: spec.enabled\n",
+    );
+    let status = "  status:\n    conditions:\n      - type: Big\n        when: spec.size > 1\n        reason: IsBig\n";
+    let r = rule(&format!("{PARENT_KIND}  children:\n{optional}{status}"));
+    let cm = live("ConfigMap", "a-cm", "cm", json!({}));
+    let p = run(&r, &parent(json!({"enabled": false})), vec![cm]);
+    assert!(
+        p.errors.iter().any(|e| e.contains("condition Big")),
+        "{:?}",
+        p.errors
+    );
+    assert!(
+        p.delete.is_empty(),
+        "pruned despite an error: {:?}",
+        p.delete
+    );
+}
