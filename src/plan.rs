@@ -431,20 +431,22 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     };
     // Related entries decide what the pass may read: a refusal stops it
     // before anything is read or written.
-    let (related_ctx, related_states, reads) =
-        match related::resolve(rule, &parent_ctx, &info, input) {
-            Ok(resolved) => resolved,
-            Err(failure) => {
-                plan.errors.push(failure.error.to_string());
-                plan.failure_reason = Some(failure.reason);
-                plan.status = status_for_failure(rule, input, &info, &plan);
-                return plan;
-            }
-        };
-    plan.reads = reads;
+    let related = match related::resolve(rule, &parent_ctx, &info, input) {
+        Ok(resolved) => resolved,
+        Err(failure) => {
+            plan.errors.push(failure.error.to_string());
+            plan.failure_reason = Some(failure.reason);
+            plan.status = status_for_failure(rule, input, &info, &plan);
+            return plan;
+        }
+    };
+    plan.reads = related.reads;
+    plan.errors
+        .extend(related.errors.iter().map(ToString::to_string));
+    let related_states = related.states;
     let with_reads = context! {
         children => render::to_value(&children_ctx),
-        related => render::to_value(&related_ctx),
+        related => render::to_value(&related.context),
         ..parent_ctx
     };
     let vars = match related::eval_vars(rule, &with_reads) {
@@ -489,18 +491,25 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 outcome.insert(i, Outcome::Pending);
             }
             ChildResult::Rendered(rendered) => {
-                let mut ready = Ok(());
-                for (a, item) in &rendered {
+                for (a, _) in &rendered {
                     if !desired_keys.insert(a.key.clone()) {
                         plan.errors.push(format!(
                             "child \"{id}\": {} is rendered twice in this rule",
                             a.key
                         ));
                     }
-                    if ready.is_ok() {
-                        ready = child_ready(rule, child, &base, &observed, a, item.as_ref());
-                    }
                 }
+                // A failed `readyWhen` is an error of the pass (nothing is
+                // pruned) and holds back the child's dependents; the child
+                // itself is applied, its readiness being read off the object.
+                let ready = match child_ready(rule, child, &base, &observed, &rendered) {
+                    Ok(ready) => ready,
+                    Err(err) => {
+                        let why = err.to_string();
+                        plan.errors.push(why.clone());
+                        Err(why)
+                    }
+                };
                 if rendered.iter().any(|(a, _)| !a.owned) {
                     plan.needs_finalizer = true;
                 }

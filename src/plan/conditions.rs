@@ -11,62 +11,73 @@ use crate::render::{self, RenderError};
 use crate::rules::{CompiledChild, CompiledRule, FieldSource};
 use crate::status::{self, Condition};
 
-/// Readiness of one rendered object against what is observed.
+/// Readiness of a rendered child (every object, for a `forEach` child)
+/// against what is observed: `Ok(Err(why))` names the first object that is
+/// not ready. A `readyWhen` that fails (a missing value, a non-boolean) is
+/// `Err`: an error of the pass, as a failed `includeWhen` is, never "not
+/// ready".
 pub(super) fn child_ready(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    base: &minijinja::Value,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    rendered: &[(Apply, Option<Item>)],
+) -> Result<Result<(), String>, RenderError> {
+    let mut ready = Ok(());
+    // Every object is looked at, not only up to the first one that is not
+    // ready, so that a failing `readyWhen` on a later item is reported.
+    for (apply, item) in rendered {
+        let this = object_ready(rule, child, base, observed, apply, item.as_ref())?;
+        if ready.is_ok() {
+            ready = this;
+        }
+    }
+    Ok(ready)
+}
+
+/// Readiness of one rendered object against what is observed.
+fn object_ready(
     rule: &CompiledRule,
     child: &CompiledChild,
     base: &minijinja::Value,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     apply: &Apply,
     item: Option<&Item>,
-) -> Result<(), String> {
+) -> Result<Result<(), String>, RenderError> {
     let found = observed
         .get(&child.spec.id)
         .and_then(|objs| objs.iter().find(|(k, _)| **k == apply.key))
         .map(|(_, o)| *o);
     let Some(obj) = found else {
-        return Err(format!("{} does not exist yet", apply.key));
+        return Ok(Err(format!("{} does not exist yet", apply.key)));
     };
-    match child.ready_when {
-        None => {
+    let Some(expr) = child.ready_when else {
+        return Ok(
             status::default_ready(obj).map_err(|why| format!("{} is not ready: {why}", apply.key))
-        }
-        Some(expr) => {
-            let ctx = match item {
-                None => context! { self => render::to_value(obj), ..base.clone() },
-                Some((item, index)) => context! {
-                    self => render::to_value(obj),
-                    item => item.clone(),
-                    index => *index,
-                    ..base.clone()
-                },
-            };
-            let what = match item {
-                None => format!("readyWhen of child \"{}\"", child.spec.id),
-                Some((_, index)) => {
-                    format!("readyWhen of child \"{}\" (item {index})", child.spec.id)
-                }
-            };
-            match rule.engine.eval_bool(expr, &ctx, &what) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(format!(
-                    "{} is not ready: readyWhen `{}` is false",
-                    apply.key,
-                    one_line(child.spec.ready_when.as_deref().unwrap_or_default())
-                )),
-                Err(err) => Err(err.to_string()),
-            }
-        }
-    }
-}
-
-/// An expression as one line, for messages (YAML block scalars keep newlines).
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+        );
+    };
+    let ctx = match item {
+        None => context! { self => render::to_value(obj), ..base.clone() },
+        Some((item, index)) => context! {
+            self => render::to_value(obj),
+            item => item.clone(),
+            index => *index,
+            ..base.clone()
+        },
+    };
+    let what = match item {
+        None => format!("readyWhen of child \"{}\"", child.spec.id),
+        Some((_, index)) => format!("readyWhen of child \"{}\" (item {index})", child.spec.id),
+    };
+    Ok(if rule.engine.eval_bool(expr, &ctx, &what)? {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not ready: readyWhen `{}` is false",
+            apply.key,
+            render::one_line(rule.engine.expression_source(expr))
+        ))
+    })
 }
 
 pub(super) fn status_for_failure(

@@ -91,7 +91,8 @@ pub(super) enum RelatedState {
     Ready,
     /// Required and missing: holds back its readers.
     Missing(String),
-    /// There, but its `readyWhen` is false (or failed).
+    /// There, but its `readyWhen` is false, or failed (then also an error
+    /// of the pass, in [`Resolved::errors`]).
     NotReady(String),
     /// Optional and missing: absent from the context; holds nothing back.
     Absent,
@@ -300,6 +301,19 @@ fn namespace_of(
     }
 }
 
+/// What the related entries came to in a pass.
+pub(super) struct Resolved {
+    /// `related` in the evaluation context.
+    pub context: Value,
+    /// Each entry's state, in the rule's order.
+    pub states: Vec<RelatedState>,
+    /// What was read.
+    pub reads: Vec<RelatedRead>,
+    /// Failed `readyWhen`s: errors of the pass, though it goes on (their
+    /// readers are held back, as by an entry that is not ready).
+    pub errors: Vec<RenderError>,
+}
+
 /// Resolves every related entry: the `related` context, each entry's state,
 /// and what was read. A failure stops the pass.
 pub(super) fn resolve(
@@ -307,10 +321,11 @@ pub(super) fn resolve(
     ctx: &minijinja::Value,
     info: &ParentInfo,
     input: &Input,
-) -> Result<(Value, Vec<RelatedState>, Vec<RelatedRead>), RelatedFailure> {
+) -> Result<Resolved, RelatedFailure> {
     let mut context = Map::new();
     let mut states = Vec::with_capacity(rule.related.len());
     let mut reads = Vec::with_capacity(rule.related.len());
+    let mut errors = Vec::new();
     for entry in &rule.related {
         let id = &entry.spec.id;
         // An unserved kind has no objects, and no known scope: nothing to
@@ -402,7 +417,11 @@ pub(super) fn resolve(
                                     entry.spec.ready_when.as_deref().unwrap_or_default()
                                 )
                             )),
-                            Err(err) => RelatedState::NotReady(err.to_string()),
+                            Err(err) => {
+                                let state = RelatedState::NotReady(err.to_string());
+                                errors.push(err);
+                                state
+                            }
                         }
                     }
                 };
@@ -413,7 +432,12 @@ pub(super) fn resolve(
         states.push(state);
         reads.push(read);
     }
-    Ok((Value::Object(context), states, reads))
+    Ok(Resolved {
+        context: Value::Object(context),
+        states,
+        reads,
+        errors,
+    })
 }
 
 /// The objects `read` covers: from the related source when there is one

@@ -368,3 +368,73 @@ fn an_optional_entry_of_an_unserved_kind_is_absent_but_an_unreadable_one_still_h
         assert_eq!(p.pending[0].reason, reason);
     }
 }
+
+/// `SETTINGS` with `readyWhen: <expr>`, `COPY` reading it.
+fn gated_settings(ready_when: &str) -> Arc<CompiledRule> {
+    let ready = SETTINGS.replace(
+        "      name:",
+        &format!("      readyWhen: \"{ready_when}\"\n      name:"),
+    );
+    rule(&format!("{PARENT_KIND}{ready}  children:\n{CM}{COPY}"))
+}
+
+fn settings_source(extra: Value) -> Value {
+    object("ConfigMap", Some("ns"), "src", json!({}), extra)
+}
+
+#[test]
+fn undefined_related_ready_when_is_an_error_naming_entry_and_expression() {
+    let r = gated_settings("self.status.ok");
+    let old_copy = live("ConfigMap", "a-copy", "copy", json!({}));
+    let stale = live("ConfigMap", "stale", "cm", json!({}));
+    let p = run(
+        &r,
+        &parent(json!({"from": "src"})),
+        vec![settings_source(json!({})), old_copy, stale],
+    );
+    assert_eq!(p.errors.len(), 1, "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("readyWhen of related \"settings\"")
+            && p.errors[0].contains("self.status.ok"),
+        "{:?}",
+        p.errors
+    );
+    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(p.pending.len(), 1, "its reader waits: {:?}", p.pending);
+    assert_eq!(p.pending[0].id, "copy");
+    assert_eq!(p.apply.len(), 1, "a child that does not read it is applied");
+    assert!(
+        p.delete.is_empty(),
+        "pruned despite an error: {:?}",
+        p.delete
+    );
+    assert_eq!(condition(&p, "Synced")["reason"], "RenderError");
+}
+
+#[test]
+fn related_ready_when_yielding_the_string_false_is_an_error() {
+    let r = gated_settings("self.data.ready");
+    let src = settings_source(json!({"data": {"ready": "false"}}));
+    let p = run(&r, &parent(json!({"from": "src"})), vec![src]);
+    assert!(
+        p.errors
+            .iter()
+            .any(|e| e.contains("readyWhen of related \"settings\"") && e.contains("boolean")),
+        "{:?}",
+        p.errors
+    );
+    assert_eq!(p.pending[0].id, "copy");
+}
+
+#[test]
+fn related_ready_when_with_default_is_not_ready_without_error() {
+    let r = gated_settings("self.status.x | default(0) > 0");
+    let p = run(
+        &r,
+        &parent(json!({"from": "src"})),
+        vec![settings_source(json!({}))],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.pending[0].reason, "RelatedNotReady");
+    assert_eq!(condition(&p, "Synced")["reason"], "RelatedNotReady");
+}
