@@ -412,7 +412,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     let parent = with_spec(input.parent, spec);
 
     let observed = input.observed.children_of(&rule.name, &info.uid);
-    let children_ctx = children_context(rule, &observed);
+    let mut children = Children::observed(rule, &observed);
     // Converted once: `spec` and `metadata` are the parent's own values
     // (shared, not copies), which halves the conversion cost of a pass.
     let parent_value = render::to_value(&parent);
@@ -444,19 +444,24 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     plan.errors
         .extend(related.errors.iter().map(ToString::to_string));
     let related_states = related.states;
-    let with_reads = context! {
-        children => render::to_value(&children_ctx),
+    let reads_ctx = context! {
         related => render::to_value(&related.context),
         ..parent_ctx
     };
-    let vars = match related::eval_vars(rule, &with_reads) {
+    let with_children = |fixed: &minijinja::Value, children: &Children| {
+        context! { children => children.context(), ..fixed.clone() }
+    };
+    let vars = match related::eval_vars(rule, &with_children(&reads_ctx, &children)) {
         Ok(vars) => vars,
         Err(err) => {
             plan.errors.push(err.to_string());
             BTreeMap::new()
         }
     };
-    let base = context! { vars => minijinja::Value::from(vars), ..with_reads };
+    let fixed = context! { vars => minijinja::Value::from(vars), ..reads_ctx };
+    // `children` changes as `forEach` children render (item order): the
+    // context is rebuilt then, around the same fixed part.
+    let mut base = with_children(&fixed, &children);
 
     // Per child: what happened in this pass.
     let mut outcome: BTreeMap<usize, Outcome> = BTreeMap::new();
@@ -480,6 +485,9 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         };
         match result {
             ChildResult::Excluded => {
+                if children.rendered(id, []) {
+                    base = with_children(&fixed, &children);
+                }
                 outcome.insert(i, Outcome::Excluded);
             }
             ChildResult::Pending(reason) => {
@@ -491,6 +499,9 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 outcome.insert(i, Outcome::Pending);
             }
             ChildResult::Rendered(rendered) => {
+                if children.rendered(id, rendered.iter().map(|(a, _)| &a.key)) {
+                    base = with_children(&fixed, &children);
+                }
                 for (a, _) in &rendered {
                     if !desired_keys.insert(a.key.clone()) {
                         plan.errors.push(format!(
@@ -526,8 +537,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     }
 
     if rule.writes_status() {
-        let (status, errors) =
-            build_status(rule, input, &info, &plan, &outcome, &base, &children_ctx);
+        let (status, errors) = build_status(rule, input, &info, &plan, &outcome, &base, &children);
         plan.status = Some(status);
         // A failed status field or condition is an error of the pass (render
         // exits 2, the operator reports it), though children were applied.
@@ -641,34 +651,6 @@ fn strip_noise_annotations(meta: &mut Value) {
     }
 }
 
-/// `children` in the context: one object per id, a list for `forEach` children.
-fn children_context(
-    rule: &CompiledRule,
-    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
-) -> Value {
-    let mut map = Map::new();
-    for child in &rule.children {
-        let Some(objects) = observed.get(&child.spec.id) else {
-            continue;
-        };
-        let mut values: Vec<Value> = objects
-            .iter()
-            .map(|(_, o)| {
-                let mut o = (*o).clone();
-                strip_noise(&mut o);
-                o
-            })
-            .collect();
-        let value = if child.spec.for_each.is_some() {
-            Value::Array(values)
-        } else {
-            values.swap_remove(0)
-        };
-        map.insert(child.spec.id.clone(), value);
-    }
-    Value::Object(map)
-}
-
 fn plan_child(
     rule: &CompiledRule,
     child: &CompiledChild,
@@ -762,10 +744,12 @@ fn plan_child(
     Ok(ChildResult::Rendered(applies))
 }
 
+mod children;
 mod conditions;
 mod object;
 mod related;
 
+use children::Children;
 use conditions::{build_status, child_ready, status_for_failure};
 use object::finish_object;
 pub use object::object_hash;

@@ -124,7 +124,7 @@ pub(super) fn build_status(
     plan: &Plan,
     outcome: &BTreeMap<usize, Outcome>,
     base: &minijinja::Value,
-    children_ctx: &Value,
+    children: &Children,
 ) -> (Value, Vec<String>) {
     let mut errors: Vec<String> = Vec::new();
     let mut out = Map::new();
@@ -135,9 +135,9 @@ pub(super) fn build_status(
     // Fields.
     for field in &rule.fields {
         let value = match &field.source {
-            FieldSource::JsonPath { child, .. } => children_ctx
-                .get(child)
-                .and_then(|obj| status::json_path_value(field, obj)),
+            FieldSource::JsonPath { child, .. } => children
+                .json(child)
+                .and_then(|root| status::json_path_value(field, &root)),
             FieldSource::Value(expr) => {
                 let what = format!("status field `{}`", field.path.join("."));
                 match rule.engine.eval(*expr, base, &what).and_then(|v| {

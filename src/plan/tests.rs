@@ -408,7 +408,8 @@ fn for_each_renders_one_child_per_item_and_prunes_removed_items() {
 
 #[test]
 fn ready_when_of_for_each_child_sees_item_and_index() {
-    // Observed objects sort by name (a-a before a-b); the list order differs.
+    // Item order (b, a) differs from name order (a-a, a-b): each object's
+    // readyWhen sees its own item and index, whatever the names.
     let each = EACH.replace(
         "      forEach: spec.items\n",
         "      forEach: spec.items\n      readyWhen: \"self.data.seen == item ~ '@' ~ index\"\n",
@@ -663,5 +664,6 @@ fn selector_and_namespaces_decide_which_parents_match() {
 }
 
 mod contract;
+mod for_each;
 mod related;
 mod scope;
