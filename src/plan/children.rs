@@ -7,9 +7,10 @@
 //! items, and objects of items no longer rendered (about to be pruned) are
 //! left out; a child reading `children.X` is rendered after `X`, and status
 //! fields and conditions after every child, so they see that order. Before
-//! `X` renders (in `vars`, in `X`'s own expressions) and when it does not
-//! render in the pass (held back, failed), the list holds every observed
-//! object in name order.
+//! `X` renders (in `vars`, in `X`'s own `includeWhen`, `forEach` and
+//! template) and when it does not render in the pass (held back, failed),
+//! the list holds every observed object in name order. An excluded `X`
+//! (`includeWhen` false) is `[]`: all its objects are about to be pruned.
 //!
 //! Readiness and pruning read the observed objects themselves, not this.
 
