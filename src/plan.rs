@@ -343,10 +343,21 @@ impl ParentInfo {
 /// The pass for a parent the operator could not decode (`why`): no child is
 /// rendered, applied or pruned; the status says why, with reason `Undecodable`.
 pub fn undecodable(rule: &CompiledRule, input: &Input, why: &str) -> Plan {
+    refused(rule, input, vec![why.to_owned()], "Undecodable")
+}
+
+/// The pass for a parent its CRD's schema refuses (`render --crds`): as for
+/// a spec the rule's `schema` refuses, nothing is rendered or pruned and
+/// the status says why, with reason `InvalidSpec`.
+pub fn refused_by_crd(rule: &CompiledRule, input: &Input, errors: Vec<String>) -> Plan {
+    refused(rule, input, errors, "InvalidSpec")
+}
+
+fn refused(rule: &CompiledRule, input: &Input, errors: Vec<String>, reason: &'static str) -> Plan {
     let info = ParentInfo::of(input.parent);
     let mut plan = Plan {
-        errors: vec![why.to_owned()],
-        failure_reason: Some("Undecodable"),
+        errors,
+        failure_reason: Some(reason),
         ..Plan::default()
     };
     plan.status = status_for_failure(rule, input, &info, &plan);

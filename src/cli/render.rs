@@ -186,15 +186,24 @@ pub fn render_document_with(
 ) -> Value {
     let scope_of = offline_scope_with(rule, crate::crd::offline::parent_scope(rule, parent, crds));
     let observed = label_observed(rule, parent, observed, now, &scope_of);
-    let plan = plan::plan(
-        rule,
-        &Input {
-            parent,
-            observed: &observed,
-            now,
-            scope_of: &scope_of,
-        },
-    );
+    let input = Input {
+        parent,
+        observed: &observed,
+        now,
+        scope_of: &scope_of,
+    };
+    // A parent its CRD refuses would not even be stored: nothing to render.
+    let refusals = crds
+        .and_then(|c| c.find(&rule.parent))
+        .map(|(_, version)| crate::crd::offline::validate_parent(version, parent))
+        .unwrap_or_default();
+    let mut plan = plan::plan(rule, &input);
+    if !refusals.is_empty() {
+        // What the pass would also have said is worth knowing too.
+        let mut errors = std::mem::take(&mut plan.errors);
+        errors.extend(refusals);
+        plan = plan::refused_by_crd(rule, &input, errors);
+    }
     // `createOnly` children that exist are never sent again: show them apart.
     let (kept, applied): (Vec<_>, Vec<_>) = plan.apply.iter().partition(|a| {
         a.policy == crate::rules::model::Policy::CreateOnly && observed.objects.contains_key(&a.key)
@@ -216,12 +225,8 @@ pub fn render_document_with(
                 .collect::<Vec<_>>()
         );
     }
-    let mut errors = plan.errors.clone();
-    if let Some((_, version)) = crds.and_then(|c| c.find(&rule.parent)) {
-        errors.extend(crate::crd::offline::validate_parent(version, parent));
-    }
-    if !errors.is_empty() {
-        doc["errors"] = json!(errors);
+    if !plan.errors.is_empty() {
+        doc["errors"] = json!(plan.errors);
     }
     doc
 }
@@ -504,6 +509,66 @@ mod tests {
         assert_eq!(
             super::offline_scope(&plain)(&Gvk::new("v1", "ConfigMap")),
             Scope::Namespaced
+        );
+    }
+
+    #[test]
+    fn a_parent_its_crd_refuses_prunes_nothing() {
+        let r = rule(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}
+  children:
+    - id: one
+      apiVersion: v1
+      kind: ConfigMap
+      includeWhen: spec.keep
+      template: |
+        metadata: {name: a-one}
+",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let crd = dir.path().join("crd.yaml");
+        std::fs::write(
+            &crd,
+            "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: apps.demo.trellis.dev}
+spec:
+  group: demo.trellis.dev
+  scope: Namespaced
+  names: {kind: App, plural: apps}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                keep: {type: boolean}
+                n: {type: integer}
+",
+        )
+        .unwrap();
+        let crds = crate::crd::offline::OfflineCrds::load(&crd).unwrap();
+        let mut p = parent(Some("ns"));
+        let live = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "a-one", "namespace": "ns", "labels": {
+                "trellis.dev/rule": "app", "trellis.dev/child": "one",
+                "trellis.dev/parent-uid": "uid-1"}}});
+        p["spec"] = json!({"keep": false, "n": 3});
+        let doc = super::render_document_with(&r, &p, vec![live.clone()], NOW, Some(&crds));
+        assert_eq!(doc["delete"], json!(["ConfigMap ns/a-one"]), "{doc:#}");
+        p["spec"]["n"] = json!("three");
+        let doc = super::render_document_with(&r, &p, vec![live], NOW, Some(&crds));
+        assert!(doc.get("delete").is_none(), "{doc:#}");
+        assert!(doc["errors"].to_string().contains("spec.n"), "{doc:#}");
+        let synced = &doc["status"]["conditions"][1];
+        assert_eq!(
+            (&synced["type"], &synced["reason"]),
+            (&json!("Synced"), &json!("InvalidSpec"))
         );
     }
 }
