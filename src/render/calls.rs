@@ -25,6 +25,9 @@ pub struct Calls {
     pub reads: BTreeSet<(String, String)>,
     /// Roots (`children`, `related`) read other than by a constant id.
     pub dynamic: BTreeSet<String>,
+    /// Whether the code reads `self` from the context (minijinja reserves
+    /// the name in templates, so it never counts as undeclared there).
+    pub reads_self: bool,
 }
 
 /// Context names whose static reads are dependency edges.
@@ -57,6 +60,7 @@ pub fn scan(source: &str) -> Calls {
                 Instruction::StoreLocal(name) | Instruction::BuildMacro(name, ..) => {
                     calls.locals.insert((*name).to_owned());
                 }
+                Instruction::Lookup("self") => calls.reads_self = true,
                 Instruction::Lookup(root) if EDGE_ROOTS.contains(root) => {
                     let id = match (instructions.get(pc + 1), instructions.get(pc + 2)) {
                         (Some(Instruction::GetAttr(id)), _) => Some((*id).to_owned()),

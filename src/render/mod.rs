@@ -187,15 +187,19 @@ impl EngineBuilder {
     /// A name the template assigns anywhere (even only in `if`/`else`
     /// branches) is its own, not a context name.
     pub fn template_names(&self, id: &TemplateId, nested: bool) -> HashSet<String> {
-        let locals = self.template_calls(id).locals;
-        match self.env.get_template(&id.0) {
+        let calls = self.template_calls(id);
+        let mut names: HashSet<String> = match self.env.get_template(&id.0) {
             Ok(t) => self
                 .without_globals(t.undeclared_variables(nested))
                 .into_iter()
-                .filter(|n| !locals.contains(n.split('.').next().unwrap_or(n)))
+                .filter(|n| !calls.locals.contains(n.split('.').next().unwrap_or(n)))
                 .collect(),
             Err(_) => HashSet::new(),
+        };
+        if calls.reads_self {
+            names.insert("self".to_owned());
         }
+        names
     }
 
     /// Filters, tests, functions and locals of a compiled template.

@@ -113,6 +113,12 @@ const BASE_NAMES: &[&str] = &[
     "parent", "spec", "metadata", "children", "related", "vars", "rule",
 ];
 
+/// Every name of the evaluation context: the base names, then those visible
+/// only in some places.
+const ALL_NAMES: &[&str] = &[
+    "parent", "spec", "metadata", "children", "related", "vars", "rule", "item", "index", "self",
+];
+
 /// Names visible in a given place: the base context plus `item`/`index`
 /// inside `forEach` children and `self` in `readyWhen`.
 pub fn context_names(for_each: bool, with_self: bool) -> BTreeSet<&'static str> {
@@ -217,11 +223,13 @@ impl Checker<'_> {
         ));
     }
 
-    /// Names outside the evaluation context, and `children.<id>`,
-    /// `related.<id>` or `vars.<name>` that the rule does not declare (here).
+    /// Names outside the evaluation context of `place` (e.g. "a related
+    /// entry's readyWhen"), and `children.<id>`, `related.<id>` or
+    /// `vars.<name>` that the rule does not declare (here).
     fn check_names(
         &mut self,
         field: &str,
+        place: &str,
         used: HashSet<String>,
         allowed: &BTreeSet<&str>,
         known: &Known,
@@ -234,11 +242,23 @@ impl Checker<'_> {
             let root = parts.next().unwrap_or_default().to_owned();
             if !allowed.contains(root.as_str()) {
                 if reported.insert(root.clone()) {
-                    let hint = allowed.iter().copied().collect::<Vec<_>>().join(", ");
-                    self.error(
-                        field,
-                        format!("`{root}` is not in the evaluation context (available: {hint})"),
-                    );
+                    let visible: Vec<&str> = ALL_NAMES
+                        .iter()
+                        .copied()
+                        .filter(|n| allowed.contains(n))
+                        .collect();
+                    let message = if ALL_NAMES.contains(&root.as_str()) {
+                        format!(
+                            "`{root}` is not available here ({place} sees {})",
+                            and_list(&visible)
+                        )
+                    } else {
+                        format!(
+                            "`{root}` is not in the evaluation context (available: {})",
+                            visible.join(", ")
+                        )
+                    };
+                    self.error(field, message);
                 }
             } else if let Some(id) = parts.next() {
                 let (set, what) = match root.as_str() {
@@ -252,6 +272,15 @@ impl Checker<'_> {
                 }
             }
         }
+    }
+}
+
+/// `a, b and c`.
+fn and_list(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 
@@ -523,7 +552,18 @@ pub(super) fn compile(
                     lint(&mut ck, &builder, &field, Code::Object(&id, &text));
                     merge_reads(&mut reads, builder.template_calls(&id));
                     let names = builder.template_names(&id, true);
-                    ck.check_names(&field, names, &context_names(for_each, false), &known);
+                    let place = if for_each {
+                        "a forEach child's template"
+                    } else {
+                        "a child's template (without forEach)"
+                    };
+                    ck.check_names(
+                        &field,
+                        place,
+                        names,
+                        &context_names(for_each, false),
+                        &known,
+                    );
                     Some(id)
                 }
                 Err(err) => {
@@ -541,7 +581,13 @@ pub(super) fn compile(
                         lint(ck, &builder, &field, Code::Expression(id, src));
                         merge_reads(&mut reads, builder.expression_calls(id));
                         let names = builder.expression_names(id, true);
-                        ck.check_names(&field, names, &allowed, &known);
+                        ck.check_names(
+                            &field,
+                            &format!("a child's {name}"),
+                            names,
+                            &allowed,
+                            &known,
+                        );
                         Some(id)
                     }
                     Err(err) => {

@@ -129,7 +129,12 @@ fn related_entries_are_validated() {
     let has = |s: &str| d.iter().any(|m| m.contains(s));
     assert!(has("exactly one of `name`"), "{d:?}");
     assert!(has("unique across children and related"), "{d:?}");
-    assert!(has("`children` is not in the evaluation context"), "{d:?}");
+    assert!(
+        has(
+            "`children` is not available here (a related entry's name, namespace and selector sees parent, spec, metadata and rule)"
+        ),
+        "{d:?}"
+    );
     assert!(
         has("`related.nope`: the rule has no related entry"),
         "{d:?}"
@@ -141,4 +146,62 @@ fn a_var_sees_only_vars_declared_before_it() {
     let vars = "  vars:\n    - name: a\n      value: vars.b\n    - name: b\n      value: \"1\"\n  children: []\n";
     let d = diagnostics(&format!("{TWO}{vars}"));
     assert!(d.iter().any(|m| m.contains("`vars.b`")), "{d:?}");
+}
+
+/// A related entry with `readyWhen: <expr>`, and a child that reads it, a
+/// var and a related `other` (so every name is declared somewhere).
+fn related_ready_when(expr: &str) -> Vec<String> {
+    let text = format!(
+        "{TWO}  related:\n    - id: src\n      apiVersion: v1\n      kind: ConfigMap\n      name: src\n      readyWhen: \"{expr}\"\n    - id: other\n      apiVersion: v1\n      kind: ConfigMap\n      name: other\n  vars:\n    - name: v\n      value: \"1\"\n  children:\n    - id: config\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata: {{name: {{{{ related.src.metadata.name }}}}}}\n"
+    );
+    diagnostics(&text)
+}
+
+#[test]
+fn related_ready_when_sees_only_the_parent_rule_and_self() {
+    let d = related_ready_when(
+        "self.data.ok == spec.ok and rule.name == metadata.name and parent is defined",
+    );
+    assert!(d.is_empty(), "{d:?}");
+    for (name, expr) in [
+        ("children", "children.config is defined"),
+        ("related", "related.other is defined"),
+        ("vars", "vars.v == 1"),
+        ("item", "item == 1"),
+    ] {
+        let d = related_ready_when(expr);
+        let want = format!(
+            "rule.yaml:14: error: spec.related[0].readyWhen: `{name}` is not available here \
+             (a related entry's readyWhen sees parent, spec, metadata, rule and self)"
+        );
+        assert!(d.iter().any(|m| m.ends_with(&want)), "{want}\n{d:?}");
+    }
+    let d = related_ready_when("parnet.x");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("`parnet` is not in the evaluation context")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn related_name_namespace_and_selector_see_only_the_parent_and_rule() {
+    let related = "  related:\n    - id: a\n      apiVersion: v1\n      kind: ConfigMap\n      namespace: \"{{ vars.ns }}\"\n      name: \"{{ self.x }}\"\n    - id: b\n      apiVersion: v1\n      kind: ConfigMap\n      selector:\n        matchLabels:\n          app: \"{{ related.a.metadata.name }}\"\n        matchExpressions: \"{{ children.c.data.list }}\"\n  vars:\n    - name: ns\n      value: \"'x'\"\n  children:\n    - id: c\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata: {name: c}\n";
+    let d = diagnostics(&format!("{TWO}{related}"));
+    let sees =
+        "(a related entry's name, namespace and selector sees parent, spec, metadata and rule)";
+    for want in [
+        format!(
+            "rule.yaml:13: error: spec.related[0].namespace: `vars` is not available here {sees}"
+        ),
+        format!("rule.yaml:14: error: spec.related[0].name: `self` is not available here {sees}"),
+        format!(
+            "rule.yaml:20: error: spec.related[1].selector.matchLabels.app: `related` is not available here {sees}"
+        ),
+        format!(
+            "rule.yaml:21: error: spec.related[1].selector.matchExpressions: `children` is not available here {sees}"
+        ),
+    ] {
+        assert!(d.iter().any(|m| m.ends_with(&want)), "{want}\n{d:?}");
+    }
 }

@@ -2,7 +2,9 @@
 //!
 //! A related entry's name, namespace and selector are templates over the
 //! parent alone (`parent`, `spec`, `metadata`, `rule`): they decide what to
-//! read, so they cannot depend on what was read. Vars see everything before
+//! read, so they cannot depend on what was read. Its `readyWhen` sees the
+//! same names and `self` (the object read), nothing else: it is evaluated
+//! while the entries are read, before any child or var. Vars see everything before
 //! them: the parent, `related`, `children` and earlier vars.
 
 use std::collections::BTreeSet;
@@ -88,7 +90,13 @@ fn text_template(
             };
             lint(ck, builder, field, code);
             let names = builder.template_names(&id, true);
-            ck.check_names(field, names, &parent_only(), known);
+            ck.check_names(
+                field,
+                "a related entry's name, namespace and selector",
+                names,
+                &parent_only(),
+                known,
+            );
             Some(id)
         }
         Err(err) => {
@@ -273,9 +281,17 @@ pub(super) fn compile_related(
                 Ok(id) => {
                     lint(ck, builder, &field, Code::Expression(id, src));
                     let names = builder.expression_names(id, true);
-                    let mut allowed = context_names(false, true);
-                    allowed.remove("vars");
-                    ck.check_names(&field, names, &allowed, known);
+                    // Evaluated while the related entries are read, before
+                    // children, other related objects or vars are in the context.
+                    let mut allowed = parent_only();
+                    allowed.insert("self");
+                    ck.check_names(
+                        &field,
+                        "a related entry's readyWhen",
+                        names,
+                        &allowed,
+                        known,
+                    );
                     Some(id)
                 }
                 Err(err) => {
@@ -334,7 +350,7 @@ pub(super) fn compile_vars(
                     Ok(id) => {
                         lint(ck, builder, &field, Code::Expression(id, src));
                         let names = builder.expression_names(id, true);
-                        ck.check_names(&field, names, &allowed, known);
+                        ck.check_names(&field, "a var", names, &allowed, known);
                         Some(VarSource::Value(id))
                     }
                     Err(err) => {
@@ -349,7 +365,7 @@ pub(super) fn compile_vars(
                     Ok(id) => {
                         lint(ck, builder, &field, Code::Object(&id, src));
                         let names = builder.template_names(&id, true);
-                        ck.check_names(&field, names, &allowed, known);
+                        ck.check_names(&field, "a var", names, &allowed, known);
                         Some(VarSource::Template(id))
                     }
                     Err(err) => {

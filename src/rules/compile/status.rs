@@ -68,7 +68,13 @@ pub(super) fn compile_status(
                         Code::Expression(id, value),
                     );
                     let names = builder.expression_names(id, true);
-                    ck.check_names(&format!("{at}.value"), names, &base, known);
+                    ck.check_names(
+                        &format!("{at}.value"),
+                        "a status field's value",
+                        names,
+                        &base,
+                        known,
+                    );
                     Some(FieldSource::Value(id))
                 }
                 Err(err) => {
@@ -125,7 +131,13 @@ pub(super) fn compile_status(
                     Code::Expression(id, &c.when),
                 );
                 let names = builder.expression_names(id, true);
-                ck.check_names(&format!("{at}.when"), names, &base, known);
+                ck.check_names(
+                    &format!("{at}.when"),
+                    "a condition's when",
+                    names,
+                    &base,
+                    known,
+                );
                 Some(id)
             }
             Err(err) => {
@@ -139,7 +151,13 @@ pub(super) fn compile_status(
                 Ok(id) => {
                     lint(ck, builder, &format!("{at}.message"), Code::Text(&id, text));
                     let names = builder.template_names(&id, true);
-                    ck.check_names(&format!("{at}.message"), names, &base, known);
+                    ck.check_names(
+                        &format!("{at}.message"),
+                        "a condition's message",
+                        names,
+                        &base,
+                        known,
+                    );
                     Some(id)
                 }
                 Err(err) => {
