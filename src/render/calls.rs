@@ -16,6 +16,8 @@ use minijinja::{AutoEscape, Environment, ErrorKind};
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Calls {
     pub filters: BTreeSet<String>,
+    /// Every filter applied, with its line (1-based) in the code, in line order.
+    pub filter_uses: Vec<(String, usize)>,
     pub tests: BTreeSet<String>,
     pub functions: BTreeSet<String>,
     /// Variables and macros the code assigns (`set`, `for`, `macro`).
@@ -50,6 +52,8 @@ pub fn scan(source: &str) -> Calls {
             match instruction {
                 Instruction::ApplyFilter(name, ..) => {
                     calls.filters.insert((*name).to_owned());
+                    let line = instructions.get_line(pc).unwrap_or(1);
+                    calls.filter_uses.push(((*name).to_owned(), line));
                 }
                 Instruction::PerformTest(name, ..) => {
                     calls.tests.insert((*name).to_owned());
@@ -83,6 +87,7 @@ pub fn scan(source: &str) -> Calls {
             pc += 1;
         }
     }
+    calls.filter_uses.sort_by_key(|(_, line)| *line);
     calls
 }
 
@@ -132,6 +137,20 @@ mod tests {
             ]
         );
         assert!(scan("{{ children.db is defined }}").dynamic.is_empty());
+    }
+
+    #[test]
+    fn every_filter_use_is_listed_with_its_line() {
+        let calls = scan(
+            "a: {{ x | safe }}\n{% if y %}\nb: {{ y|upper|safe }}\n{% endif %}\n{% macro m(v) %}{{ v | safe }}{% endmacro %}",
+        );
+        let safe: Vec<usize> = calls
+            .filter_uses
+            .iter()
+            .filter(|(name, _)| name == "safe")
+            .map(|(_, line)| *line)
+            .collect();
+        assert_eq!(safe, vec![1, 3, 5]);
     }
 
     #[test]

@@ -199,6 +199,11 @@ fn pointer_to_field(pointer: &str) -> String {
 struct Checker<'a> {
     file: &'a PathBuf,
     lines: &'a LineIndex,
+    /// The rule file's text.
+    source: &'a str,
+    /// Field → the `templateFile` its code was read from: a finding inside
+    /// that code names the template file and its line there.
+    template_files: BTreeMap<String, PathBuf>,
     diags: &'a mut Vec<Diagnostic>,
     errors: usize,
 }
@@ -221,6 +226,54 @@ impl Checker<'_> {
             field,
             message,
         ));
+    }
+
+    /// A warning about line `line` (1-based) of the code written at `field`:
+    /// on that line of its `templateFile`, or of the rule file.
+    fn warning_in(&mut self, field: &str, code: &str, line: usize, message: impl Into<String>) {
+        let diag = match self.template_files.get(field) {
+            Some(path) => Diagnostic::warning(path, u64::try_from(line).ok(), field, message),
+            None => Diagnostic::warning(self.file, self.line_in(field, code, line), field, message),
+        };
+        self.diags.push(diag);
+    }
+
+    /// The rule file's line of line `n` (1-based) of the code written at
+    /// `field`: counted in a literal block (`|`), else the first line from
+    /// the field on that holds its text, else the field's own line.
+    fn line_in(&self, field: &str, code: &str, n: usize) -> Option<u64> {
+        let at = self.lines.line_of(field)?;
+        let Some(wanted) = code.lines().nth(n.saturating_sub(1)).map(str::trim) else {
+            return Some(at);
+        };
+        let start = usize::try_from(at).ok()?.saturating_sub(1);
+        let mut rest = self.source.lines().skip(start);
+        let header = rest.next().unwrap_or_default();
+        // `key: |`, `- |-`, `key: |2 # comment`: the code starts on the next line.
+        let literal_block = header
+            .split(" #")
+            .next()
+            .and_then(|h| h.split_whitespace().last())
+            .and_then(|t| t.strip_prefix('|'))
+            .is_some_and(|t| {
+                t.bytes()
+                    .all(|b| b == b'-' || b == b'+' || b.is_ascii_digit())
+            });
+        let found = if literal_block {
+            rest.nth(n.saturating_sub(1))
+                .is_some_and(|l| l.contains(wanted))
+                .then_some(n)
+        } else {
+            // Quoted, plain or folded: near the field, found by its text.
+            let window = code.lines().count() * 2 + 1;
+            std::iter::once(header)
+                .chain(rest)
+                .take(window)
+                .skip(n.saturating_sub(1))
+                .position(|l| l.contains(wanted))
+                .map(|p| p + n.saturating_sub(1))
+        };
+        Some(found.map_or(at, |offset| at + offset as u64))
     }
 
     /// Names outside the evaluation context of `place` (e.g. "a related
@@ -293,6 +346,8 @@ pub(super) fn compile(
     let mut ck = Checker {
         file: &doc.file,
         lines: &doc.lines,
+        source: &doc.source,
+        template_files: BTreeMap::new(),
         diags,
         errors: 0,
     };
@@ -516,7 +571,12 @@ pub(super) fn compile(
         let source = match (&child.template, &child.template_file) {
             (Some(t), None) => Some(t.clone()),
             (None, Some(rel)) => match read_template_file(&doc.root, &doc.file, rel) {
-                Ok(text) => Some(text),
+                Ok(text) => {
+                    let dir = doc.file.parent().unwrap_or(&doc.root);
+                    ck.template_files
+                        .insert(format!("{at}.templateFile"), dir.join(rel));
+                    Some(text)
+                }
                 Err(message) => {
                     ck.error(&format!("{at}.templateFile"), message);
                     None
@@ -540,12 +600,6 @@ pub(super) fn compile(
         // Static reads of children.X / related.Y: implicit dependencies.
         let mut reads = render::Calls::default();
         let template = source.and_then(|text| {
-            if has_safe_filter(&text) {
-                ck.warning(
-                    &field,
-                    "`| safe` turns off JSON escaping: a value from the parent could add YAML structure",
-                );
-            }
             templates.insert(child.id.clone(), text.clone());
             match builder.add_template(&child.id, TemplateKind::Object, &text) {
                 Ok(id) => {
@@ -736,18 +790,6 @@ pub(super) fn compile(
 fn merge_reads(into: &mut render::Calls, from: render::Calls) {
     into.reads.extend(from.reads);
     into.dynamic.extend(from.dynamic);
-}
-
-/// `| safe` anywhere in a template (whitespace allowed around the bar).
-fn has_safe_filter(text: &str) -> bool {
-    text.match_indices('|').any(|(i, _)| {
-        let rest = text[i + 1..].trim_start();
-        rest.starts_with("safe")
-            && !rest[4..]
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_')
-    })
 }
 
 /// Children in dependency order (Kahn's algorithm, stable by declaration);

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::model::Rule;
 use super::{Diagnostic, Severity};
@@ -34,6 +35,9 @@ pub(super) struct RawDocument {
     pub root: PathBuf,
     pub value: serde_json::Value,
     pub lines: LineIndex,
+    /// The whole file's text (shared by its documents), to place a finding
+    /// inside a template on its own line.
+    pub source: Arc<str>,
 }
 
 /// Lists rule files in a directory: `*.yaml`/`*.yml`, symlinks followed, dot
@@ -96,12 +100,16 @@ pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> V
                 }
             };
             match yaml::parse_documents(&text, &yaml::Limits::FILES) {
-                Ok(parsed) => docs.extend(parsed.into_iter().map(|d| RawDocument {
-                    file: file.clone(),
-                    root: dir.clone(),
-                    value: d.value,
-                    lines: d.lines,
-                })),
+                Ok(parsed) => {
+                    let source: Arc<str> = text.into();
+                    docs.extend(parsed.into_iter().map(|d| RawDocument {
+                        file: file.clone(),
+                        root: dir.clone(),
+                        value: d.value,
+                        lines: d.lines,
+                        source: source.clone(),
+                    }))
+                }
                 Err(err) => diags.push(Diagnostic::error(
                     &file,
                     err.line,

@@ -342,7 +342,7 @@ fn warns_about_safe_but_accepts() {
     let set = load_dir(dir.path()).expect("warnings do not fail the set");
     assert_eq!(set.warnings.len(), 1);
     assert!(set.warnings[0].message.contains("safe"));
-    assert_eq!(set.warnings[0].line, Some(13));
+    assert_eq!(set.warnings[0].line, Some(15), "the line of the use");
 }
 
 #[test]

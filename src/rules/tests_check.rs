@@ -205,3 +205,76 @@ fn related_name_namespace_and_selector_see_only_the_parent_and_rule() {
         assert!(d.iter().any(|m| m.ends_with(&want)), "{want}\n{d:?}");
     }
 }
+
+/// The `| safe` warnings among `d`.
+fn safe_warnings(d: &[String]) -> Vec<&String> {
+    d.iter()
+        .filter(|m| m.contains("warning") && m.contains("`| safe`"))
+        .collect()
+}
+
+#[test]
+fn every_safe_use_in_a_child_template_warns_on_its_line() {
+    // HEAD is 12 lines; `template: |` is line 13, its first line 14.
+    let d = with_template(
+        "metadata:\n  name: {{ spec.a | safe }}\ndata:\n  b: {{ spec.b | safe }}\n  c: {{ spec.c|safe }}{{ spec.d | safe }}\n  d: a | safe",
+    );
+    let lines: Vec<&str> = safe_warnings(&d)
+        .iter()
+        .map(|m| m.split(": warning").next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        lines
+            .iter()
+            .map(|l| l.rsplit(':').next().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["15", "17", "18", "18"],
+        "{d:?}"
+    );
+    assert!(
+        d.iter()
+            .all(|m| !m.contains("warning") || m.contains("spec.children[0].template")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn safe_in_a_template_file_warns_on_its_line_in_that_file() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("rule.yaml"),
+        format!("{HEAD}      templateFile: cm.yaml.j2\n"),
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join("cm.yaml.j2"),
+        "metadata:\n  name: x\ndata:\n  a: {{ spec.a | safe }}\n",
+    )
+    .unwrap();
+    let set = load_dir(dir.path()).expect("a warning does not fail the set");
+    let d: Vec<String> = set.warnings.iter().map(ToString::to_string).collect();
+    let safe = safe_warnings(&d);
+    assert_eq!(safe.len(), 1, "{d:?}");
+    assert!(
+        safe[0].contains("cm.yaml.j2:4: warning: spec.children[0].templateFile: `| safe`"),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn safe_in_vars_and_selector_templates_warns() {
+    let text = format!(
+        "{TWO}  related:\n    - id: src\n      apiVersion: v1\n      kind: ConfigMap\n      selector:\n        matchLabels: |\n          app: {{{{ spec.app | safe }}}}\n        matchExpressions:\n          - key: tier\n            operator: In\n            values: [\"{{{{ spec.tier | safe }}}}\"]\n  vars:\n    - name: a\n      value: \"spec.a | safe\"\n    - name: b\n      template: |\n        x: 1\n        y: {{{{ spec.y | safe }}}}\n  children: []\n"
+    );
+    let d = diagnostics(&text);
+    let safe = safe_warnings(&d);
+    for want in [
+        "rule.yaml:15: warning: spec.related[0].selector.matchLabels: ",
+        "rule.yaml:19: warning: spec.related[0].selector.matchExpressions[0].values[0]: ",
+        "rule.yaml:22: warning: spec.vars[0].value: ",
+        "rule.yaml:26: warning: spec.vars[1].template: ",
+    ] {
+        assert!(safe.iter().any(|m| m.contains(want)), "{want}\n{d:?}");
+    }
+    assert_eq!(safe.len(), 4, "{d:?}");
+}

@@ -1,6 +1,7 @@
 //! Static checks on templates and expressions that need no evaluation:
 //! unknown filters, tests and functions; another tool's `${...}` syntax;
-//! leading-zero (octal) integer literals in child templates.
+//! every use of `| safe`, on its own line; leading-zero (octal) integer
+//! literals in child templates.
 
 use std::sync::OnceLock;
 
@@ -31,6 +32,17 @@ pub(super) fn lint(ck: &mut Checker, builder: &EngineBuilder, field: &str, code:
             field,
             "`${...}` is another tool's syntax (kro, shell); trellis reads `{{ ... }}` in templates \
              and bare expressions elsewhere, so this is literal text",
+        );
+    }
+    // A safe string stays safe through vars and related values: wherever
+    // it is applied, it is printed unescaped in a child template.
+    for (_, line) in calls.filter_uses.iter().filter(|(name, _)| name == "safe") {
+        ck.warning_in(
+            field,
+            source,
+            *line,
+            "`| safe` turns off JSON escaping where the value is printed in a child template: \
+             a value from the parent could add YAML structure",
         );
     }
     if let Code::Object(..) = code {
