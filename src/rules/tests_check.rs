@@ -278,3 +278,22 @@ fn safe_in_vars_and_selector_templates_warns() {
     }
     assert_eq!(safe.len(), 4, "{d:?}");
 }
+
+#[test]
+fn octal_warnings_cover_flow_style_and_name_their_line() {
+    let d = with_template(
+        "metadata:\n  name: x\ndata:\n  a: \"0400\"\nspec:\n  volumes: [{name: a, defaultMode: 0400}]\n  modes: [0644, 0.5, 0]",
+    );
+    let octal: Vec<&String> = d.iter().filter(|m| m.contains("octal")).collect();
+    assert_eq!(octal.len(), 2, "{d:?}");
+    assert!(
+        octal[0].contains("rule.yaml:19: warning") && octal[0].contains("`0400`"),
+        "{d:?}"
+    );
+    assert!(
+        octal[1].contains("rule.yaml:20: warning")
+            && octal[1].contains("`0644`")
+            && octal[1].contains("octal (420)"),
+        "{d:?}"
+    );
+}
