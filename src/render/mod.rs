@@ -298,11 +298,12 @@ impl Engine {
         if let Err(err) = template.render_captured_to(ctx.clone(), &mut out) {
             if out.exceeded {
                 return Err(fail(format!(
-                    "rendered output exceeds the limit of {} bytes",
+                    "rendered output exceeds the limit of {} bytes (--render-max-bytes)",
                     self.limits.max_bytes
                 )));
             }
             let mut message = describe_in(&err, self.template_sources.get(&id.0));
+            self.name_the_limit(&err, &mut message);
             if err.kind() == ErrorKind::UndefinedError && !message.contains("default(") {
                 message.push_str("; use `| default(...)` or `is defined`");
             }
@@ -321,6 +322,7 @@ impl Engine {
         let expr = &self.compiled.borrow_dependent()[id.0];
         let value = expr.eval(ctx.clone()).map_err(|e| {
             let mut message = format!("`{}`: {}", one_line(source), describe(&e));
+            self.name_the_limit(&e, &mut message);
             if !message.contains("default(") && message.contains("undefined") {
                 message.push_str("; use `| default(...)` or `is defined`");
             }
@@ -350,6 +352,17 @@ impl Engine {
             });
         }
         Ok(value.is_true())
+    }
+
+    /// Says which configurable limit an error hit, so the message tells
+    /// what to raise.
+    fn name_the_limit(&self, err: &Error, message: &mut String) {
+        if err.kind() == ErrorKind::OutOfFuel {
+            message.push_str(&format!(
+                "; the fuel limit is {} per render (--render-fuel)",
+                self.limits.fuel
+            ));
+        }
     }
 
     /// The source of a compiled expression.

@@ -156,7 +156,11 @@ fn fuel_limit_stops_runaway_loops() {
         .unwrap();
     let engine = b.build().unwrap();
     let err = engine.render(&id, &Value::UNDEFINED, "loop").unwrap_err();
-    assert!(err.message.contains("fuel"), "{err}");
+    assert!(
+        err.message
+            .contains("the fuel limit is 1000 per render (--render-fuel)"),
+        "{err}"
+    );
 }
 
 #[test]
