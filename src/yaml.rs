@@ -30,6 +30,16 @@ impl Limits {
         max_nodes: 200_000,
         max_documents: 1_000,
     };
+
+    /// Budget for a `render --observed` stream: a snapshot of live objects,
+    /// which may hold more objects than one related selector may match
+    /// (1000), so that cap can be tried offline too.
+    pub const OBSERVED: Limits = Limits {
+        max_bytes: 64 * 1024 * 1024,
+        max_depth: 48,
+        max_nodes: 4_000_000,
+        max_documents: 100_000,
+    };
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -117,8 +117,13 @@ fn load_settled(
 }
 
 fn read_yaml_stream(path: &Path) -> Result<Vec<Value>, String> {
+    read_yaml_stream_within(path, &yaml::Limits::FILES)
+}
+
+/// [`read_yaml_stream`] under the given budget.
+fn read_yaml_stream_within(path: &Path, limits: &yaml::Limits) -> Result<Vec<Value>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    yaml::parse_documents(&text, &yaml::Limits::FILES)
+    yaml::parse_documents(&text, limits)
         .map(|docs| docs.into_iter().map(|d| d.value).collect())
         .map_err(|e| format!("{}: {e}", path.display()))
 }

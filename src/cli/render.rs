@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use serde_json::{Value, json};
 
-use super::{Output, load, load_crds, print_out, read_yaml_stream, warn_dropped};
+use super::{
+    Output, load, load_crds, print_out, read_yaml_stream, read_yaml_stream_within, warn_dropped,
+};
 use crate::crd::offline::OfflineCrds;
 use crate::kinds::{self, Gvk};
 use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
@@ -265,7 +267,10 @@ pub fn render(
         );
         return ExitCode::from(1);
     };
-    let observed = match observed_path.map(read_yaml_stream).transpose() {
+    let observed = match observed_path
+        .map(|p| read_yaml_stream_within(p, &yaml::Limits::OBSERVED))
+        .transpose()
+    {
         Ok(o) => o.unwrap_or_default(),
         Err(e) => {
             stderr!("error: {e}");
