@@ -262,6 +262,68 @@ async fn include_when_turning_false_and_a_removed_for_each_item_prune_their_chil
     operator.stop().await;
 }
 
+/// A child whose readiness is the parent's `spec.ready`, and one to prune.
+const READY_WHEN_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: typed
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: extra
+      apiVersion: v1
+      kind: ConfigMap
+      includeWhen: "spec.extra"
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-extra" }}
+    - id: probe
+      apiVersion: v1
+      kind: ConfigMap
+      readyWhen: "spec.ready"
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-probe" }}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_when_that_is_not_a_boolean_is_a_render_error_and_prunes_nothing() {
+    let ns = support::namespace().await;
+    let (app, _cleanup, operator) = start_with_new_kind(&ns, "Probe", READY_WHEN_RULE).await;
+    app.create(&ns, "p", json!({"extra": true, "ready": true}), &[])
+        .await;
+    let parents = app.api(&ns);
+    wait_ready_and_synced(&parents, "p").await;
+    let cms: Api<ConfigMap> = ns.api();
+    let extra = wait_exists(&cms, "p-extra").await;
+
+    // `extra` is no longer wanted, but the pass fails: nothing is pruned.
+    app.patch(&ns, "p", json!({"spec": {"extra": false, "ready": "yes"}}))
+        .await;
+    let parent = wait_condition_reason(&parents, "p", "Synced", "False", "RenderError").await;
+    let message = condition(&parent, "Synced").expect("Synced")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("probe") && message.contains("spec.ready"),
+        "the message names the child and the expression: {message}"
+    );
+    assert_eq!(condition_state(&parent, "Ready").unwrap().0, "False");
+    tokio::time::sleep(QUIET).await;
+    let kept = cms.get("p-extra").await.expect("p-extra is not pruned");
+    assert_eq!(kept.uid(), extra.uid());
+
+    // Once the expression is a boolean again, the pass is clean and prunes.
+    app.patch(&ns, "p", json!({"spec": {"ready": true}})).await;
+    wait_gone(&cms, "p-extra", WAIT).await;
+    wait_ready_and_synced(&parents, "p").await;
+    operator.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_spec_sets_synced_false_invalid_spec_and_leaves_children_untouched() {
     let ns = support::namespace().await;
