@@ -334,3 +334,30 @@ fn render_limit_flags_take_effect_and_the_error_names_the_limit() {
         ],
     );
 }
+
+#[test]
+fn render_recursion_flag_takes_effect_and_the_error_names_the_limit() {
+    // A macro calling itself `spec.depth` times.
+    let rule = format!(
+        "{HEAD}  children:\n    - id: config\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        {{% macro nest(n) %}}{{% if n > 0 %}}{{{{ nest(n - 1) }}}}{{% else %}}0{{% endif %}}{{% endmacro %}}\n        metadata: {{name: {{{{ parent.metadata.name }}}}}}\n        data: {{depth: \"{{{{ nest(spec.depth) }}}}\"}}\n"
+    );
+    let parent = APP.replace("spec: {greeting: hi}", "spec: {depth: 2}");
+    let out = render(&rule, &parent, None, &[]);
+    assert_eq!(out.code, Some(0), "stderr:\n{}", out.stderr);
+    assert_eq!(
+        out.doc()["children"][0]["data"],
+        json!({"depth": "0"}),
+        "{}",
+        out.stdout
+    );
+
+    let out = render(&rule, &parent, None, &["--render-recursion", "3"]);
+    assert_error(
+        &out,
+        &[
+            "template of child \"config\"",
+            "recursion limit exceeded",
+            "the recursion limit is 3 (--render-recursion)",
+        ],
+    );
+}

@@ -362,6 +362,15 @@ impl Engine {
                 "; the fuel limit is {} per render (--render-fuel)",
                 self.limits.fuel
             ));
+        } else if err.kind() == ErrorKind::InvalidOperation
+            && err
+                .detail()
+                .is_some_and(|d| d.contains("recursion limit exceeded"))
+        {
+            message.push_str(&format!(
+                "; the recursion limit is {} (--render-recursion)",
+                self.limits.recursion
+            ));
         }
     }
 

@@ -200,7 +200,11 @@ fn recursion_limit_stops_deep_nesting() {
         .unwrap();
     let engine = b.build().unwrap();
     let err = engine.render(&id, &Value::UNDEFINED, "deep").unwrap_err();
-    assert!(err.message.contains("recursion"), "{err}");
+    assert!(
+        err.message
+            .contains("the recursion limit is 5 (--render-recursion)"),
+        "{err}"
+    );
 }
 
 #[test]
