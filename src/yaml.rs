@@ -42,11 +42,19 @@ impl Limits {
     };
 }
 
+/// Most aliases (`*name`) and anchors (`&name`) one YAML stream may hold:
+/// aliases are how a small file asks for a huge tree ("billion laughs").
+pub const MAX_ALIASES: usize = 1_000;
+pub const MAX_ANCHORS: usize = 1_000;
+
 #[derive(Debug, thiserror::Error)]
 #[error("{}{message}", line.map(|l| format!("line {l}: ")).unwrap_or_default())]
 pub struct YamlError {
     pub line: Option<u64>,
     pub message: String,
+    /// The input broke a [`Limits`] budget (the message names the limit and
+    /// its value) rather than being malformed YAML.
+    pub over_budget: bool,
 }
 
 /// One parsed document: its JSON value and where each path of it was written.
@@ -198,9 +206,18 @@ fn options(limits: &Limits, legacy_octal: bool) -> Options {
     budget.max_nodes = limits.max_nodes;
     budget.max_documents = limits.max_documents;
     budget.max_total_scalar_bytes = limits.max_bytes;
-    budget.max_aliases = 1_000;
-    budget.max_anchors = 1_000;
+    budget.max_aliases = MAX_ALIASES;
+    budget.max_anchors = MAX_ANCHORS;
     budget.flow_nesting_limit = limits.max_depth;
+    // Every node is at most two parser events (start and end), every
+    // document a few: the node and document budgets are what bind. The
+    // library's fixed default (1,000,000) would refuse an `--observed`
+    // snapshot well inside them.
+    budget.max_events = limits
+        .max_nodes
+        .saturating_mul(2)
+        .saturating_add(limits.max_documents.saturating_mul(4))
+        .saturating_add(MAX_ALIASES + 16);
     let mut options = Options::default();
     options.budget = Some(budget);
     options.duplicate_keys = DuplicateKeyPolicy::Error;
@@ -214,8 +231,94 @@ fn options(limits: &Limits, legacy_octal: bool) -> Options {
     options
 }
 
-fn to_yaml_error(err: serde_saphyr::Error) -> YamlError {
+/// What a budget breach means to whoever wrote the input: which limit, and
+/// its value. `within` places it (" in one file"), or is empty.
+fn over_budget(err: &serde_saphyr::Error, limits: &Limits, within: &str) -> Option<String> {
+    use serde_saphyr::Error;
+    use serde_saphyr::budget::BudgetBreach;
+    let mut err = err.without_snippet();
+    while let Error::AliasError { error, .. } = err {
+        err = error.without_snippet();
+    }
+    let depth = || {
+        format!(
+            "YAML nested more than {} levels deep (the limit)",
+            limits.max_depth
+        )
+    };
+    let breach = match err {
+        Error::Budget { breach, .. } => breach,
+        // Flow collections (`[[[...]]]`) hit the parser's own nesting cap,
+        // which is set to the depth budget.
+        Error::ExternalMessage { source, .. } => {
+            return match source.as_ref() {
+                serde_saphyr::ExternalMessageSource::Parser(scan)
+                    if matches!(
+                        scan.kind(),
+                        serde_saphyr::granit_parser::ErrorKind::RecursionLimitExceeded
+                    ) =>
+                {
+                    Some(depth())
+                }
+                _ => None,
+            };
+        }
+        _ => return None,
+    };
+    let budget = options(limits, false).budget.unwrap_or_default();
+    Some(match breach {
+        BudgetBreach::Documents { .. } => format!(
+            "more than {} YAML documents{within} (the limit)",
+            limits.max_documents
+        ),
+        BudgetBreach::Depth { .. } => depth(),
+        BudgetBreach::Nodes { .. } => format!(
+            "more than {} YAML nodes (scalars, lists and maps){within} (the limit)",
+            limits.max_nodes
+        ),
+        BudgetBreach::Aliases { .. } => {
+            format!("more than {MAX_ALIASES} YAML aliases (`*name`){within} (the limit)")
+        }
+        BudgetBreach::Anchors { .. } => {
+            format!("more than {MAX_ANCHORS} YAML anchors (`&name`){within} (the limit)")
+        }
+        BudgetBreach::ScalarBytes { .. } => format!(
+            "more than {} bytes of YAML scalar text{within} (the limit)",
+            limits.max_bytes
+        ),
+        BudgetBreach::Events { .. } => format!(
+            "more than {} YAML parser events{within} (the limit)",
+            budget.max_events
+        ),
+        BudgetBreach::MergeKeys { .. } => format!(
+            "more than {} YAML merge keys (`<<`){within} (the limit)",
+            budget.max_merge_keys
+        ),
+        BudgetBreach::AliasAnchorRatio { aliases, anchors } => format!(
+            "{aliases} YAML aliases for {anchors} anchor(s){within}, more than {} per anchor \
+             (the limit, against alias bombs)",
+            budget.alias_anchor_ratio_multiplier
+        ),
+        BudgetBreach::RecordedAnchorEvents { .. } | BudgetBreach::RecordedAnchorBytes { .. } => {
+            format!(
+                "anchored YAML (`&name`) too large to repeat{within}: more than {} parser events \
+                 or {} bytes kept for aliases (the limit)",
+                budget.max_recorded_anchor_events, budget.max_recorded_anchor_bytes
+            )
+        }
+        other => format!("a YAML budget was exceeded{within}: {other:?}"),
+    })
+}
+
+fn to_yaml_error(err: serde_saphyr::Error, limits: &Limits, within: &str) -> YamlError {
     let line = err.location().map(|l| l.line()).filter(|l| *l > 0);
+    if let Some(message) = over_budget(&err, limits, within) {
+        return YamlError {
+            line,
+            message,
+            over_budget: true,
+        };
+    }
     let text = err.to_string();
     // The library appends its own location; ours goes in front, uniformly.
     let message = text
@@ -226,7 +329,11 @@ fn to_yaml_error(err: serde_saphyr::Error) -> YamlError {
         // Library advice addressed to programmers, not rule authors.
         .trim_end_matches(", set DuplicateKeyPolicy in Options if acceptable")
         .to_owned();
-    YamlError { line, message }
+    YamlError {
+        line,
+        message,
+        over_budget: false,
+    }
 }
 
 fn check_size(text: &str, limits: &Limits) -> Result<(), YamlError> {
@@ -238,6 +345,7 @@ fn check_size(text: &str, limits: &Limits) -> Result<(), YamlError> {
                 text.len(),
                 limits.max_bytes
             ),
+            over_budget: true,
         });
     }
     Ok(())
@@ -248,7 +356,7 @@ pub fn parse_documents(text: &str, limits: &Limits) -> Result<Vec<Document>, Yam
     check_size(text, limits)?;
     let nodes: Vec<Option<Node>> =
         serde_saphyr::from_multiple_with_options(text, options(limits, false))
-            .map_err(to_yaml_error)?;
+            .map_err(|e| to_yaml_error(e, limits, " in one file"))?;
     Ok(nodes
         .into_iter()
         .flatten()
@@ -280,7 +388,7 @@ fn parse_one(text: &str, limits: &Limits, legacy_octal: bool) -> Result<Value, Y
     check_size(text, limits)?;
     let mut docs: Vec<Option<Value>> =
         serde_saphyr::from_multiple_with_options(text, options(limits, legacy_octal))
-            .map_err(to_yaml_error)?;
+            .map_err(|e| to_yaml_error(e, limits, ""))?;
     docs.retain(|d| d.as_ref().is_some_and(|v| !v.is_null()));
     match docs.len() {
         0 => Ok(Value::Null),
@@ -288,6 +396,7 @@ fn parse_one(text: &str, limits: &Limits, legacy_octal: bool) -> Result<Value, Y
         n => Err(YamlError {
             line: None,
             message: format!("expected one YAML document, found {n}"),
+            over_budget: false,
         }),
     }
 }

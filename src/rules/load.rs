@@ -13,7 +13,7 @@ use super::model::Rule;
 use super::{Diagnostic, Severity};
 use crate::yaml::{self, LineIndex};
 
-/// Largest rule file or template file read.
+/// Largest rule file or template file read (the error message says 1 MiB).
 const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// Most rule files read from one directory.
 const MAX_FILES_PER_DIR: usize = 1_000;
@@ -73,7 +73,7 @@ pub(super) fn read_limited(path: &Path) -> Result<String, String> {
     let meta = fs::metadata(path).map_err(|e| e.to_string())?;
     if meta.len() > MAX_FILE_BYTES {
         return Err(format!(
-            "file is {} bytes, more than the limit of {MAX_FILE_BYTES}",
+            "file is {} bytes, more than the limit of {MAX_FILE_BYTES} bytes (1 MiB)",
             meta.len()
         ));
     }
@@ -114,7 +114,12 @@ pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> V
                     &file,
                     err.line,
                     "",
-                    format!("YAML: {}", err.message),
+                    // A budget message says what it counted in YAML terms.
+                    if err.over_budget {
+                        err.message
+                    } else {
+                        format!("YAML: {}", err.message)
+                    },
                 )),
             }
         }

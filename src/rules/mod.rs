@@ -242,4 +242,6 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_budget;
+#[cfg(test)]
 mod tests_check;
