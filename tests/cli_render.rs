@@ -361,3 +361,68 @@ fn render_recursion_flag_takes_effect_and_the_error_names_the_limit() {
         ],
     );
 }
+
+/// `objects` (YAML flow maps) as the one List document `kubectl get -o yaml`
+/// prints.
+fn kubectl_list(objects: &[&str]) -> String {
+    let items: String = objects.iter().map(|o| format!("  - {o}\n")).collect();
+    format!("apiVersion: v1\nkind: List\nmetadata:\n  resourceVersion: \"\"\nitems:\n{items}")
+}
+
+#[test]
+fn observed_and_parent_files_may_be_lists_as_kubectl_get_prints_them() {
+    let rule = selector_rule("Fleet", ALL_NAMESPACES);
+    let cm = |ns: &str, name: &str, fleet: &str| {
+        format!(
+            "{{apiVersion: v1, kind: ConfigMap, metadata: {{name: {name}, namespace: {ns}, labels: {{fleet: {fleet}}}}}}}"
+        )
+    };
+    // `kubectl get cm -A -o yaml`, a typed list from the API whose items
+    // carry no kind, and a plain document, in one stream.
+    let observed = format!(
+        "{}---\napiVersion: v1\nkind: ConfigMapList\nitems:\n  - metadata: {{name: z, namespace: a, labels: {{fleet: blue}}}}\n{}",
+        kubectl_list(&[&cm("c", "a", "blue"), &cm("b", "m", "green")]),
+        config_map("a", "b", "fleet: blue"),
+    );
+    // `kubectl get fleets -o yaml` finding one: FLEET, as a List.
+    let parent = kubectl_list(&[
+        "{apiVersion: demo.trellis.dev/v1, kind: Fleet, metadata: {name: blue, uid: 7d1f0c2a-9b3e-4f5d-8a6c-1e2f3a4b5c6d}, spec: {}}",
+    ]);
+    let out = render(&rule, &parent, Some(&observed), &[]);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(
+        out.doc()["status"]["members"],
+        json!(["a/b", "a/z", "c/a"]),
+        "{}",
+        out.stdout
+    );
+
+    // A List of two parents is two parents: render takes exactly one.
+    let two = format!(
+        "{parent}  - {{apiVersion: demo.trellis.dev/v1, kind: Fleet, metadata: {{name: green}}}}\n"
+    );
+    let out = render(&rule, &two, None, &[]);
+    assert_eq!(out.code, Some(1), "stderr:\n{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("parent.yaml: expected exactly one parent object, found 2"),
+        "{}",
+        out.stderr
+    );
+
+    // An item that is no object is named with its line.
+    let out = render(&rule, FLEET, Some("kind: List\nitems:\n  - 3\n"), &[]);
+    assert_eq!(out.code, Some(1), "stderr:\n{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("observed.yaml:3: items[0]: an item of a List must be an object"),
+        "{}",
+        out.stderr
+    );
+}

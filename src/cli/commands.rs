@@ -6,9 +6,8 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
-use super::{
-    GraphOutput, load, load_crds, load_settled, print_out, read_yaml_stream, warn_dropped,
-};
+use super::input::read_objects;
+use super::{GraphOutput, load, load_crds, load_settled, print_out, warn_dropped};
 use crate::render::Limits;
 use crate::rules::RuleSet;
 use crate::yaml;
@@ -125,13 +124,17 @@ pub fn diff(
     let Ok(set) = load(dirs, limits) else {
         return error;
     };
-    let manifest = match parent_path.map(read_yaml_stream).transpose() {
+    let manifest = match parent_path
+        .map(|p| read_objects(p, &yaml::Limits::FILES).map(|docs| (p, docs)))
+        .transpose()
+    {
         Ok(None) => None,
-        Ok(Some(docs)) => match <[Value; 1]>::try_from(docs) {
+        Ok(Some((path, docs))) => match <[Value; 1]>::try_from(docs) {
             Ok([doc]) => Some(doc),
             Err(docs) => {
                 stderr!(
-                    "error: the parent file holds {} documents, not one",
+                    "error: {}: expected exactly one parent object, found {}",
+                    path.display(),
                     docs.len()
                 );
                 return error;

@@ -6,12 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use serde_json::Value;
-
 use crate::crd::offline::OfflineCrds;
 use crate::render::Limits;
 use crate::rules::{Diagnostic, RuleSet, Severity};
-use crate::yaml;
 
 /// `eprintln!` that never panics: a closed stderr (`2>&1 | head`) is no
 /// reason to crash with a panic message.
@@ -23,6 +20,7 @@ macro_rules! stderr {
 
 mod args;
 mod commands;
+mod input;
 mod render;
 
 pub use args::{
@@ -114,18 +112,6 @@ fn load_settled(
         .count();
     stderr!("{errors} error(s); the rule set is rejected");
     Err(ExitCode::from(1))
-}
-
-fn read_yaml_stream(path: &Path) -> Result<Vec<Value>, String> {
-    read_yaml_stream_within(path, &yaml::Limits::FILES)
-}
-
-/// [`read_yaml_stream`] under the given budget.
-fn read_yaml_stream_within(path: &Path, limits: &yaml::Limits) -> Result<Vec<Value>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    yaml::parse_documents(&text, limits)
-        .map(|docs| docs.into_iter().map(|d| d.value).collect())
-        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Reads `--crds`, or says why not.

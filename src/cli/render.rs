@@ -6,9 +6,8 @@ use std::process::ExitCode;
 
 use serde_json::{Value, json};
 
-use super::{
-    Output, load, load_crds, print_out, read_yaml_stream, read_yaml_stream_within, warn_dropped,
-};
+use super::input::read_objects;
+use super::{Output, load, load_crds, print_out, warn_dropped};
 use crate::crd::offline::OfflineCrds;
 use crate::kinds::{self, Gvk};
 use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
@@ -252,7 +251,7 @@ pub fn render(
         Err(code) => return code,
     };
     warn_dropped(&set, crds.as_ref());
-    let parents = match read_yaml_stream(parent_path) {
+    let parents = match read_objects(parent_path, &yaml::Limits::FILES) {
         Ok(p) => p,
         Err(e) => {
             stderr!("error: {e}");
@@ -268,7 +267,7 @@ pub fn render(
         return ExitCode::from(1);
     };
     let observed = match observed_path
-        .map(|p| read_yaml_stream_within(p, &yaml::Limits::OBSERVED))
+        .map(|p| read_objects(p, &yaml::Limits::OBSERVED))
         .transpose()
     {
         Ok(o) => o.unwrap_or_default(),
