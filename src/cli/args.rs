@@ -13,7 +13,10 @@ use crate::render::Limits;
     about = "A Kubernetes operator programmed with YAML rules",
     long_about = "trellis keeps child objects in existence for every object of a parent kind, \
                   as declared by rule files (trellis.dev/v1alpha1 Rule), and writes the children's \
-                  state back into the parent's status."
+                  state back into the parent's status.",
+    after_help = "Start offline: `trellis check --rules DIR`, then `trellis render --rules DIR \
+                  parent.yaml`. `trellis schema` prints the rule format; `trellis <command> --help` \
+                  says more."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -22,14 +25,31 @@ pub struct Cli {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RenderLimits {
-    /// minijinja fuel per render (roughly: instructions executed)
-    #[arg(long, default_value_t = Limits::default().fuel, env = "TRELLIS_RENDER_FUEL")]
+    /// Template fuel per render (roughly: instructions executed); a render
+    /// that runs out fails that parent only
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = Limits::default().fuel,
+        env = "TRELLIS_RENDER_FUEL"
+    )]
     pub render_fuel: u64,
-    /// Deepest nesting a render may reach
-    #[arg(long, default_value_t = Limits::default().recursion, env = "TRELLIS_RENDER_RECURSION")]
+    /// Deepest nesting (macro calls, loops, blocks) a render may reach; one
+    /// past it fails that parent only
+    #[arg(
+        long,
+        value_name = "DEPTH",
+        default_value_t = Limits::default().recursion,
+        env = "TRELLIS_RENDER_RECURSION"
+    )]
     pub render_recursion: usize,
-    /// Most bytes one template may produce
-    #[arg(long, default_value_t = Limits::default().max_bytes, env = "TRELLIS_RENDER_MAX_BYTES")]
+    /// Most bytes one template may produce; more fails that parent only
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = Limits::default().max_bytes,
+        env = "TRELLIS_RENDER_MAX_BYTES"
+    )]
     pub render_max_bytes: usize,
 }
 
@@ -49,7 +69,7 @@ impl RenderLimits {
 pub struct LeaderElection {
     /// Run as one of several replicas: only the holder of a coordination.k8s.io Lease writes;
     /// the others keep warm caches, write nothing, and take over when the leader goes
-    /// (SIGTERM releases the Lease, so a successor takes over at once)
+    /// (SIGTERM releases the Lease, so a successor takes over at once) [default: off]
     #[arg(long, env = "TRELLIS_LEADER_ELECT")]
     pub leader_elect: bool,
     /// Name of the Lease
@@ -130,8 +150,19 @@ pub enum Output {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The operator: reconcile every rule's kind on the cluster (KUBECONFIG or in-cluster)
+    ///
+    /// Reads the rules from --rules: in production a ConfigMap mounted as a
+    /// volume (examples/deploy mounts `trellis-rules` at /etc/trellis/rules).
+    /// Edits are reloaded when the files change (the kubelet's `..data`
+    /// swap included) and at least every --reload-poll; a rule that fails
+    /// validation keeps its last good version running. Serves /metrics
+    /// (Prometheus), /healthz (liveness), /readyz (readiness; a standby
+    /// under --leader-elect is ready too) and /status (rule states, the last
+    /// reload and its error, the leader) on --metrics-addr. SIGTERM stops
+    /// writing and exits (releasing the Lease under --leader-elect).
+    /// RUST_LOG sets the log level (default: info).
     Run {
-        /// Rules directory (repeatable)
+        /// Rules directory, e.g. a mounted ConfigMap (repeatable, or comma-separated)
         #[arg(
             long = "rules",
             required = true,
@@ -140,7 +171,7 @@ pub enum Command {
             value_delimiter = ','
         )]
         rules: Vec<PathBuf>,
-        /// Watch only this namespace (repeatable; default: all namespaces)
+        /// Watch only this namespace (repeatable, or comma-separated) [default: every namespace]
         #[arg(
             long = "namespace",
             short = 'n',
@@ -150,19 +181,24 @@ pub enum Command {
         )]
         namespaces: Vec<String>,
         /// Most reconciles in flight at once, across all rules
-        #[arg(long, default_value_t = 32, env = "TRELLIS_CONCURRENCY")]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = 32,
+            env = "TRELLIS_CONCURRENCY"
+        )]
         concurrency: usize,
-        /// Log format
+        /// Log format on stderr: text for people, json (one object a line) for log collectors
         #[arg(long, value_enum, default_value = "text", env = "TRELLIS_LOG_FORMAT")]
         log_format: LogFormat,
-        /// Address of /metrics, /healthz, /readyz and /status ("off" to disable)
-        #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen_addr, env = "TRELLIS_METRICS_ADDR")]
+        /// HOST:PORT serving /metrics, /healthz, /readyz and /status ("off": none)
+        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080", value_parser = parse_listen_addr, env = "TRELLIS_METRICS_ADDR")]
         metrics_addr: ListenAddr,
-        /// Re-read the rules at least this often, events or not
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TRELLIS_RELOAD_POLL")]
+        /// Re-read the rules at least this often, file events or not (e.g. 30s, 5m)
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration, env = "TRELLIS_RELOAD_POLL")]
         reload_poll: std::time::Duration,
         /// Apply the CRDs generated from rules with `crd:` (server-side apply,
-        /// at start and on every reload; never deleted)
+        /// at start and on every reload; never deleted) [default: off]
         #[arg(long, env = "TRELLIS_MANAGE_CRDS")]
         manage_crds: bool,
         #[command(flatten)]
@@ -175,7 +211,9 @@ pub enum Command {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
-        /// CRD manifests (a file or a directory): warn about status fields they would drop
+        /// CRD manifests (a file or a directory): the parent kinds' scope comes from
+        /// them, and status fields they would drop are warned about [default: the
+        /// rules' own `crd:` blocks]
         #[arg(long, value_name = "PATH")]
         crds: Option<PathBuf>,
         #[command(flatten)]
@@ -186,18 +224,22 @@ pub enum Command {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
-        /// The parent object (YAML)
+        /// The parent object: a YAML file holding one object (a `kubectl get -o yaml`
+        /// List of one is fine)
+        #[arg(value_name = "PARENT.yaml")]
         parent: PathBuf,
-        /// Live children (YAML stream), matched by kind and name
-        #[arg(long)]
+        /// Live children and related objects (a YAML stream; `kubectl get -o yaml`
+        /// Lists count as their items), matched by kind and name [default: none exist]
+        #[arg(long, value_name = "FILE")]
         observed: Option<PathBuf>,
-        /// CRD manifests (a file or a directory): the parent's scope and schema come from them
+        /// CRD manifests (a file or a directory): the parent's scope and schema come
+        /// from them [default: the rule's own `crd:` block]
         #[arg(long, value_name = "PATH")]
         crds: Option<PathBuf>,
         /// Output format
         #[arg(short = 'o', long, value_enum, default_value = "yaml")]
         output: Output,
-        /// Timestamp for new condition transitions (default: now)
+        /// Timestamp for new condition transitions [default: the current time]
         #[arg(long, value_name = "RFC3339")]
         now: Option<String>,
         #[command(flatten)]
@@ -212,7 +254,7 @@ pub enum Command {
         #[arg(long, default_value = "trellis")]
         name: String,
         /// Also grant what `trellis run --manage-crds` needs (create and patch
-        /// on the generated CRDs, by name)
+        /// on the generated CRDs, by name) [default: off]
         #[arg(long)]
         manage_crds: bool,
     },
@@ -230,9 +272,9 @@ pub enum Command {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
-        /// Only this rule
+        /// Only this rule [default: every rule]
         rule: Option<String>,
-        /// Output format
+        /// Output format: mermaid (renders in GitHub Markdown) or dot (Graphviz)
         #[arg(short = 'o', long, value_enum, default_value = "mermaid")]
         output: GraphOutput,
     },
@@ -256,20 +298,21 @@ pub enum Command {
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
         /// A manifest naming the parent (apiVersion, kind, metadata.namespace
-        /// and name); the live object of that name is diffed
+        /// and name; a `kubectl get -o yaml` List of one is fine); the live
+        /// object of that name is diffed
         #[arg(
             required_unless_present = "all",
             conflicts_with = "all",
             value_name = "PARENT.yaml"
         )]
         parent: Option<PathBuf>,
-        /// Every parent of every rule
+        /// Every parent of every rule, instead of PARENT.yaml [default: off]
         #[arg(long)]
         all: bool,
-        /// With --all: only parents in this namespace
+        /// With --all: only parents in this namespace [default: every namespace]
         #[arg(short = 'n', long, requires = "all", value_name = "NS")]
         namespace: Option<String>,
-        /// With --all: only this rule's parents
+        /// With --all: only this rule's parents [default: every rule]
         #[arg(long, requires = "all", value_name = "RULE")]
         rule: Option<String>,
         #[command(flatten)]
@@ -332,5 +375,70 @@ mod leader_flags {
         ])
         .expect_err("a renew deadline below the retry period");
         assert!(err.contains("--leader-elect-retry-period"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod help {
+    use clap::{ArgAction, CommandFactory};
+
+    use super::Cli;
+
+    /// Every flag of every command says what it does in its help line, and
+    /// what happens without it: a default clap prints, or `[default: ...]`
+    /// in the text, `[default: off]` for a switch (required arguments and
+    /// `diff`'s PARENT.yaml, the alternative to `--all`, have none).
+    #[test]
+    fn every_flag_has_a_description_and_its_default() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for cmd in cli.get_subcommands() {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(arg.get_action(), ArgAction::Help | ArgAction::Version) {
+                    continue;
+                }
+                let help = arg
+                    .get_long_help()
+                    .or(arg.get_help())
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                let what = format!("{} {id}", cmd.get_name());
+                if help.trim().len() < 10 {
+                    missing.push(format!("{what}: no description"));
+                }
+                // A switch's clap default (false) is not printed: say "off".
+                let switch = matches!(arg.get_action(), ArgAction::SetTrue);
+                let has_default = (!switch && !arg.get_default_values().is_empty())
+                    || help.contains("[default: ")
+                    || arg.is_required_set()
+                    || (cmd.get_name(), id) == ("diff", "parent");
+                if !has_default {
+                    missing.push(format!("{what}: no default"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+
+    #[test]
+    fn run_help_says_where_rules_come_from_and_what_it_serves() {
+        let mut cli = Cli::command();
+        let run = cli.find_subcommand_mut("run").expect("run");
+        let help = run.render_long_help().to_string();
+        for needle in [
+            "mounted as a volume",
+            "ConfigMap",
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/status",
+            "--metrics-addr",
+        ] {
+            assert!(
+                help.contains(needle),
+                "run --help lacks {needle:?}:\n{help}"
+            );
+        }
     }
 }
