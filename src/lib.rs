@@ -15,6 +15,7 @@ pub mod diff;
 pub mod drift;
 pub mod graph;
 pub mod kinds;
+pub mod manifests;
 pub mod operator;
 pub mod plan;
 pub mod rbac;

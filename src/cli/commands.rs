@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
-use super::input::read_objects;
 use super::{GraphOutput, load, load_crds, load_settled, print_out, warn_dropped};
+use crate::manifests::read_objects;
 use crate::render::Limits;
 use crate::rules::RuleSet;
 use crate::yaml;

@@ -20,7 +20,6 @@ macro_rules! stderr {
 
 mod args;
 mod commands;
-mod input;
 mod render;
 
 pub use args::{

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use serde_json::{Value, json};
 
-use super::input::read_objects;
 use super::{Output, load, load_crds, print_out, warn_dropped};
 use crate::crd::offline::OfflineCrds;
 use crate::kinds::{self, Gvk};
+use crate::manifests::read_objects;
 use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
 use crate::render::Limits;
 use crate::rules::model::Scope;

@@ -36,11 +36,9 @@ impl OfflineCrds {
         }
         let mut crds = Vec::new();
         for file in files {
-            let text =
-                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            let docs = crate::yaml::parse_documents(&text, &crate::yaml::Limits::FILES)
-                .map_err(|e| format!("{}: {e}", file.display()))?;
-            crds.extend(docs.into_iter().map(|d| d.value).filter(|v| {
+            // `kubectl get crd -o yaml` prints a List: its items count.
+            let objects = crate::manifests::read_objects(&file, &crate::yaml::Limits::FILES)?;
+            crds.extend(objects.into_iter().filter(|v| {
                 v.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition")
             }));
         }

@@ -877,3 +877,33 @@ fn without_crds_the_generated_crd_stands_for_the_parents_and_keeps_every_status_
             .is_none()
     );
 }
+
+#[test]
+fn offline_crds_are_found_inside_a_list_as_kubectl_get_prints_it() {
+    use super::offline::OfflineCrds;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crds.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: v1
+kind: List
+items:
+  - apiVersion: apiextensions.k8s.io/v1
+    kind: CustomResourceDefinition
+    metadata: {name: apps.demo.example.com}
+    spec:
+      group: demo.example.com
+      scope: Cluster
+      names: {kind: App, plural: apps}
+      versions: [{name: v1, served: true, storage: true}]
+",
+    )
+    .unwrap();
+    let crds = OfflineCrds::load(&path).unwrap();
+    let gvk = crate::kinds::Gvk::new("demo.example.com/v1", "App");
+    let (crd, _) = crds.find(&gvk).expect("the CRD inside the List");
+    assert_eq!(
+        super::offline::scope_of(crd),
+        crate::rules::model::Scope::Cluster
+    );
+}

@@ -1,7 +1,8 @@
-//! The Kubernetes objects in a file given on the command line (a parent,
-//! `--observed`): a YAML stream of objects, where a List document — what
-//! `kubectl get -o yaml` prints (`kind: List`), or a typed list from the API
-//! (`ConfigMapList`) — stands for its items, as `kubectl apply -f` reads it.
+//! The Kubernetes objects in a manifest file given on the command line (a
+//! parent, `--observed`, `--crds`): a YAML stream of objects, where a List
+//! document — what `kubectl get -o yaml` prints (`kind: List`), or a typed
+//! list from the API (`ConfigMapList`) — stands for its items, as
+//! `kubectl apply -f` reads it.
 //! So `kubectl get cm,deploy -o yaml > observed.yaml` is a valid `--observed`.
 //!
 //! Rule files are not read here: a rules directory holds only `Rule`
@@ -16,7 +17,7 @@ use crate::yaml::{self, LineIndex};
 /// The objects in `path`, List documents expanded, under `limits`: its
 /// document budget counts objects after expansion, so a List cannot carry
 /// more objects than a plain stream may.
-pub(super) fn read_objects(path: &Path, limits: &yaml::Limits) -> Result<Vec<Value>, String> {
+pub fn read_objects(path: &Path, limits: &yaml::Limits) -> Result<Vec<Value>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let docs =
         yaml::parse_documents(&text, limits).map_err(|e| format!("{}: {e}", path.display()))?;
