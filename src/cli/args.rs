@@ -162,13 +162,14 @@ pub enum Command {
     /// writing and exits (releasing the Lease under --leader-elect).
     /// RUST_LOG sets the log level (default: info).
     Run {
-        /// Rules directory, e.g. a mounted ConfigMap (repeatable, or comma-separated)
+        /// Rules directories, e.g. a mounted ConfigMap (`--rules a b`, repeated, or comma-separated)
         #[arg(
             long = "rules",
             required = true,
             value_name = "DIR",
             env = "TRELLIS_RULES",
-            value_delimiter = ','
+            value_delimiter = ',',
+            num_args = 1..
         )]
         rules: Vec<PathBuf>,
         /// Watch only this namespace (repeatable, or comma-separated) [default: every namespace]
@@ -347,6 +348,21 @@ mod leader_flags {
             Command::Run { leader, .. } => leader.settings(),
             _ => Err("not run".into()),
         }
+    }
+
+    #[test]
+    fn run_takes_several_rules_directories_after_one_flag_as_rules_md_writes_it() {
+        let dirs = |argv: &[&str]| match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Run { rules, .. }) => rules,
+            other => panic!("{other:?}"),
+        };
+        let want = [std::path::PathBuf::from("a"), std::path::PathBuf::from("b")];
+        assert_eq!(dirs(&["trellis", "run", "--rules", "a", "b"]), want);
+        assert_eq!(
+            dirs(&["trellis", "run", "--rules", "a", "--rules", "b"]),
+            want
+        );
+        assert_eq!(dirs(&["trellis", "run", "--rules", "a,b", "-n", "x"]), want);
     }
 
     #[test]
