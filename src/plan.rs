@@ -4,7 +4,8 @@
 //!  parent ──defaults──▶ effective spec ──schema──▶ (InvalidSpec: stop, touch nothing)
 //!     │
 //!     ▼ for each child in dependency order
-//!  includeWhen? ── no ──▶ excluded (its observed objects are pruned)
+//!  includeWhen? ── no ──▶ excluded (its observed objects are pruned; from
+//!                         here on `children.<id>` reads as never created)
 //!  deps ready?  ── no ──▶ pending (held back; existing objects kept)
 //!  forEach items ─▶ render ─▶ YAML ─▶ enforce kind/name/namespace/labels/owner ─▶ apply
 //!     │
@@ -496,7 +497,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         };
         match result {
             ChildResult::Excluded => {
-                if children.rendered(id, []) {
+                if children.excluded(id) {
                     base = with_children(&fixed, &children);
                 }
                 outcome.insert(i, Outcome::Excluded);

@@ -9,8 +9,12 @@
 //! fields and conditions after every child, so they see that order. Before
 //! `X` renders (in `vars`, in `X`'s own `includeWhen`, `forEach` and
 //! template) and when it does not render in the pass (held back, failed),
-//! the list holds every observed object in name order. An excluded `X`
-//! (`includeWhen` false) is `[]`: all its objects are about to be pruned.
+//! the list holds every observed object in name order.
+//!
+//! An excluded `X` (`includeWhen` false) shows as not created once its
+//! `includeWhen` has decided — absent, or `[]` for a `forEach` child — since
+//! all its objects are about to be pruned; `vars` and `X`'s own `includeWhen`
+//! still see what is observed.
 //!
 //! Readiness and pruning read the observed objects themselves, not this.
 
@@ -72,10 +76,10 @@ impl Children {
         Children { by_id }
     }
 
-    /// The child `id` rendered `keys` in this pass, in item order (none when
-    /// `includeWhen` was false): a `forEach` child's list becomes the
-    /// observed objects of those keys, in that order. Whether anything
-    /// changed (never for a child without `forEach`).
+    /// The child `id` rendered `keys` in this pass, in item order: a
+    /// `forEach` child's list becomes the observed objects of those keys, in
+    /// that order. Whether anything changed (never for a child without
+    /// `forEach`).
     pub(super) fn rendered<'k>(
         &mut self,
         id: &str,
@@ -91,6 +95,19 @@ impl Children {
             .filter_map(|k| by_key.remove_entry(k))
             .collect();
         true
+    }
+
+    /// The child `id` is excluded in this pass (`includeWhen` false): every
+    /// object of it is about to be pruned, so it reads as not created —
+    /// absent, or `[]` for a `forEach` child. Whether anything changed.
+    pub(super) fn excluded(&mut self, id: &str) -> bool {
+        match self.by_id.get_mut(id) {
+            Some(entry) if !entry.objects.is_empty() => {
+                entry.objects.clear();
+                true
+            }
+            _ => false,
+        }
     }
 
     /// `children` for templates and expressions.

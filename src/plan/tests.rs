@@ -664,6 +664,7 @@ fn selector_and_namespaces_decide_which_parents_match() {
 }
 
 mod contract;
+mod excluded;
 mod for_each;
 mod related;
 mod scope;
