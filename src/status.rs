@@ -60,6 +60,17 @@ pub fn json_path_value(field: &CompiledField, observed: &Value) -> Option<Value>
     query_value(query, observed)
 }
 
+/// [`json_path_value`] when the child is not observed at all (not created
+/// yet, or excluded in this pass): nothing matches, so a singular query
+/// yields `None` and any other `[]` — a field's type does not depend on
+/// whether the child exists either.
+pub fn json_path_unobserved(field: &CompiledField) -> Option<Value> {
+    let FieldSource::JsonPath { query, .. } = &field.source else {
+        return None;
+    };
+    (!is_singular(query)).then(|| Value::Array(Vec::new()))
+}
+
 /// [`json_path_value`] for a parsed query.
 pub fn query_value(query: &JpQuery, observed: &Value) -> Option<Value> {
     let matches = js_path_process(query, observed).ok()?;
@@ -271,6 +282,29 @@ mod tests {
         assert_eq!(query("$.items[0:1].n", obj.clone()), Some(json!(["a"])));
         assert_eq!(query("$..x", obj.clone()), Some(json!([1])));
         assert_eq!(query("$.items[0,1].n", obj), Some(json!(["a", "b"])));
+    }
+
+    #[test]
+    fn an_unobserved_child_yields_nothing_or_an_empty_list() {
+        let field = |text: &str| CompiledField {
+            path: vec!["x".into()],
+            source: FieldSource::JsonPath {
+                child: "c".into(),
+                query: jsonpath_rust::parser::parse_json_path(text).unwrap(),
+                text: text.into(),
+            },
+            default: Some(json!(0)),
+        };
+        for singular in ["$", "$.status.ready", "$.items[0]"] {
+            assert_eq!(json_path_unobserved(&field(singular)), None, "{singular}");
+        }
+        for other in ["$.items[*]", "$..x", "$.items[?@.x]", "$.items[0:1]"] {
+            assert_eq!(
+                json_path_unobserved(&field(other)),
+                Some(json!([])),
+                "{other}"
+            );
+        }
     }
 
     #[test]

@@ -135,9 +135,10 @@ pub(super) fn build_status(
     // Fields.
     for field in &rule.fields {
         let value = match &field.source {
-            FieldSource::JsonPath { child, .. } => children
-                .json(child)
-                .and_then(|root| status::json_path_value(field, &root)),
+            FieldSource::JsonPath { child, .. } => match children.json(child) {
+                Some(root) => status::json_path_value(field, &root),
+                None => status::json_path_unobserved(field),
+            },
             FieldSource::Value(expr) => {
                 let what = format!("status field `{}`", field.path.join("."));
                 match rule.engine.eval(*expr, base, &what).and_then(|v| {

@@ -666,5 +666,6 @@ fn selector_and_namespaces_decide_which_parents_match() {
 mod contract;
 mod excluded;
 mod for_each;
+mod json_path;
 mod related;
 mod scope;
