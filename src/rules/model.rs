@@ -370,7 +370,8 @@ pub struct StatusField {
     /// Expression; alternative to `from` + `jsonPath`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
-    /// Used when the JSONPath matches nothing (e.g. the child has no status yet).
+    /// Used when a singular JSONPath yields nothing (e.g. the child does not
+    /// exist or has no status yet); any other query always yields a list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<Value>,
 }

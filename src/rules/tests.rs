@@ -258,6 +258,27 @@ fn rejects_status_fields_with_unknown_child_or_both_sources() {
 }
 
 #[test]
+fn warns_that_default_of_a_non_singular_json_path_is_never_used() {
+    let fields = |jp: &str| {
+        with_child(&format!(
+            "  status:\n    fields:\n      - path: x\n        from: config\n        jsonPath: \"{jp}\"\n        default: 0\n"
+        ))
+    };
+    for jp in ["$.data[*]", "$..v", "$.data[?@.v]", "$.a[0:2]", "$.a[0,1]"] {
+        let diags = diagnostics(&fields(jp));
+        assert_eq!(diags.len(), 1, "{jp}: {diags:?}");
+        let d = &diags[0];
+        assert_eq!(d.severity, Severity::Warning, "{jp}");
+        assert_eq!(d.field, "spec.status.fields[0].default", "{jp}");
+        assert_eq!(d.line, Some(21), "{jp}");
+        assert!(d.message.contains("never used"), "{jp}: {d}");
+    }
+    for jp in ["$.data.v", "$['data']['v']", "$.a[0]", "$"] {
+        assert!(diagnostics(&fields(jp)).is_empty(), "{jp}");
+    }
+}
+
+#[test]
 fn rejects_status_on_builtin_parent() {
     let text = with_child("  status:\n    fields:\n      - path: x\n        value: \"1\"\n")
         .replace(

@@ -48,11 +48,23 @@ pub(super) fn compile_status(
                     ck.error(&format!("{at}.from"), format!("unknown child id `{from}`"));
                 }
                 match jsonpath_rust::parser::parse_json_path(jp) {
-                    Ok(query) => Some(FieldSource::JsonPath {
-                        child: from.clone(),
-                        query,
-                        text: jp.clone(),
-                    }),
+                    Ok(query) => {
+                        if f.default.is_some() && !crate::status::is_singular(&query) {
+                            ck.warning(
+                                &format!("{at}.default"),
+                                format!(
+                                    "never used: `{jp}` is not a singular query (a wildcard, \
+                                     slice, filter or descendant), so it always yields a list, \
+                                     [] when nothing matches or `{from}` does not exist"
+                                ),
+                            );
+                        }
+                        Some(FieldSource::JsonPath {
+                            child: from.clone(),
+                            query,
+                            text: jp.clone(),
+                        })
+                    }
                     Err(err) => {
                         ck.error(&format!("{at}.jsonPath"), format!("JSONPath syntax: {err}"));
                         None
