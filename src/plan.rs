@@ -1,35 +1,47 @@
 //! The pure core: (rule, parent, observed objects) → [`Plan`].
 //!
 //! ```text
-//!  parent ──defaults──▶ effective spec ──schema──▶ (InvalidSpec: stop, touch nothing)
-//!     │
-//!     ▼ for each child in dependency order
-//!  includeWhen? ── no ──▶ excluded (its observed objects are pruned; from
-//!                         here on `children.<id>` reads as never created)
-//!  deps ready?  ── no ──▶ pending (held back; existing objects kept)
-//!  forEach items ─▶ render ─▶ YAML ─▶ enforce kind/name/namespace/labels/owner ─▶ apply
-//!     │
+//!  parent ─▶ scope fits? ─▶ defaults ─▶ schema ─▶ effective spec     (parent)
+//!     │    (not an object, a namespace that does not fit its kind's scope,
+//!     │     a spec the schema refuses: stop, touch nothing)
 //!     ▼
-//!  readiness + status ─▶ prune set (only when the pass, status included,
-//!                        had no error)
+//!  related entries ─▶ vars           (related; a refused read: stop)
+//!     │
+//!     ▼ for each child in dependency order                            (child)
+//!  related entry missing? ── yes ─▶ pending (RelatedNotFound, …; objects kept)
+//!  includeWhen?           ── no ──▶ excluded (its observed objects are pruned;
+//!                                   from here on `children.<id>` reads as
+//!                                   never created)                 (children)
+//!  deps ready?            ── no ──▶ pending (held back; objects kept)
+//!  forEach items ─▶ render ─▶ YAML ─▶ enforce kind/name/namespace/
+//!     │                               labels/owner ─▶ apply          (object)
+//!     │           readiness, for the children that depend on it  (conditions)
+//!     ▼
+//!  status ─▶ prune set (only when the pass, status included,     (conditions)
+//!                       had no error)
 //! ```
+//!
+//! The modules, one concept each: `observed` (what the cluster holds for
+//! the parent), `parent` (the parent as the pass sees it), `related` (reads
+//! and `vars`), `children` (`children.<id>` as templates and status see
+//! it), `child` (one child's includeWhen, dependencies, items and render),
+//! `object` (a rendered object made safe to apply), `conditions` (readiness
+//! and the parent's new status). This file holds the pass itself and what it
+//! returns.
 //!
 //! Nothing here performs I/O or reads the clock: the caller passes `now`, and
 //! the operator and `trellis render` get the very same answer.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use minijinja::context;
-use minijinja::value::ValueKind;
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::kinds::Gvk;
-use crate::render::{self, RenderError};
-use crate::rules::model::{Policy, Scope, SelectorOperator};
-use crate::rules::{CompiledChild, CompiledRule};
-use crate::yaml;
+use crate::render;
+use crate::rules::CompiledRule;
+use crate::rules::model::{Policy, Scope};
 
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const LABEL_RULE: &str = "trellis.dev/rule";
@@ -40,117 +52,6 @@ pub const MANAGED_BY: &str = "trellis";
 pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
 /// Used when an offline parent file has no `metadata.uid`.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
-/// Most items one `forEach` may yield.
-pub const MAX_FOR_EACH_ITEMS: usize = 1_000;
-
-/// Identity of an object regardless of the API version it is read at.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct ObjectKey {
-    pub group: String,
-    pub kind: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl ObjectKey {
-    /// Key of an object value; `None` without kind or name.
-    pub fn of(obj: &Value) -> Option<ObjectKey> {
-        let gvk = Gvk::new(obj.get("apiVersion")?.as_str()?, obj.get("kind")?.as_str()?);
-        Some(ObjectKey {
-            group: gvk.group,
-            kind: gvk.kind,
-            namespace: obj
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            name: obj.pointer("/metadata/name")?.as_str()?.to_owned(),
-        })
-    }
-}
-
-impl std::fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.kind)?;
-        if !self.group.is_empty() {
-            write!(f, ".{}", self.group)?;
-        }
-        match &self.namespace {
-            Some(ns) => write!(f, " {ns}/{}", self.name),
-            None => write!(f, " {}", self.name),
-        }
-    }
-}
-
-/// What the cluster holds that this parent's plan may read: every object
-/// trellis manages for it (found through the `trellis.dev/*` labels), and
-/// where `related:` entries are looked up.
-#[derive(Debug, Clone, Default)]
-pub struct Observed {
-    pub objects: BTreeMap<ObjectKey, Value>,
-    /// Where related objects come from. `None` (offline): from `objects`,
-    /// which then hold them next to the children.
-    pub related: Option<Arc<dyn RelatedSource>>,
-}
-
-/// A store of related objects the planner asks per read, so that only what
-/// a read names or selects is handed over, never a whole cache (the
-/// operator's watch caches implement it).
-pub trait RelatedSource: Send + Sync {
-    /// The objects of `gvk` that `read` covers: the one it names (or none),
-    /// or every one its selector matches, in any order; or why the source
-    /// cannot tell (outside what it watches, an object it cannot decode).
-    fn find(&self, gvk: &Gvk, read: &RelatedRead) -> Result<Vec<(ObjectKey, Value)>, Unreadable>;
-
-    /// Whether `gvk` is served at all. Asked before anything else of an
-    /// entry, since an unserved kind's scope is unknown.
-    fn served(&self, _gvk: &Gvk) -> Result<(), Unreadable> {
-        Ok(())
-    }
-}
-
-impl std::fmt::Debug for dyn RelatedSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RelatedSource")
-    }
-}
-
-impl Observed {
-    pub fn from_objects(objects: impl IntoIterator<Item = Value>) -> Observed {
-        Observed {
-            objects: objects
-                .into_iter()
-                .filter_map(|o| ObjectKey::of(&o).map(|k| (k, o)))
-                .collect(),
-            related: None,
-        }
-    }
-
-    /// The same children, with related objects read from `source`.
-    pub fn with_related(mut self, source: Arc<dyn RelatedSource>) -> Observed {
-        self.related = Some(source);
-        self
-    }
-
-    /// Observed children of `rule` for the parent with `uid`, by child id.
-    fn children_of(&self, rule: &str, uid: &str) -> BTreeMap<String, Vec<(&ObjectKey, &Value)>> {
-        let mut by_id: BTreeMap<String, Vec<(&ObjectKey, &Value)>> = BTreeMap::new();
-        for (key, obj) in &self.objects {
-            let label = |name: &str| {
-                obj.pointer("/metadata/labels")
-                    .and_then(|l| l.get(name))
-                    .and_then(Value::as_str)
-            };
-            if label(LABEL_RULE) == Some(rule)
-                && label(LABEL_PARENT_UID).is_none_or(|u| u == uid)
-                && let Some(id) = label(LABEL_CHILD)
-            {
-                by_id.entry(id.to_owned()).or_default().push((key, obj));
-            }
-        }
-        by_id
-    }
-}
 
 /// How the caller learns whether a kind is namespaced (discovery when running,
 /// the built-in table offline).
@@ -233,114 +134,6 @@ pub struct Input<'a> {
     pub scope_of: ScopeOf<'a>,
 }
 
-/// Whether `parent` falls under the rule's `namespaces` and `selector`.
-pub fn parent_matches(rule: &CompiledRule, parent: &Value) -> bool {
-    let spec = &rule.rule.spec.parent;
-    let namespace = parent
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str);
-    if !spec.namespaces.is_empty()
-        && !namespace.is_some_and(|ns| spec.namespaces.iter().any(|n| n == ns))
-    {
-        return false;
-    }
-    let Some(selector) = &spec.selector else {
-        return true;
-    };
-    selector_matches(
-        selector,
-        parent
-            .pointer("/metadata/labels")
-            .and_then(Value::as_object),
-    )
-}
-
-/// Deep-merges `over` onto `base`: objects merge key by key, anything else replaces.
-pub fn deep_merge(base: &Value, over: &Value) -> Value {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            let mut out = b.clone();
-            for (k, v) in o {
-                let merged = match out.get(k) {
-                    Some(existing) => deep_merge(existing, v),
-                    None => v.clone(),
-                };
-                out.insert(k.clone(), merged);
-            }
-            Value::Object(out)
-        }
-        (_, over) => over.clone(),
-    }
-}
-
-/// Where a schema error points, written the way a user reads it:
-/// `spec.hosts[0]`, `spec.labels["app.kubernetes.io/name"]`.
-fn spec_path(spec: &Value, at: &jsonschema::paths::Location) -> String {
-    let mut out = String::from("spec");
-    let mut here = Some(spec);
-    for segment in at.iter() {
-        let key = match segment {
-            jsonschema::paths::LocationSegment::Index(i) => {
-                if let Some(Value::Array(items)) = here {
-                    out.push_str(&format!("[{i}]"));
-                    here = items.get(i);
-                    continue;
-                }
-                i.to_string()
-            }
-            jsonschema::paths::LocationSegment::Property(p) => p.into_owned(),
-        };
-        let plain = key
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if plain {
-            out.push('.');
-            out.push_str(&key);
-        } else {
-            out.push_str(&format!("[{}]", json!(key)));
-        }
-        here = here.and_then(|v| v.get(&key));
-    }
-    out
-}
-
-/// `namespace/name`, or `name` for a parent without a namespace.
-fn parent_name(info: &ParentInfo) -> String {
-    match &info.namespace {
-        Some(ns) => format!("{ns}/{}", info.name),
-        None => info.name.clone(),
-    }
-}
-
-struct ParentInfo {
-    name: String,
-    namespace: Option<String>,
-    uid: String,
-    generation: Option<i64>,
-    api_version: String,
-    kind: String,
-}
-
-impl ParentInfo {
-    fn of(parent: &Value) -> ParentInfo {
-        let s = |p: &str| parent.pointer(p).and_then(Value::as_str).map(str::to_owned);
-        ParentInfo {
-            name: s("/metadata/name").unwrap_or_default(),
-            namespace: s("/metadata/namespace"),
-            uid: s("/metadata/uid").unwrap_or_else(|| PLACEHOLDER_UID.to_owned()),
-            generation: parent
-                .pointer("/metadata/generation")
-                .and_then(Value::as_i64),
-            api_version: s("/apiVersion").unwrap_or_default(),
-            kind: s("/kind").unwrap_or_default(),
-        }
-    }
-}
-
 /// The pass for a parent the operator could not decode (`why`): no child is
 /// rendered, applied or pruned; the status says why, with reason `Undecodable`.
 pub fn undecodable(rule: &CompiledRule, input: &Input, why: &str) -> Plan {
@@ -382,45 +175,21 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         return plan;
     }
 
-    // Children's namespaces and owner references follow from the parent's
-    // scope: ask for it rather than guess it from the parent object.
-    let kind = &rule.parent.kind;
-    let scope_error = match ((input.scope_of)(&rule.parent), &info.namespace) {
-        (Scope::Namespaced, None) => Some(format!(
-            "the parent has no metadata.namespace ({kind} is namespaced; if it is not, \
-             set spec.parent.scope: Cluster in the rule)"
-        )),
-        (Scope::Cluster, Some(_)) => {
-            Some("cluster-scoped parent must not have metadata.namespace".to_owned())
-        }
-        _ => None,
-    };
-    if let Some(message) = scope_error {
-        plan.errors
-            .push(format!("{kind} {}: {message}", parent_name(&info)));
+    if let Some(error) = parent::scope_error(rule, &info, input) {
+        plan.errors.push(error);
         plan.failure_reason = Some("RenderError");
         plan.status = status_for_failure(rule, input, &info, &plan);
         return plan;
     }
-
-    let spec = match (&rule.rule.spec.defaults, input.parent.get("spec")) {
-        (Some(d), Some(s)) => deep_merge(d, s),
-        (Some(d), None) => d.clone(),
-        (None, Some(s)) => s.clone(),
-        (None, None) => json!({}),
-    };
-    if let Some(schema) = &rule.schema {
-        let problems: Vec<String> = schema
-            .iter_errors(&spec)
-            .map(|e| format!("{}: {e}", spec_path(&spec, e.instance_path())))
-            .collect();
-        if !problems.is_empty() {
+    let spec = match parent::effective_spec(rule, input.parent) {
+        Ok(spec) => spec,
+        Err(problems) => {
             plan.errors = problems;
             plan.failure_reason = Some("InvalidSpec");
             plan.status = status_for_failure(rule, input, &info, &plan);
             return plan;
         }
-    }
+    };
     let parent = with_spec(input.parent, spec);
 
     let observed = input.observed.children_of(&rule.name, &info.uid);
@@ -560,211 +329,63 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     }
 
     // Prune: only on a clean pass, decided once every error of the pass
-    // (status fields and conditions included) is known; pending children
-    // keep what they have.
+    // (status fields and conditions included) is known.
     if plan.errors.is_empty() {
-        for (id, objects) in &observed {
-            let index = rule.children.iter().position(|c| &c.spec.id == id);
-            let keep_all = matches!(index.and_then(|i| outcome.get(&i)), Some(Outcome::Pending));
-            for (key, obj) in objects {
-                if keep_all || desired_keys.contains(key) {
-                    continue;
-                }
-                plan.delete.push(Delete {
-                    id: id.clone(),
-                    key: (*key).clone(),
-                    uid: obj
-                        .pointer("/metadata/uid")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    api_version: obj
-                        .get("apiVersion")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned(),
-                });
-            }
-        }
+        plan.delete = prune(rule, &observed, &outcome, &desired_keys);
     }
     plan
 }
 
-enum Outcome {
-    Excluded,
-    Pending,
-    Failed,
-    /// Rendered; `Err` names why the child is not ready yet.
-    Rendered(Result<(), String>),
-}
-
-/// A `forEach` element and its position in the list.
-type Item = (minijinja::Value, usize);
-
-enum ChildResult {
-    Excluded,
-    Pending(String),
-    /// Each object with the `forEach` item it was rendered from, which its
-    /// `readyWhen` sees too.
-    Rendered(Vec<(Apply, Option<Item>)>),
-}
-
-/// The parent as templates see it: its effective `spec` in place of its
-/// own, without noise. Built field by field so the old spec and the managed
-/// fields are never copied.
-fn with_spec(parent: &Value, spec: Value) -> Value {
-    let mut spec = Some(spec);
-    let mut out: Map<String, Value> = parent
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| {
-            let v = match k.as_str() {
-                "spec" => spec.take().unwrap_or_default(),
-                "metadata" => metadata_without_noise(v),
-                _ => v.clone(),
-            };
-            (k.clone(), v)
-        })
-        .collect();
-    if let Some(spec) = spec {
-        out.insert("spec".to_owned(), spec);
-    }
-    Value::Object(out)
-}
-
-fn metadata_without_noise(meta: &Value) -> Value {
-    let Some(fields) = meta.as_object() else {
-        return meta.clone();
-    };
-    let out = fields
-        .iter()
-        .filter(|(k, _)| k.as_str() != "managedFields")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let mut out = Value::Object(out);
-    strip_noise_annotations(&mut out);
-    out
-}
-
-/// Managed fields and the last-applied annotation are never read by rules:
-/// keep them out of the evaluation context (and its cost).
-fn strip_noise(obj: &mut Value) {
-    if let Some(meta) = obj.get_mut("metadata") {
-        if let Some(fields) = meta.as_object_mut() {
-            fields.remove("managedFields");
-        }
-        strip_noise_annotations(meta);
-    }
-}
-
-fn strip_noise_annotations(meta: &mut Value) {
-    if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-        ann.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-fn plan_child(
+/// The observed objects no child rendered in this pass; a pending child
+/// keeps what it has.
+fn prune(
     rule: &CompiledRule,
-    child: &CompiledChild,
-    base: &minijinja::Value,
-    info: &ParentInfo,
-    input: &Input,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     outcome: &BTreeMap<usize, Outcome>,
-) -> Result<ChildResult, RenderError> {
-    let id = &child.spec.id;
-    let engine = &rule.engine;
-    if let Some(expr) = child.include_when
-        && !engine.eval_bool(expr, base, &format!("includeWhen of child \"{id}\""))?
-    {
-        return Ok(ChildResult::Excluded);
-    }
-    for &d in &child.depends_on {
-        let dep = &rule.children[d].spec.id;
-        let why = match outcome.get(&d) {
-            Some(Outcome::Excluded) => continue,
-            Some(Outcome::Rendered(Ok(()))) => continue,
-            Some(Outcome::Rendered(Err(why))) => why.clone(),
-            Some(Outcome::Pending) => format!("child \"{dep}\" is itself waiting"),
-            Some(Outcome::Failed) => format!("child \"{dep}\" failed to render"),
-            None => format!("child \"{dep}\" was not planned"),
-        };
-        return Ok(ChildResult::Pending(format!(
-            "waiting for child \"{dep}\": {why}"
-        )));
-    }
-    let items: Vec<Option<Item>> = match child.for_each {
-        None => vec![None],
-        Some(expr) => {
-            let what = format!("forEach of child \"{id}\"");
-            let list = engine.eval(expr, base, &what)?;
-            if !matches!(list.kind(), ValueKind::Seq | ValueKind::Iterable) {
-                return Err(RenderError {
-                    what,
-                    message: format!("must yield a list, got {}", list.kind()),
-                });
+    desired_keys: &BTreeSet<ObjectKey>,
+) -> Vec<Delete> {
+    let mut delete = Vec::new();
+    for (id, objects) in observed {
+        let index = rule.children.iter().position(|c| &c.spec.id == id);
+        let keep_all = matches!(index.and_then(|i| outcome.get(&i)), Some(Outcome::Pending));
+        for (key, obj) in objects {
+            if keep_all || desired_keys.contains(key) {
+                continue;
             }
-            let items: Vec<minijinja::Value> = list
-                .try_iter()
-                .map_err(|e| RenderError {
-                    what: what.clone(),
-                    message: e.to_string(),
-                })?
-                .collect();
-            if items.len() > MAX_FOR_EACH_ITEMS {
-                return Err(RenderError {
-                    what,
-                    message: format!(
-                        "yields {} items, more than the limit of {MAX_FOR_EACH_ITEMS}",
-                        items.len()
-                    ),
-                });
-            }
-            items
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| Some((v, i)))
-                .collect()
+            delete.push(Delete {
+                id: id.clone(),
+                key: (*key).clone(),
+                uid: obj
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                api_version: obj
+                    .get("apiVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            });
         }
-    };
-    let what = format!("template of child \"{id}\"");
-    let mut applies = Vec::with_capacity(items.len());
-    for item in items {
-        let ctx = match &item {
-            None => base.clone(),
-            Some((item, index)) => {
-                context! { item => item.clone(), index => *index, ..base.clone() }
-            }
-        };
-        let what = match &item {
-            None => what.clone(),
-            Some((_, index)) => format!("{what} (item {index})"),
-        };
-        let text = engine.render(&child.template, &ctx, &what)?;
-        let limits = yaml::Limits {
-            max_bytes: engine.limits().max_bytes,
-            ..yaml::Limits::FILES
-        };
-        let object = yaml::parse_value(&text, &limits).map_err(|e| RenderError {
-            what: what.clone(),
-            message: format!("rendered text is not valid YAML: {e}"),
-        })?;
-        applies.push((
-            finish_object(rule, child, object, info, input, &what)?,
-            item,
-        ));
     }
-    Ok(ChildResult::Rendered(applies))
+    delete
 }
 
+mod child;
 mod children;
 mod conditions;
 mod object;
+mod observed;
+mod parent;
 mod related;
 
+pub use child::MAX_FOR_EACH_ITEMS;
+use child::{ChildResult, Item, Outcome, plan_child};
 use children::Children;
 use conditions::{build_status, child_ready, status_for_failure};
-use object::finish_object;
 pub use object::object_hash;
+pub use observed::{ObjectKey, Observed, RelatedSource};
+use parent::{ParentInfo, with_spec};
+pub use parent::{deep_merge, parent_matches};
 pub use related::{
     MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,
     selector_matches_with,

@@ -23,7 +23,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{ObjectKey, strip_noise};
+use super::ObjectKey;
+use super::observed::strip_noise;
 use crate::render;
 use crate::rules::CompiledRule;
 

@@ -5,6 +5,8 @@
 use serde_json::{Map, Value, json};
 
 use super::*;
+use crate::render::RenderError;
+use crate::rules::CompiledChild;
 
 /// Enforces kind, name, namespace rules, labels and ownerReference.
 pub(super) fn finish_object(

@@ -11,9 +11,12 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::observed::strip_noise;
 use super::*;
-use crate::rules::model::{LabelSelector, LabelSelectorRequirement};
-use crate::rules::{CompiledRelated, Templated};
+use crate::render::RenderError;
+use crate::rules::model::{LabelSelector, LabelSelectorRequirement, SelectorOperator};
+use crate::rules::{CompiledChild, CompiledRelated, Templated};
+use crate::yaml;
 
 /// Most objects one `selector:` entry may yield.
 pub const MAX_RELATED_ITEMS: usize = 1_000;

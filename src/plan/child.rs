@@ -1,0 +1,140 @@
+//! One child in one pass: its `includeWhen`, whether the children it
+//! depends on are ready, its `forEach` items, and each item's render into
+//! the object to apply ([`finish_object`] enforces kind, name, namespace,
+//! labels and owner).
+//!
+//! Related entries holding the child back, readiness, status and pruning
+//! are decided by `plan` around it.
+
+use std::collections::BTreeMap;
+
+use minijinja::context;
+use minijinja::value::ValueKind;
+
+use super::object::finish_object;
+use super::parent::ParentInfo;
+use super::{Apply, Input};
+use crate::render::RenderError;
+use crate::rules::{CompiledChild, CompiledRule};
+use crate::yaml;
+
+/// Most items one `forEach` may yield.
+pub const MAX_FOR_EACH_ITEMS: usize = 1_000;
+
+/// What happened to one child in this pass.
+pub(super) enum Outcome {
+    Excluded,
+    Pending,
+    Failed,
+    /// Rendered; `Err` names why the child is not ready yet.
+    Rendered(Result<(), String>),
+}
+
+/// A `forEach` element and its position in the list.
+pub(super) type Item = (minijinja::Value, usize);
+
+/// What [`plan_child`] decided for one child.
+pub(super) enum ChildResult {
+    Excluded,
+    Pending(String),
+    /// Each object with the `forEach` item it was rendered from, which its
+    /// `readyWhen` sees too.
+    Rendered(Vec<(Apply, Option<Item>)>),
+}
+
+/// Decides one child no related entry holds back, against `outcome` (what
+/// became of the children before it): excluded, waiting for a child it
+/// depends on, or its objects rendered. `Err`: an expression or a render
+/// failed.
+pub(super) fn plan_child(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    base: &minijinja::Value,
+    info: &ParentInfo,
+    input: &Input,
+    outcome: &BTreeMap<usize, Outcome>,
+) -> Result<ChildResult, RenderError> {
+    let id = &child.spec.id;
+    let engine = &rule.engine;
+    if let Some(expr) = child.include_when
+        && !engine.eval_bool(expr, base, &format!("includeWhen of child \"{id}\""))?
+    {
+        return Ok(ChildResult::Excluded);
+    }
+    for &d in &child.depends_on {
+        let dep = &rule.children[d].spec.id;
+        let why = match outcome.get(&d) {
+            Some(Outcome::Excluded) => continue,
+            Some(Outcome::Rendered(Ok(()))) => continue,
+            Some(Outcome::Rendered(Err(why))) => why.clone(),
+            Some(Outcome::Pending) => format!("child \"{dep}\" is itself waiting"),
+            Some(Outcome::Failed) => format!("child \"{dep}\" failed to render"),
+            None => format!("child \"{dep}\" was not planned"),
+        };
+        return Ok(ChildResult::Pending(format!(
+            "waiting for child \"{dep}\": {why}"
+        )));
+    }
+    let items: Vec<Option<Item>> = match child.for_each {
+        None => vec![None],
+        Some(expr) => {
+            let what = format!("forEach of child \"{id}\"");
+            let list = engine.eval(expr, base, &what)?;
+            if !matches!(list.kind(), ValueKind::Seq | ValueKind::Iterable) {
+                return Err(RenderError {
+                    what,
+                    message: format!("must yield a list, got {}", list.kind()),
+                });
+            }
+            let items: Vec<minijinja::Value> = list
+                .try_iter()
+                .map_err(|e| RenderError {
+                    what: what.clone(),
+                    message: e.to_string(),
+                })?
+                .collect();
+            if items.len() > MAX_FOR_EACH_ITEMS {
+                return Err(RenderError {
+                    what,
+                    message: format!(
+                        "yields {} items, more than the limit of {MAX_FOR_EACH_ITEMS}",
+                        items.len()
+                    ),
+                });
+            }
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| Some((v, i)))
+                .collect()
+        }
+    };
+    let what = format!("template of child \"{id}\"");
+    let mut applies = Vec::with_capacity(items.len());
+    for item in items {
+        let ctx = match &item {
+            None => base.clone(),
+            Some((item, index)) => {
+                context! { item => item.clone(), index => *index, ..base.clone() }
+            }
+        };
+        let what = match &item {
+            None => what.clone(),
+            Some((_, index)) => format!("{what} (item {index})"),
+        };
+        let text = engine.render(&child.template, &ctx, &what)?;
+        let limits = yaml::Limits {
+            max_bytes: engine.limits().max_bytes,
+            ..yaml::Limits::FILES
+        };
+        let object = yaml::parse_value(&text, &limits).map_err(|e| RenderError {
+            what: what.clone(),
+            message: format!("rendered text is not valid YAML: {e}"),
+        })?;
+        applies.push((
+            finish_object(rule, child, object, info, input, &what)?,
+            item,
+        ));
+    }
+    Ok(ChildResult::Rendered(applies))
+}
