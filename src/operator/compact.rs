@@ -197,7 +197,7 @@ impl ByParent {
         super::lock(&self.state)
             .live()
             .get(uid)
-            .map(|names| names.iter().cloned().collect())
+            .map(|names| names.to_vec())
             .unwrap_or_default()
     }
 }
