@@ -23,6 +23,7 @@ use std::fmt::Write;
 
 use serde_json::{Map, Value};
 
+use crate::field_path::push_key;
 use crate::plan::{ObjectKey, Pending};
 
 /// One field that would change.
@@ -248,24 +249,6 @@ fn keyed(list: &[Value]) -> Option<(&'static str, Vec<(&str, &Value)>)> {
         names.dedup();
         (names.len() == items.len()).then_some((field, items))
     })
-}
-
-fn push_key(path: &mut String, key: &str) {
-    let plain = key
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if plain {
-        if !path.is_empty() {
-            path.push('.');
-        }
-        path.push_str(key);
-    } else {
-        let _ = write!(path, "[{}]", Value::String(key.to_owned()));
-    }
 }
 
 fn show(v: &Option<Value>) -> String {

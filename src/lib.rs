@@ -13,6 +13,7 @@ pub mod clock;
 pub mod crd;
 pub mod diff;
 pub mod drift;
+pub mod field_path;
 pub mod graph;
 pub mod kinds;
 pub mod manifests;

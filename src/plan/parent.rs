@@ -70,19 +70,7 @@ fn spec_path(spec: &Value, at: &jsonschema::paths::Location) -> String {
             }
             jsonschema::paths::LocationSegment::Property(p) => p.into_owned(),
         };
-        let plain = key
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if plain {
-            out.push('.');
-            out.push_str(&key);
-        } else {
-            out.push_str(&format!("[{}]", json!(key)));
-        }
+        crate::field_path::push_key(&mut out, &key);
         here = here.and_then(|v| v.get(&key));
     }
     out
