@@ -14,6 +14,7 @@ fn main() -> ExitCode {
             metrics_addr,
             reload_poll,
             manage_crds,
+            operator_namespace,
             limits,
             leader,
         } => cli::run(
@@ -29,6 +30,9 @@ fn main() -> ExitCode {
                 metrics_addr: metrics_addr.0,
                 reload_poll,
                 manage_crds,
+                operator_namespace: trellis::operator::home::operator_namespace(
+                    operator_namespace.as_deref(),
+                ),
                 limits: limits.limits(),
                 instance: std::env::var("POD_NAME")
                     .or_else(|_| std::env::var("HOSTNAME"))

@@ -202,6 +202,11 @@ pub enum Command {
         /// at start and on every reload; never deleted) [default: off]
         #[arg(long, env = "TRELLIS_MANAGE_CRDS")]
         manage_crds: bool,
+        /// The operator's own namespace: where rules' ServiceAccounts and the revision
+        /// ConfigMaps of staged rollouts live [default: $POD_NAMESPACE, else the Pod's
+        /// service account namespace, else default]
+        #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
+        operator_namespace: Option<String>,
         #[command(flatten)]
         limits: RenderLimits,
         #[command(flatten)]

@@ -26,6 +26,7 @@ pub mod crds;
 mod decode;
 pub mod discovery;
 mod finalize;
+pub mod home;
 pub mod leader;
 mod reconcile;
 pub mod related;
@@ -85,6 +86,8 @@ pub struct Options {
     pub leader_election: Option<leader::Settings>,
     /// Apply the CRDs generated from rules (`crd:`) at start and on reload.
     pub manage_crds: bool,
+    /// The operator's own namespace ([`home::operator_namespace`]).
+    pub operator_namespace: String,
 }
 
 impl Options {
@@ -101,6 +104,7 @@ impl Options {
             metrics_addr: None,
             leader_election: None,
             manage_crds: false,
+            operator_namespace: "default".into(),
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct Shared {
     pub gate: leader::Gate,
     /// With `--manage-crds`: where each rule set going into force is sent.
     pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
+    /// The operator's own namespace: revision ConfigMaps, rules' accounts.
+    pub operator_namespace: String,
 }
 
 impl Shared {
@@ -222,6 +228,7 @@ pub async fn run_with(
         crds: options
             .manage_crds
             .then(|| crds::spawn(client.clone(), gate.clone(), shutdown.clone())),
+        operator_namespace: options.operator_namespace.clone(),
     });
     let leader_status = Arc::new(std::sync::Mutex::new(LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {
@@ -259,6 +266,7 @@ pub async fn run_with(
         },
         concurrency = options.concurrency,
         leader_election = options.leader_election.is_some(),
+        operator_namespace = %options.operator_namespace,
         "trellis starting"
     );
 
