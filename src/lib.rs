@@ -23,6 +23,7 @@ pub mod rbac;
 pub mod reload;
 pub mod render;
 pub mod rules;
+pub mod shard;
 pub mod status;
 pub mod telemetry;
 pub mod yaml;
