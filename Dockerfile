@@ -1,10 +1,17 @@
-# Multi-stage build: a static-ish release binary on a distroless base.
+# Multi-stage build: a release binary on a distroless base.
 #   docker build -t trellis:dev .
+# The build stage copies exactly what `cargo build --locked` reads: the
+# manifest and lockfile, the sources, the bench targets Cargo.toml declares
+# and the patched minijinja in vendor/ ([patch.crates-io]). .dockerignore
+# keeps everything else (target/, .git, fuzz/, ...) out of the context;
+# tests/docker.rs replays these COPY lines into an empty directory and
+# resolves the build there offline, so a missing file fails `cargo test`.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
+COPY vendor ./vendor
 RUN cargo build --release --locked --bin trellis
 
 FROM gcr.io/distroless/cc-debian12:nonroot
