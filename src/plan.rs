@@ -47,6 +47,8 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const LABEL_RULE: &str = "trellis.dev/rule";
 pub const LABEL_CHILD: &str = "trellis.dev/child";
 pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
+/// The revision of the rule version that rendered the child.
+pub const LABEL_REVISION: &str = "trellis.dev/revision";
 pub const MANAGED_BY: &str = "trellis";
 /// On `recreate` children: the hash of the rendering the object came from.
 pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";

@@ -249,6 +249,10 @@ fn status_schema(conv: &mut Converter, rule: &Rule, crd: &CrdSpec) -> Value {
         json!({"type": "integer", "format": "int64"}),
     );
     props.insert("conditions".into(), conditions_schema());
+    props.insert(
+        "ruleRevision".into(),
+        json!({"type": "string", "description": "The revision of the rule version this object is on."}),
+    );
     let fields = rule.spec.status.iter().flat_map(|s| &s.fields);
     for field in fields {
         let segments: Vec<&str> = field.path.split('.').collect();
@@ -267,7 +271,7 @@ fn status_schema(conv: &mut Converter, rule: &Rule, crd: &CrdSpec) -> Value {
             );
         }
         if let Some(Value::Object(typed_props)) = converted.get("properties") {
-            for own in ["observedGeneration", "conditions"] {
+            for own in ["observedGeneration", "conditions", "ruleRevision"] {
                 if typed_props.contains_key(own) {
                     conv.error(
                         &format!("{at}.properties.{own}"),

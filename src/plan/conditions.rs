@@ -100,6 +100,7 @@ pub(super) fn status_for_failure(
     if !out.is_object() {
         out = json!({});
     }
+    out["ruleRevision"] = json!(rule.revision);
     match info.generation {
         Some(generation) => out["observedGeneration"] = json!(generation),
         None => {
@@ -131,6 +132,7 @@ pub(super) fn build_status(
     if let Some(generation) = info.generation {
         out.insert("observedGeneration".into(), json!(generation));
     }
+    out.insert("ruleRevision".into(), json!(rule.revision));
 
     // Fields.
     for field in &rule.fields {

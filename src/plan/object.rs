@@ -133,6 +133,7 @@ pub(super) fn finish_object(
     labels.insert(LABEL_RULE.into(), json!(rule.name));
     labels.insert(LABEL_CHILD.into(), json!(child.spec.id));
     labels.insert(LABEL_PARENT_UID.into(), json!(info.uid));
+    labels.insert(LABEL_REVISION.into(), json!(rule.revision));
 
     // Kubernetes allows an owner in the same namespace, or a cluster-scoped owner.
     let owned = info.namespace.is_none() || info.namespace == namespace;

@@ -14,7 +14,7 @@ use jsonpath_rust::parser::model::JpQuery;
 use serde_json::Value;
 
 use super::Diagnostic;
-use super::load::{RawDocument, read_template_file};
+use super::load::RawDocument;
 use super::model::{self, ChildSpec, Rule, SelectorOperator};
 use crate::kinds::Gvk;
 use crate::render::{self, Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
@@ -57,6 +57,13 @@ pub struct CompiledRule {
     pub templates: BTreeMap<String, String>,
     /// The parent's CustomResourceDefinition, generated when the rule sets `crd:`.
     pub crd: Option<Value>,
+    /// This version's revision ([`super::revision`]).
+    pub revision: String,
+    /// The rule document as parsed: with `template_files`, what rebuilds
+    /// this version (a revision ConfigMap keeps both).
+    pub document: Value,
+    /// `templateFile` path as written → contents.
+    pub template_files: BTreeMap<String, String>,
 }
 
 impl CompiledRule {
@@ -387,6 +394,7 @@ pub(super) fn compile(
 
     // Children: ids, kinds, templates, expressions, dependencies.
     let mut templates = BTreeMap::new();
+    let mut template_files = BTreeMap::new();
     let mut children = Vec::new();
     let mut seen_ids: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, child) in spec.children.iter().enumerate() {
@@ -424,11 +432,12 @@ pub(super) fn compile(
         scope::check(&mut ck, &at, spec, child);
         let source = match (&child.template, &child.template_file) {
             (Some(t), None) => Some(t.clone()),
-            (None, Some(rel)) => match read_template_file(&doc.root, &doc.file, rel) {
+            (None, Some(rel)) => match doc.template_file(rel) {
                 Ok(text) => {
                     let dir = doc.file.parent().unwrap_or(&doc.root);
                     ck.template_files
                         .insert(format!("{at}.templateFile"), dir.join(rel));
+                    template_files.insert(rel.clone(), text.clone());
                     Some(text)
                 }
                 Err(message) => {
@@ -621,8 +630,11 @@ pub(super) fn compile(
             return None;
         }
     };
+    let revision = super::revision::revision(&doc.value, &template_files);
     Some(CompiledRule {
         name: rule.metadata.name.clone(),
+        revision,
+        template_files,
         parent,
         engine,
         related,
@@ -637,6 +649,7 @@ pub(super) fn compile(
         crd,
         file: doc.file,
         lines: doc.lines,
+        document: doc.value,
         rule,
     })
 }

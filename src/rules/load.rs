@@ -38,6 +38,23 @@ pub(super) struct RawDocument {
     /// The whole file's text (shared by its documents), to place a finding
     /// inside a template on its own line.
     pub source: Arc<str>,
+    /// Template files given with the document (a version rebuilt from its
+    /// revision ConfigMap), instead of read next to `file`.
+    pub files: Option<BTreeMap<String, String>>,
+}
+
+impl RawDocument {
+    /// The text of `templateFile: rel`: from `files` when given, else read
+    /// from disk next to the rule file.
+    pub fn template_file(&self, rel: &str) -> Result<String, String> {
+        match &self.files {
+            Some(files) => files
+                .get(rel)
+                .cloned()
+                .ok_or_else(|| format!("`{rel}` is not among the version's template files")),
+            None => read_template_file(&self.root, &self.file, rel),
+        }
+    }
 }
 
 /// Lists rule files in a directory: `*.yaml`/`*.yml`, symlinks followed, dot
@@ -108,6 +125,7 @@ pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> V
                         value: d.value,
                         lines: d.lines,
                         source: source.clone(),
+                        files: None,
                     }))
                 }
                 Err(err) => diags.push(Diagnostic::error(

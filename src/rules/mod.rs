@@ -14,6 +14,7 @@
 mod compile;
 pub mod load;
 pub mod model;
+pub mod revision;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -204,6 +205,31 @@ fn unique_names(docs: &[LoadedDoc]) -> Vec<(BTreeSet<String>, Diagnostic)> {
         }
     }
     out
+}
+
+/// Compiles a version kept as data (a revision ConfigMap: the document and
+/// its template files) as [`Loaded::read`] would have compiled it from
+/// disk; `origin` names where it came from in diagnostics. Its revision is
+/// computed again from the data, so the caller can check it.
+pub fn rebuild(
+    document: serde_json::Value,
+    template_files: BTreeMap<String, String>,
+    origin: &Path,
+    limits: Limits,
+) -> Result<CompiledRule, Vec<Diagnostic>> {
+    let raw = load::RawDocument {
+        file: origin.to_path_buf(),
+        root: origin.to_path_buf(),
+        value: document,
+        lines: crate::yaml::LineIndex::default(),
+        source: Arc::from(""),
+        files: Some(template_files),
+    };
+    let mut diags = Vec::new();
+    match compile::compile(raw, limits, &mut diags) {
+        Some(rule) if !diags.iter().any(|d| d.severity == Severity::Error) => Ok(rule),
+        _ => Err(diags),
+    }
 }
 
 /// Convenience for tests and tools: load a single directory.
