@@ -15,6 +15,8 @@ fn main() -> ExitCode {
             reload_poll,
             manage_crds,
             operator_namespace,
+            require_service_account,
+            service_account_recheck,
             limits,
             leader,
         } => cli::run(
@@ -33,6 +35,8 @@ fn main() -> ExitCode {
                 operator_namespace: trellis::operator::home::operator_namespace(
                     operator_namespace.as_deref(),
                 ),
+                require_service_account,
+                account_recheck: service_account_recheck,
                 limits: limits.limits(),
                 instance: std::env::var("POD_NAME")
                     .or_else(|_| std::env::var("HOSTNAME"))
@@ -76,8 +80,16 @@ fn main() -> ExitCode {
             all: _,
             namespace,
             rule,
+            operator_namespace,
             limits,
-        } => cli::diff(&rules, parent.as_deref(), namespace, rule, limits.limits()),
+        } => cli::diff(
+            &rules,
+            parent.as_deref(),
+            namespace,
+            rule,
+            operator_namespace,
+            limits.limits(),
+        ),
         Command::Graph {
             rules,
             rule,

@@ -23,6 +23,21 @@
 //! | `apiextensions.k8s.io` CRDs | get, list, watch | noticing parent CRDs being installed |
 //! | the same, by name (`--manage-crds`) | create, patch | applying the CRDs generated from rules |
 //! | `authorization.k8s.io` selfsubjectaccessreviews | create | the startup preflight |
+//!
+//! A rule with `serviceAccountName:` splits this (see [`cluster_roles`]): the
+//! rule's writes and reads go to its own ClusterRole `<name>-rule-<rule>`,
+//! bound to its account; the operator keeps only what it does itself for
+//! that rule — read the parent, child and related kinds for its caches,
+//! write the parent's status and finalizer — plus, for every such account:
+//!
+//! | resource | verbs | because |
+//! |---|---|---|
+//! | `serviceaccounts`, by name | impersonate | child writes are sent as the rule's account |
+//! | `serviceaccounts`, by name | get | an account that does not exist makes its rule Inactive, by name |
+//! | `authorization.k8s.io` subjectaccessreviews | create | the account's read preflight |
+//!
+//! A rule without an account keeps everything in the operator's role,
+//! exactly as before.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -45,6 +60,7 @@ enum Verb {
     Patch,
     Delete,
     Bind,
+    Impersonate,
 }
 
 impl Verb {
@@ -58,6 +74,7 @@ impl Verb {
             Verb::Patch => "patch",
             Verb::Delete => "delete",
             Verb::Bind => "bind",
+            Verb::Impersonate => "impersonate",
         }
     }
 }
@@ -130,19 +147,46 @@ impl Grants {
     }
 }
 
-/// Builds the ClusterRole for `set`: see the module documentation for what
-/// is granted and why.
+/// Builds the operator's ClusterRole for `set`: see the module
+/// documentation for what is granted and why.
 pub fn cluster_role(set: &RuleSet, name: &str) -> Value {
     cluster_role_with(set, name, false)
 }
 
-/// Like [`cluster_role`]; with `manage_crds` (`trellis run --manage-crds`)
-/// also create and patch on the generated CRDs, by name.
+/// Every ClusterRole `set` needs (`trellis rbac`): the operator's own,
+/// named `name`, first; then, for each rule with `serviceAccountName`, in
+/// rule order, the role to bind to its account, named `<name>-rule-<rule>`.
+/// A set without accounts needs only the operator's role.
+pub fn cluster_roles(set: &RuleSet, name: &str, manage_crds: bool) -> Vec<Value> {
+    let mut roles = vec![cluster_role_with(set, name, manage_crds)];
+    for rule in &set.rules {
+        if rule.rule.spec.service_account_name.is_some() {
+            let mut grants = Grants::default();
+            account_grants(rule, &mut grants);
+            roles.push(role_object(
+                &account_role_name(name, &rule.name),
+                grants,
+                Some(&rule.name),
+            ));
+        }
+    }
+    roles
+}
+
+/// The name of the ClusterRole for `rule`'s account (`<name>-rule-<rule>`).
+pub fn account_role_name(name: &str, rule: &str) -> String {
+    format!("{name}-rule-{rule}")
+}
+
+/// The operator's ClusterRole; with `manage_crds` (`trellis run
+/// --manage-crds`) also create and patch on the generated CRDs, by name.
+/// For a rule with an account it holds only the operator's share (see
+/// [`cluster_roles`]).
 pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value {
     let mut grants = Grants::default();
     operator_grants(&mut grants);
     for rule in &set.rules {
-        rule_grants(rule, &mut grants);
+        operator_rule_grants(rule, &mut grants);
         if manage_crds && rule.crd.is_some() {
             let crd = crate::crd::name(&rule.rule);
             for verb in [Get, Create, Patch] {
@@ -155,7 +199,11 @@ pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value 
             }
         }
     }
-    json!({
+    role_object(name, grants, None)
+}
+
+fn role_object(name: &str, grants: Grants, rule: Option<&str>) -> Value {
+    let mut role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {
@@ -164,7 +212,11 @@ pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value 
             "annotations": {"trellis.dev/generated-by": "trellis rbac"},
         },
         "rules": grants.into_rules(),
-    })
+    });
+    if let Some(rule) = rule {
+        role["metadata"]["annotations"]["trellis.dev/rule"] = json!(rule);
+    }
+    role
 }
 
 /// One permission a rule needs, as the operator's preflight asks for it.
@@ -194,10 +246,29 @@ impl std::fmt::Display for Permission {
     }
 }
 
-/// Every permission one rule needs (the rule's share of [`cluster_role`]).
+/// Every permission the operator itself needs for one rule (the rule's
+/// share of [`cluster_role`]): everything for a rule without an account;
+/// for one with an account, reads and the parent's status and finalizer.
 pub fn rule_permissions(rule: &CompiledRule) -> Vec<Permission> {
     let mut grants = Grants::default();
-    rule_grants(rule, &mut grants);
+    operator_rule_grants(rule, &mut grants);
+    permissions(grants)
+}
+
+/// What a rule's account must be allowed to read: get, list and watch on
+/// every kind the rule reads (the parent, each child and related kind),
+/// since the operator's shared caches serve those reads. Empty for a rule
+/// without an account.
+pub fn account_read_permissions(rule: &CompiledRule) -> Vec<Permission> {
+    if rule.rule.spec.service_account_name.is_none() {
+        return Vec::new();
+    }
+    let mut grants = Grants::default();
+    read_grants(rule, &mut grants);
+    permissions(grants)
+}
+
+fn permissions(grants: Grants) -> Vec<Permission> {
     let split = |resource: &str| match resource.split_once('/') {
         Some((r, sub)) => (r.to_owned(), Some(sub.to_owned())),
         None => (resource.to_owned(), None),
@@ -252,13 +323,36 @@ fn operator_grants(grants: &mut Grants) {
     );
 }
 
-fn rule_grants(rule: &CompiledRule, grants: &mut Grants) {
-    let parent = &rule.rule.spec.parent;
-    let group = rule.parent.group.as_str();
-    let resource = parent
+/// The operator's grants for one rule: all of them without an account;
+/// with one, its caches' reads and the parent's status and finalizer, plus
+/// impersonating (and looking up) the account and reviewing its access.
+fn operator_rule_grants(rule: &CompiledRule, grants: &mut Grants) {
+    parent_grants(rule, grants);
+    match &rule.rule.spec.service_account_name {
+        None => account_grants(rule, grants),
+        Some(account) => {
+            read_grants(rule, grants);
+            grants.allow_named("", "serviceaccounts", Impersonate, account);
+            grants.allow_named("", "serviceaccounts", Get, account);
+            grants.allow("authorization.k8s.io", "subjectaccessreviews", &[Create]);
+        }
+    }
+}
+
+fn parent_resource(rule: &CompiledRule) -> String {
+    rule.rule
+        .spec
+        .parent
         .plural
         .clone()
-        .unwrap_or_else(|| kinds::plural(&rule.parent));
+        .unwrap_or_else(|| kinds::plural(&rule.parent))
+}
+
+/// What the operator writes to a parent itself, whoever writes its
+/// children: status and the finalizer (and reading it).
+fn parent_grants(rule: &CompiledRule, grants: &mut Grants) {
+    let group = rule.parent.group.as_str();
+    let resource = parent_resource(rule);
     grants.allow(group, &resource, READ);
     if rule.writes_status() {
         grants.allow(group, &format!("{resource}/status"), &[Patch]);
@@ -269,12 +363,41 @@ fn rule_grants(rule: &CompiledRule, grants: &mut Grants) {
         // race with other finalizers; both are granted.
         grants.allow(group, &resource, &[Patch, Update]);
     }
+}
+
+/// Reads of every kind the rule reads: the parent, its children, its
+/// related objects (the caches, and an account's read preflight).
+fn read_grants(rule: &CompiledRule, grants: &mut Grants) {
+    grants.allow(rule.parent.group.as_str(), &parent_resource(rule), READ);
     for child in &rule.children {
-        let resource = child
+        grants.allow(&child.gvk.group, &child_resource(child), READ);
+    }
+    for related in &rule.related {
+        let resource = related
             .spec
             .plural
             .clone()
-            .unwrap_or_else(|| kinds::plural(&child.gvk));
+            .unwrap_or_else(|| kinds::plural(&related.gvk));
+        grants.allow(&related.gvk.group, &resource, READ);
+    }
+}
+
+fn child_resource(child: &CompiledChild) -> String {
+    child
+        .spec
+        .plural
+        .clone()
+        .unwrap_or_else(|| kinds::plural(&child.gvk))
+}
+
+/// What the rule's own writes and reads need: the role of its account, or
+/// (without one) part of the operator's. Everything the rule reads, plus
+/// the children's verbs under their policies and `bind` for binding
+/// children.
+fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
+    read_grants(rule, grants);
+    for child in &rule.children {
+        let resource = child_resource(child);
         grants.allow(&child.gvk.group, &resource, &child_verbs(child.spec.policy));
         if let Some(binding) = BindingKind::of(&child.gvk) {
             let text = rule
@@ -284,15 +407,6 @@ fn rule_grants(rule: &CompiledRule, grants: &mut Grants) {
                 .unwrap_or_default();
             bind_grants(binding, &role_refs(text), grants);
         }
-    }
-    // Related objects are read from watch-backed caches, never written.
-    for related in &rule.related {
-        let resource = related
-            .spec
-            .plural
-            .clone()
-            .unwrap_or_else(|| kinds::plural(&related.gvk));
-        grants.allow(&related.gvk.group, &resource, READ);
     }
 }
 
@@ -593,3 +707,5 @@ fn strip_comment(line: &str) -> &str {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_accounts;

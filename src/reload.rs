@@ -319,7 +319,10 @@ fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
         kinds.dedup();
         kinds
     };
+    // A new account: its client and its read preflight (see
+    // `operator::identity`) are set when the rule starts.
     a.rule.spec.parent != b.rule.spec.parent
+        || a.rule.spec.service_account_name != b.rule.spec.service_account_name
         || child_kinds(a) != child_kinds(b)
         || permissions(a) != permissions(b)
         || crate::operator::related::watch_specs(a) != crate::operator::related::watch_specs(b)

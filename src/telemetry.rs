@@ -69,6 +69,8 @@ pub struct Metrics {
     pub api_requests: Family<RequestLabel, Counter>,
     /// Events written, by rule and reason.
     pub events: Family<EventLabel, Counter>,
+    /// 1 for a rule Inactive because of its ServiceAccount (`serviceAccountName`).
+    pub account_denied: Family<RuleLabel, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -188,7 +190,14 @@ impl Default for Metrics {
             "Events written by rule and reason",
             events.clone(),
         );
+        let account_denied = Family::<RuleLabel, Gauge>::default();
+        registry.register(
+            "rule_account_denied",
+            "1 for a rule held Inactive by its ServiceAccount: missing, not impersonable, or denied a read the rule needs",
+            account_denied.clone(),
+        );
         Metrics {
+            account_denied,
             api_requests,
             events,
             rule_rejected,

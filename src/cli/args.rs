@@ -207,6 +207,13 @@ pub enum Command {
         /// service account namespace, else default]
         #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
         operator_namespace: Option<String>,
+        /// Reject (like a broken rule) every rule without `serviceAccountName`:
+        /// no rule acts with the operator's own rights [default: off]
+        #[arg(long, env = "TRELLIS_REQUIRE_SERVICE_ACCOUNT")]
+        require_service_account: bool,
+        /// How often a running rule's ServiceAccount is checked again (tests shorten it)
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration, hide = true)]
+        service_account_recheck: std::time::Duration,
         #[command(flatten)]
         limits: RenderLimits,
         #[command(flatten)]
@@ -321,6 +328,10 @@ pub enum Command {
         /// With --all: only this rule's parents [default: every rule]
         #[arg(long, requires = "all", value_name = "RULE")]
         rule: Option<String>,
+        /// Where rules' ServiceAccounts live: a rule with `serviceAccountName`
+        /// dry-runs as that account [default: as `trellis run` resolves it]
+        #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
+        operator_namespace: Option<String>,
         #[command(flatten)]
         limits: RenderLimits,
     },

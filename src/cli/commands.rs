@@ -67,16 +67,21 @@ pub fn rbac(dirs: &[PathBuf], name: &str, manage_crds: bool) -> ExitCode {
         Ok(set) => set,
         Err(code) => return code,
     };
-    let role = crate::rbac::cluster_role_with(&set, name, manage_crds);
-    match yaml::to_string(&role) {
-        Ok(text) => print_out(&format!("{}\n", text.trim_end()))
-            .err()
-            .unwrap_or(ExitCode::SUCCESS),
-        Err(e) => {
-            stderr!("error: {e}");
-            ExitCode::from(1)
+    // One document per ClusterRole: the operator's, then one per rule
+    // with `serviceAccountName` (none without: the output is one role).
+    let mut documents = Vec::new();
+    for role in crate::rbac::cluster_roles(&set, name, manage_crds) {
+        match yaml::to_string(&role) {
+            Ok(text) => documents.push(text.trim_end().to_owned()),
+            Err(e) => {
+                stderr!("error: {e}");
+                return ExitCode::from(1);
+            }
         }
     }
+    print_out(&format!("{}\n", documents.join("\n---\n")))
+        .err()
+        .unwrap_or(ExitCode::SUCCESS)
 }
 
 pub fn graph(dirs: &[PathBuf], rule: Option<&str>, output: GraphOutput) -> ExitCode {
@@ -118,6 +123,7 @@ pub fn diff(
     parent_path: Option<&Path>,
     namespace: Option<String>,
     rule: Option<String>,
+    operator_namespace: Option<String>,
     limits: Limits,
 ) -> ExitCode {
     let error = ExitCode::from(2);
@@ -163,7 +169,8 @@ pub fn diff(
         let client = kube::Client::try_default().await.map_err(|e| {
             format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
         })?;
-        crate::diff::live::diff(&client, &set, &target).await
+        let home = crate::operator::home::operator_namespace(operator_namespace.as_deref());
+        crate::diff::live::diff_as(&client, &set, &target, &home).await
     });
     match report {
         Ok(report) => {

@@ -120,6 +120,26 @@ fn describe(kind: &str, namespace: Option<&str>, name: &str) -> String {
 /// Diffs the targeted parents. `Err` when the cluster cannot answer (or the
 /// manifest names no rule's parent); a failing pass is reported in the diff.
 pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result<Report, String> {
+    let home = crate::operator::home::operator_namespace(None);
+    diff_as(client, set, target, &home).await
+}
+
+/// Like [`diff`], with the operator's namespace (`--operator-namespace`):
+/// a rule with `serviceAccountName` dry-runs its children's writes as that
+/// account of that namespace, as the operator would send them.
+pub async fn diff_as(
+    client: &Client,
+    set: &RuleSet,
+    target: &Target<'_>,
+    operator_namespace: &str,
+) -> Result<Report, String> {
+    let writer = |rule: &CompiledRule| match &rule.rule.spec.service_account_name {
+        Some(account) => crate::operator::identity::impersonating(
+            client.clone(),
+            &crate::operator::identity::username(operator_namespace, account),
+        ),
+        None => client.clone(),
+    };
     let mut report = Report::default();
     match target {
         Target::Parent(manifest) => {
@@ -150,7 +170,7 @@ pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result
                 let live = to_value(live, &kinds.parent);
                 report
                     .diffs
-                    .push(diff_parent(client, rule, &kinds, &live).await?);
+                    .push(diff_parent(client, &writer(rule), rule, &kinds, &live).await?);
             }
         }
         Target::All { namespace, rule } => {
@@ -180,9 +200,12 @@ pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result
                     .map(|p| to_value(p, &kinds.parent))
                     .collect();
                 parents.sort_by_key(|p| ObjectKey::of(p).map(|k| (k.namespace, k.name)));
+                let writer = writer(r);
                 for p in &parents {
                     if plan::parent_matches(r, p) {
-                        report.diffs.push(diff_parent(client, r, &kinds, p).await?);
+                        report
+                            .diffs
+                            .push(diff_parent(client, &writer, r, &kinds, p).await?);
                     }
                 }
             }
@@ -191,9 +214,11 @@ pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result
     Ok(report)
 }
 
-/// One parent under one rule: the pass the operator would run, dry.
+/// One parent under one rule: the pass the operator would run, dry; the
+/// children's writes on `writer` (the rule's account's client, or `client`).
 async fn diff_parent(
     client: &Client,
+    writer: &Client,
     rule: &CompiledRule,
     kinds: &Kinds,
     parent: &Value,
@@ -287,7 +312,7 @@ async fn diff_parent(
 
     for apply in &pass.apply {
         let change =
-            child_change(client, rule, kinds, apply, observed.objects.get(&apply.key)).await;
+            child_change(writer, rule, kinds, apply, observed.objects.get(&apply.key)).await;
         out.children.push(ChildDiff {
             id: apply.id.clone(),
             key: apply.key.clone(),

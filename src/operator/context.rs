@@ -58,6 +58,11 @@ pub struct RuleCtx {
     /// past that version, a pass reads the written status, not the stale
     /// cached one (which would write the same status, and Event, again).
     pub written: Mutex<HashMap<String, Written>>,
+    /// The client of the rule's child writes ([`RuleCtx::api_for`]): its
+    /// account's, or the operator's own.
+    pub writer: kube::Client,
+    /// The user the rule's writes are sent as, with an account.
+    pub account: Option<String>,
 }
 
 /// One child kind's cache, and its index by parent.
@@ -157,6 +162,16 @@ pub enum Error {
     /// The gate closed (leadership lost or shutdown): the pass stops writing.
     #[error(transparent)]
     NotLeader(#[from] super::leader::NotLeader),
+    /// A child write the rule's account may not make (403), by
+    /// [`super::identity::refusal`]: account, verb, resource, namespace.
+    #[error("{doing} {key}: {refusal}")]
+    Denied {
+        doing: &'static str,
+        key: String,
+        refusal: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -178,7 +193,9 @@ impl Error {
 
     pub(super) fn kube_error(&self) -> Option<&kube::Error> {
         match self {
-            Error::Apply { source, .. } | Error::Delete { source, .. } => Some(source),
+            Error::Apply { source, .. }
+            | Error::Delete { source, .. }
+            | Error::Denied { source, .. } => Some(source),
             Error::Status(e) | Error::Finalizer(e) => Some(e),
             _ => None,
         }
@@ -307,11 +324,37 @@ impl RuleCtx {
         format!("trellis/{}", self.rule().name)
     }
 
+    /// The one path of every write to the rule's children: on the rule's
+    /// account's client when it has one ([`super::identity`]), else the
+    /// operator's own.
     pub(super) fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
-        let client = self.shared.client.clone();
+        let client = self.writer.clone();
         match (kind.namespaced, namespace) {
             (true, Some(ns)) => Api::namespaced_with(client, ns, &*kind.resource),
             _ => Api::all_with(client, &*kind.resource),
+        }
+    }
+
+    /// A child write refused to the rule's account, named as such (see
+    /// [`Error::Denied`]); any other error as it is.
+    pub(super) fn attribute(&self, err: Error) -> Error {
+        let Some(user) = &self.account else {
+            return err;
+        };
+        let (doing, key, source) = match err {
+            Error::Apply { key, source } => ("applying", key, source),
+            Error::Delete { key, source } => ("deleting", key, source),
+            other => return other,
+        };
+        match super::identity::refusal(user, &source) {
+            Some(refusal) => Error::Denied {
+                doing,
+                key,
+                refusal,
+                source,
+            },
+            None if doing == "applying" => Error::Apply { key, source },
+            None => Error::Delete { key, source },
         }
     }
 

@@ -12,9 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, future};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::{SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
@@ -26,11 +24,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
+use super::access;
 use super::by_uid::ByUid;
 use super::compact::{ByParent, CompactObject};
 use super::context::{self, ChildCache, RuleCtx};
 use super::decode::ParentObject;
 use super::discovery::{self, Resolved, RuleKinds};
+use super::identity;
 use super::reconcile;
 use super::related;
 use super::retry::{Failures, Outage, WatchBackoff};
@@ -101,14 +101,7 @@ async fn rule_loop(
             }
         };
         retry = Duration::from_secs(1);
-        let missing = preflight(
-            &shared.client,
-            &rule,
-            &kinds,
-            &namespaces,
-            &shared.namespaces,
-        )
-        .await;
+        let missing = preflight(&shared, &rule, &kinds, &namespaces).await;
         if !missing.is_empty() {
             report(
                 &mut last_state,
@@ -120,8 +113,27 @@ async fn rule_loop(
             pause(&shared, &shutdown, Duration::from_secs(60)).await;
             continue;
         }
+        if let Err(why) = identity::preflight(&shared, &rule, &kinds, &namespaces).await {
+            account_denied(&shared, &name, true);
+            report(&mut last_state, RuleState::Inactive(why));
+            pause_or_reload(&shared, &shutdown, &rules, Duration::from_secs(60)).await;
+            continue;
+        }
+        account_denied(&shared, &name, false);
         report(&mut last_state, RuleState::Running);
         let stop = shutdown.child_token();
+        // The account is checked again while the rule runs: a denial stops
+        // the watches (children stay as they are) and makes it Inactive.
+        let denied = Arc::new(Mutex::new(None));
+        let guard = tokio::spawn({
+            let (shared, rules, kinds) = (shared.clone(), rules.clone(), kinds.clone());
+            let (namespaces, denied, stop) = (namespaces.clone(), denied.clone(), stop.clone());
+            async move {
+                let why = identity::recheck(&shared, rules, &kinds, &namespaces).await;
+                *super::lock(&denied) = Some(why);
+                stop.cancel();
+            }
+        });
         let monitor = tokio::spawn(stop_when_kinds_change(
             rule.clone(),
             kinds
@@ -134,10 +146,47 @@ async fn rule_loop(
         ));
         run_controller(rules.clone(), kinds, namespaces, shared.clone(), stop).await;
         monitor.abort();
+        guard.abort();
+        let denied = super::lock(&denied).take();
+        if let Some(why) = denied {
+            account_denied(&shared, &name, true);
+            warn!(rule = %name, "stopping watches: {why}");
+            report(&mut last_state, RuleState::Inactive(why));
+            pause_or_reload(&shared, &shutdown, &rules, Duration::from_secs(60)).await;
+            continue;
+        }
         if !shutdown.is_cancelled() {
             last_state = None;
             info!(rule = %rule.name, "watches stopped: the kinds the rule names changed");
         }
+    }
+}
+
+/// Like [`pause`], also woken by a new version of the rule (a reload).
+async fn pause_or_reload(
+    shared: &Shared,
+    shutdown: &CancellationToken,
+    rules: &watch::Receiver<Arc<CompiledRule>>,
+    timeout: Duration,
+) {
+    let mut rules = rules.clone();
+    rules.borrow_and_update();
+    tokio::select! {
+        () = pause(shared, shutdown, timeout) => {}
+        _ = rules.changed() => {}
+    }
+}
+
+/// Publishes whether the rule is held Inactive by its account (the
+/// `trellis_rule_account_denied` gauge; absent for a rule without one).
+fn account_denied(shared: &Shared, rule: &str, denied: bool) {
+    let label = crate::telemetry::RuleLabel {
+        rule: rule.to_owned(),
+    };
+    if denied {
+        shared.metrics.account_denied.get_or_create(&label).set(1);
+    } else {
+        shared.metrics.account_denied.remove(&label);
     }
 }
 
@@ -171,89 +220,40 @@ pub(super) fn effective_namespaces(
 }
 
 /// Asks the API server, verb by verb, whether trellis may do what the rule
-/// needs; returns what is missing. Resource names and scopes come from
-/// discovery where the rule's kinds are concerned, so a CRD's real plural is
-/// asked about, and cluster-scoped resources are asked about cluster-wide.
+/// needs (where [`access::checks`] says it is used); returns what is missing.
 async fn preflight(
-    client: &Client,
+    shared: &Shared,
     rule: &CompiledRule,
     kinds: &RuleKinds,
     namespaces: &[String],
-    operator_namespaces: &[String],
 ) -> Vec<String> {
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let scopes_of = |namespaces: &[String]| -> Vec<Option<String>> {
-        if namespaces.is_empty() {
-            vec![None]
-        } else {
-            namespaces.iter().cloned().map(Some).collect()
-        }
-    };
-    let namespaced_scopes = scopes_of(namespaces);
-    // Related kinds an entry may read outside the parent's namespace are
-    // watched in every namespace the operator watches (see `related`).
-    let wide_scopes = scopes_of(operator_namespaces);
-    let wide: Vec<crate::kinds::Gvk> = related::watch_specs(rule)
-        .into_iter()
-        .filter(|w| w.anywhere || !kinds.parent.namespaced)
-        .map(|w| w.gvk)
-        .collect();
-    let resolved: Vec<&Resolved> = std::iter::once(&kinds.parent)
-        .chain(kinds.children.iter())
-        .chain(kinds.related.iter())
-        .collect();
+    let api: Api<SelfSubjectAccessReview> = Api::all(shared.client.clone());
+    let checks = access::checks(
+        crate::rbac::rule_permissions(rule),
+        rule,
+        kinds,
+        namespaces,
+        &shared.namespaces,
+        &shared.operator_namespace,
+    );
     let mut missing = Vec::new();
-    for mut perm in crate::rbac::rule_permissions(rule) {
-        let known = resolved.iter().find(|r| {
-            r.resource.group == perm.group
-                && (r.resource.plural == perm.resource
-                    || crate::kinds::plural(&r.gvk) == perm.resource)
-        });
-        let cluster_scoped = match known {
-            Some(r) => {
-                perm.resource = r.resource.plural.clone();
-                !r.namespaced
-            }
-            None => crate::kinds::is_cluster_scoped_resource(&perm.group, &perm.resource),
-        };
-        let read_wide = matches!(perm.verb, "get" | "list" | "watch")
-            && known.is_some_and(|r| wide.contains(&r.gvk));
-        let scopes = if cluster_scoped {
-            &[None][..]
-        } else if read_wide {
-            &wide_scopes[..]
-        } else {
-            &namespaced_scopes[..]
-        };
-        for ns in scopes {
-            let review = SelfSubjectAccessReview {
-                spec: SelfSubjectAccessReviewSpec {
-                    resource_attributes: Some(ResourceAttributes {
-                        group: Some(perm.group.clone()),
-                        resource: Some(perm.resource.clone()),
-                        subresource: perm.subresource.clone(),
-                        verb: Some(perm.verb.to_owned()),
-                        name: perm.name.clone(),
-                        namespace: ns.clone(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
+    for check in checks {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(access::attributes(&check)),
                 ..Default::default()
-            };
-            let allowed = match api.create(&PostParams::default(), &review).await {
-                Ok(r) => r.status.map(|s| s.allowed).unwrap_or(false),
-                Err(err) => {
-                    warn!(rule = %rule.name, "preflight could not ask about {perm}: {err}");
-                    false
-                }
-            };
-            if !allowed {
-                missing.push(match ns {
-                    Some(ns) => format!("{perm} in namespace {ns}"),
-                    None => perm.to_string(),
-                });
+            },
+            ..Default::default()
+        };
+        let allowed = match api.create(&PostParams::default(), &review).await {
+            Ok(r) => r.status.map(|s| s.allowed).unwrap_or(false),
+            Err(err) => {
+                warn!(rule = %rule.name, "preflight could not ask about {}: {err}", check.perm);
+                false
             }
+        };
+        if !allowed {
+            missing.push(check.to_string());
         }
     }
     missing
@@ -615,7 +615,10 @@ async fn run_controller(
             .chain(related.ready)
             .collect(),
     );
+    let account = rule.rule.spec.service_account_name.as_deref();
     let ctx = Arc::new(RuleCtx {
+        writer: shared.identities.client(account),
+        account: account.map(|a| shared.identities.username(a)),
         related: related.caches,
         caches_ready,
         stop: stop.clone(),

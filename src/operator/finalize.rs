@@ -62,10 +62,10 @@ async fn live_children_remain(
             Ok(list) if !list.items.is_empty() => return Ok(true),
             Ok(_) => {}
             Err(source) => {
-                return Err(Error::Delete {
+                return Err(ctx.attribute(Error::Delete {
                     key: format!("children of kind {}", kind.gvk),
                     source,
-                });
+                }));
             }
         }
     }
@@ -152,10 +152,10 @@ pub(super) async fn finalize(
             }
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
             Err(source) => {
-                return Err(Error::Delete {
+                return Err(ctx.attribute(Error::Delete {
                     key: key.to_string(),
                     source,
-                });
+                }));
             }
         }
     }

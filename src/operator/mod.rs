@@ -17,6 +17,7 @@
 //! goes through one gate ([`leader::Gate`]), open only on the replica that
 //! holds the Lease; the others run the same watches and write nothing.
 
+mod access;
 mod apply;
 mod by_uid;
 mod compact;
@@ -27,6 +28,7 @@ mod decode;
 pub mod discovery;
 mod finalize;
 pub mod home;
+pub mod identity;
 pub mod leader;
 mod reconcile;
 pub mod related;
@@ -88,6 +90,12 @@ pub struct Options {
     pub manage_crds: bool,
     /// The operator's own namespace ([`home::operator_namespace`]).
     pub operator_namespace: String,
+    /// `--require-service-account`: a rule without `serviceAccountName` is
+    /// rejected like a broken rule.
+    pub require_service_account: bool,
+    /// How often a running rule's account is checked again (10 minutes;
+    /// shorter in tests).
+    pub account_recheck: Duration,
 }
 
 impl Options {
@@ -105,6 +113,8 @@ impl Options {
             leader_election: None,
             manage_crds: false,
             operator_namespace: "default".into(),
+            require_service_account: false,
+            account_recheck: Duration::from_secs(600),
         }
     }
 }
@@ -129,6 +139,10 @@ pub struct Shared {
     pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
     /// The operator's own namespace: revision ConfigMaps, rules' accounts.
     pub operator_namespace: String,
+    /// The clients rules with `serviceAccountName` write their children with.
+    pub identities: identity::Identities,
+    /// How often a running rule's account is checked again.
+    pub account_recheck: Duration,
 }
 
 impl Shared {
@@ -164,7 +178,7 @@ impl Shared {
 /// validate run, the broken ones are reported (log, `/status`, metrics) and
 /// start once fixed. Only a set in which nothing validates is refused.
 pub async fn run(options: Options, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let loaded = crate::rules::Loaded::read(&options.rules, options.limits);
+    let loaded = load(&options);
     let partition = crate::reload::partition(&RuleSet::default(), loaded);
     if partition.has_errors() && partition.set.rules.is_empty() {
         for d in &partition.diagnostics {
@@ -229,6 +243,8 @@ pub async fn run_with(
             .manage_crds
             .then(|| crds::spawn(client.clone(), gate.clone(), shutdown.clone())),
         operator_namespace: options.operator_namespace.clone(),
+        identities: identity::Identities::new(client.clone(), options.operator_namespace.clone()),
+        account_recheck: options.account_recheck,
     });
     let leader_status = Arc::new(std::sync::Mutex::new(LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {
@@ -331,7 +347,7 @@ async fn reload_loop(
         let initial = seen.is_empty();
         seen = now;
         let started = std::time::Instant::now();
-        let loaded = crate::rules::Loaded::read(&options.rules, options.limits);
+        let loaded = load(options);
         let partition = crate::reload::partition(supervisor.current(), loaded);
         let rejected = partition.has_errors();
         if initial
@@ -429,6 +445,16 @@ async fn reload_loop(
             })
             .inc();
     }
+}
+
+/// Reads the rules directories, a rule without an account counting as
+/// broken under `--require-service-account`.
+fn load(options: &Options) -> crate::rules::Loaded {
+    let mut loaded = crate::rules::Loaded::read(&options.rules, options.limits);
+    if options.require_service_account {
+        loaded.require_service_account();
+    }
+    loaded
 }
 
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

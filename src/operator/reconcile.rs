@@ -210,6 +210,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                     }
                 }
                 Err(err) => {
+                    let err = ctx.attribute(err);
                     warn!(rule = %rule.name, parent = %key, child = %apply.id, "{err}");
                     ctx.count_api_error(&err);
                     // No answer at all (the API server is gone): the other
@@ -253,10 +254,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                     summary.deleted.push(delete.key.to_string());
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(source) => apply_errors.push(Error::Delete {
+                Err(source) => apply_errors.push(ctx.attribute(Error::Delete {
                     key: delete.key.to_string(),
                     source,
-                }),
+                })),
             }
         }
     }

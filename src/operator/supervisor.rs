@@ -253,11 +253,14 @@ async fn list_in(
 
 /// An `Api` whose responses decode tolerantly (see the module docs).
 fn api_for(shared: &Shared, kind: &Resolved, obj: &DynamicObject) -> Api<ParentObject> {
+    api_on(&shared.client, kind, obj)
+}
+
+/// Like [`api_for`], on `client` (a rule's account's, for its children).
+fn api_on(client: &kube::Client, kind: &Resolved, obj: &DynamicObject) -> Api<ParentObject> {
     match obj.namespace() {
-        Some(ns) if kind.namespaced => {
-            Api::namespaced_with(shared.client.clone(), &ns, &kind.resource)
-        }
-        _ => Api::all_with(shared.client.clone(), &kind.resource),
+        Some(ns) if kind.namespaced => Api::namespaced_with(client.clone(), &ns, &kind.resource),
+        _ => Api::all_with(client.clone(), &kind.resource),
     }
 }
 
@@ -278,6 +281,9 @@ async fn delete_children(
         return;
     }
     let selector = ListParams::default().labels(&format!("{LABEL_RULE}={}", rule.name));
+    let writer = shared
+        .identities
+        .client(rule.rule.spec.service_account_name.as_deref());
     for kind in kinds {
         // Children the rule may place anywhere are looked for everywhere.
         let anywhere = rule
@@ -313,7 +319,8 @@ async fn delete_children(
                 }),
                 ..DeleteParams::default()
             };
-            match api_for(shared, kind, &child)
+            // A child write: as the rule's account, when it has one.
+            match api_on(&writer, kind, &child)
                 .delete(&child.name_any(), &params)
                 .await
             {

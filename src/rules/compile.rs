@@ -144,6 +144,12 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// A DNS-1123 subdomain (a ServiceAccount's name): dot-separated labels,
+/// at most 253 characters.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 fn is_child_id(s: &str) -> bool {
     let mut bytes = s.bytes();
     s.len() <= 63
@@ -310,6 +316,16 @@ pub(super) fn compile(
                 format!("`{ns}` is not a valid namespace name"),
             );
         }
+    }
+    if let Some(account) = &spec.service_account_name
+        && !is_dns_subdomain(account)
+    {
+        ck.error(
+            "spec.serviceAccountName",
+            format!(
+                "`{account}` is not a valid ServiceAccount name (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', at most 253)"
+            ),
+        );
     }
     if let Some(selector) = &spec.parent.selector {
         for (i, req) in selector.match_expressions.iter().enumerate() {

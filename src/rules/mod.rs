@@ -153,6 +153,29 @@ impl Loaded {
     }
 
     /// Every diagnostic, sorted by file and line (what `check` prints).
+    /// `trellis run --require-service-account`: a rule without
+    /// `serviceAccountName` becomes a broken rule (an error of its own
+    /// document), so it is rejected like one while the others run.
+    pub fn require_service_account(&mut self) {
+        for doc in &mut self.docs {
+            let Some(rule) = &doc.rule else {
+                continue;
+            };
+            if rule.rule.spec.service_account_name.is_none() {
+                doc.diags.push(Diagnostic {
+                    severity: Severity::Error,
+                    file: doc.file.clone(),
+                    line: None,
+                    field: "spec.serviceAccountName".into(),
+                    message: format!(
+                        "rule `{}` names no ServiceAccount, and trellis runs with --require-service-account",
+                        rule.name
+                    ),
+                });
+            }
+        }
+    }
+
     pub fn diagnostics(&self) -> Vec<Diagnostic> {
         let mut all: Vec<Diagnostic> = self.files.clone();
         all.extend(self.docs.iter().flat_map(|d| d.diags.iter().cloned()));

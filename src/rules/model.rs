@@ -73,6 +73,12 @@ pub struct RuleSpec {
     /// Periodic re-reconcile of every parent, e.g. `10m`, `1h30m`, `45s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync: Option<String>,
+    /// A ServiceAccount in the operator's namespace (DNS-1123 subdomain):
+    /// every write to the rule's children is sent impersonating it, and the
+    /// rule runs only while it may read every kind the rule reads. Applies
+    /// to every parent at once (not staged by `rollout:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
 }
 
 /// Namespaced or cluster-scoped. Discovery decides on a live cluster; this

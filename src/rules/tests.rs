@@ -316,6 +316,25 @@ fn rejects_bad_resync() {
 }
 
 #[test]
+fn service_account_name_must_be_a_dns_subdomain() {
+    for bad in ["Webapp", "web_app", "-webapp", "a..b"] {
+        let text = GOOD.replace(
+            "  children:",
+            &format!("  serviceAccountName: \"{bad}\"\n  children:"),
+        );
+        assert_error(&text, "spec.serviceAccountName", 9, "ServiceAccount name");
+    }
+    for good in ["webapp-rule", "team.a.webapp"] {
+        let text = GOOD.replace(
+            "  children:",
+            &format!("  serviceAccountName: {good}\n  children:"),
+        );
+        let diags = diagnostics(&text);
+        assert!(diags.is_empty(), "{good}: {diags:?}");
+    }
+}
+
+#[test]
 fn rejects_yaml_syntax_errors_with_line() {
     let text = GOOD.replace("kind: App", "kind: [App");
     let diags = diagnostics(&text);
