@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod clock;
+pub mod conform;
 pub mod crd;
 pub mod diff;
 pub mod drift;

@@ -48,8 +48,16 @@ fn main() -> ExitCode {
         Command::Check {
             rules,
             crds,
+            observed,
+            strict,
             limits,
-        } => cli::check(&rules, limits.limits(), crds.as_deref()),
+        } => cli::check(
+            &rules,
+            limits.limits(),
+            crds.as_deref(),
+            observed.as_deref(),
+            strict,
+        ),
         Command::Render {
             rules,
             parent,

@@ -379,6 +379,7 @@ mod object;
 mod observed;
 mod parent;
 mod related;
+pub mod sample;
 
 pub use child::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};

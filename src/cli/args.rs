@@ -229,6 +229,15 @@ pub enum Command {
         /// rules' own `crd:` blocks]
         #[arg(long, value_name = "PATH")]
         crds: Option<PathBuf>,
+        /// Objects to render the children with (a YAML stream): one of a rule's parent
+        /// kind replaces its sample parent; the others are live children and related
+        /// objects, as for `render --observed` [default: a sample parent from each
+        /// rule's `schema` and `defaults`, nothing observed]
+        #[arg(long, value_name = "FILE")]
+        observed: Option<PathBuf>,
+        /// Treat every warning as an error (exit 1)
+        #[arg(long)]
+        strict: bool,
         #[command(flatten)]
         limits: RenderLimits,
     },

@@ -1,4 +1,4 @@
-//! The offline commands besides `render` (`check`, `schema`, `rbac`,
+//! The offline commands besides `render` and `check` (`schema`, `rbac`,
 //! `graph`, `crd`) and `diff`, which asks the live cluster.
 
 use std::path::{Path, PathBuf};
@@ -6,49 +6,11 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
-use super::{GraphOutput, load, load_crds, load_settled, print_out, warn_dropped};
+use super::{GraphOutput, load, print_out};
 use crate::manifests::read_objects;
 use crate::render::Limits;
 use crate::rules::RuleSet;
 use crate::yaml;
-
-pub fn check(dirs: &[PathBuf], limits: Limits, crds_path: Option<&Path>) -> ExitCode {
-    let crds = match load_crds(crds_path) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    // The parent kind's CRD settles the scope questions the rules leave open.
-    let settle = |set: &mut RuleSet| {
-        let Some(crds) = &crds else {
-            return Vec::new();
-        };
-        let mut errors = Vec::new();
-        for rule in &set.rules {
-            if let Some((crd, _)) = crds.find(&rule.parent) {
-                let scope = crate::crd::offline::scope_of(crd);
-                errors.extend(crate::rules::scope::settle(rule, scope, &mut set.warnings));
-            }
-        }
-        errors
-    };
-    match load_settled(dirs, limits, settle) {
-        Ok(set) => {
-            let dropped = warn_dropped(&set, crds.as_ref());
-            let warnings = set.warnings.len() + dropped;
-            stderr!(
-                "{} rule(s) OK{}",
-                set.rules.len(),
-                if warnings > 0 {
-                    format!(", {warnings} warning(s)")
-                } else {
-                    String::new()
-                }
-            );
-            ExitCode::SUCCESS
-        }
-        Err(code) => code,
-    }
-}
 
 pub fn schema() -> ExitCode {
     match serde_json::to_string_pretty(&crate::rules::model::json_schema()) {

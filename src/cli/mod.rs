@@ -19,15 +19,18 @@ macro_rules! stderr {
 }
 
 mod args;
+mod check;
 mod commands;
 mod render;
 
 pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
 };
-pub use commands::{check, crd, crd_documents, diff, graph, rbac, schema};
+pub use check::{Checked, Inputs, check, diagnostics};
+pub use commands::{crd, crd_documents, diff, graph, rbac, schema};
 pub use render::{
-    offline_scope, offline_scope_with, render, render_document, render_document_with, rule_for,
+    label_observed, offline_scope, offline_scope_with, render, render_document,
+    render_document_with, rule_for,
 };
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).

@@ -98,7 +98,7 @@ pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&
 /// A child held back by `dependsOn` is only rendered once its dependencies
 /// are found ready, so this labels, renders again and labels again until a
 /// pass labels nothing new (each pass that does adds at least one child id).
-fn label_observed(
+pub fn label_observed(
     rule: &CompiledRule,
     parent: &Value,
     mut observed: Vec<Value>,

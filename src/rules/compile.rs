@@ -27,6 +27,7 @@ pub mod scope;
 mod status;
 
 use checker::Checker;
+pub use checker::code_line;
 use lint::{Code, lint};
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,

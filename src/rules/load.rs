@@ -41,18 +41,29 @@ pub(super) struct RawDocument {
     /// Template files given with the document (a version rebuilt from its
     /// revision ConfigMap), instead of read next to `file`.
     pub files: Option<BTreeMap<String, String>>,
+    /// Where its `templateFile`s are read from otherwise.
+    pub read: Read,
+}
+
+/// Where the text of rule and template files comes from: the disk
+/// ([`disk`]), or an editor's unsaved buffers first (`trellis lsp`).
+pub type Read = Arc<dyn Fn(&Path) -> Result<String, String> + Send + Sync>;
+
+/// Files as they are on disk, at most 1 MiB each.
+pub fn disk() -> Read {
+    Arc::new(read_limited)
 }
 
 impl RawDocument {
     /// The text of `templateFile: rel`: from `files` when given, else read
-    /// from disk next to the rule file.
+    /// next to the rule file.
     pub fn template_file(&self, rel: &str) -> Result<String, String> {
         match &self.files {
             Some(files) => files
                 .get(rel)
                 .cloned()
                 .ok_or_else(|| format!("`{rel}` is not among the version's template files")),
-            None => read_template_file(&self.root, &self.file, rel),
+            None => read_template_file(&self.root, &self.file, rel, &self.read),
         }
     }
 }
@@ -97,8 +108,13 @@ pub(super) fn read_limited(path: &Path) -> Result<String, String> {
     fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
-/// Reads every rule document under `dirs`, parsing YAML; problems become diagnostics.
-pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> Vec<RawDocument> {
+/// Reads every rule document under `dirs` through `read`, parsing YAML;
+/// problems become diagnostics.
+pub(super) fn read_documents(
+    dirs: &[PathBuf],
+    diags: &mut Vec<Diagnostic>,
+    read: &Read,
+) -> Vec<RawDocument> {
     let mut docs = Vec::new();
     for dir in dirs {
         let files = match rule_files(dir) {
@@ -109,7 +125,7 @@ pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> V
             }
         };
         for file in files {
-            let text = match read_limited(&file) {
+            let text = match read(&file) {
                 Ok(text) => text,
                 Err(message) => {
                     diags.push(Diagnostic::error(&file, None, "", message));
@@ -126,6 +142,7 @@ pub(super) fn read_documents(dirs: &[PathBuf], diags: &mut Vec<Diagnostic>) -> V
                         lines: d.lines,
                         source: source.clone(),
                         files: None,
+                        read: read.clone(),
                     }))
                 }
                 Err(err) => diags.push(Diagnostic::error(
@@ -151,6 +168,7 @@ pub(super) fn read_template_file(
     root: &Path,
     rule_file: &Path,
     rel: &str,
+    read: &Read,
 ) -> Result<String, String> {
     let rel_path = Path::new(rel);
     if rel_path.is_absolute() {
@@ -170,7 +188,7 @@ pub(super) fn read_template_file(
     if !target.is_file() {
         return Err(format!("`{rel}` is not a file"));
     }
-    read_limited(&target).map_err(|e| format!("cannot read `{rel}`: {e}"))
+    read(&target).map_err(|e| format!("cannot read `{rel}`: {e}"))
 }
 
 impl Diagnostic {

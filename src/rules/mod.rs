@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub use compile::{
     CompiledChild, CompiledCondition, CompiledField, CompiledRelated, CompiledRequirement,
     CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarSource,
-    context_names, scope,
+    code_line, context_names, scope,
 };
 
 use crate::kinds::Gvk;
@@ -126,8 +126,14 @@ impl LoadedDoc {
 impl Loaded {
     /// Reads, validates and compiles every document under `dirs`.
     pub fn read(dirs: &[PathBuf], limits: Limits) -> Loaded {
+        Loaded::read_with(dirs, limits, &load::disk())
+    }
+
+    /// [`Loaded::read`], with the files' text from `read` (an editor's
+    /// unsaved buffers).
+    pub fn read_with(dirs: &[PathBuf], limits: Limits, read: &load::Read) -> Loaded {
         let mut files = Vec::new();
-        let raw = load::read_documents(dirs, &mut files);
+        let raw = load::read_documents(dirs, &mut files, read);
         let docs: Vec<LoadedDoc> = raw
             .into_iter()
             .map(|doc| {
@@ -247,6 +253,7 @@ pub fn rebuild(
         lines: crate::yaml::LineIndex::default(),
         source: Arc::from(""),
         files: Some(template_files),
+        read: load::disk(),
     };
     let mut diags = Vec::new();
     match compile::compile(raw, limits, &mut diags) {

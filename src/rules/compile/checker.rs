@@ -58,42 +58,8 @@ impl Checker<'_> {
         self.diags.push(diag);
     }
 
-    /// The rule file's line of line `n` (1-based) of the code written at
-    /// `field`: counted in a literal block (`|`), else the first line from
-    /// the field on that holds its text, else the field's own line.
     fn line_in(&self, field: &str, code: &str, n: usize) -> Option<u64> {
-        let at = self.lines.line_of(field)?;
-        let Some(wanted) = code.lines().nth(n.saturating_sub(1)).map(str::trim) else {
-            return Some(at);
-        };
-        let start = usize::try_from(at).ok()?.saturating_sub(1);
-        let mut rest = self.source.lines().skip(start);
-        let header = rest.next().unwrap_or_default();
-        // `key: |`, `- |-`, `key: |2 # comment`: the code starts on the next line.
-        let literal_block = header
-            .split(" #")
-            .next()
-            .and_then(|h| h.split_whitespace().last())
-            .and_then(|t| t.strip_prefix('|'))
-            .is_some_and(|t| {
-                t.bytes()
-                    .all(|b| b == b'-' || b == b'+' || b.is_ascii_digit())
-            });
-        let found = if literal_block {
-            rest.nth(n.saturating_sub(1))
-                .is_some_and(|l| l.contains(wanted))
-                .then_some(n)
-        } else {
-            // Quoted, plain or folded: near the field, found by its text.
-            let window = code.lines().count() * 2 + 1;
-            std::iter::once(header)
-                .chain(rest)
-                .take(window)
-                .skip(n.saturating_sub(1))
-                .position(|l| l.contains(wanted))
-                .map(|p| p + n.saturating_sub(1))
-        };
-        Some(found.map_or(at, |offset| at + offset as u64))
+        code_line(self.lines, self.source, field, code, n)
     }
 
     /// Names outside the evaluation context of `place` (e.g. "a related
@@ -155,4 +121,48 @@ fn and_list(names: &[&str]) -> String {
         [one] => (*one).to_owned(),
         [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
+}
+
+/// The rule file's line (`source` its text) of line `n` (1-based) of the code written at
+/// `field`: counted in a literal block (`|`), else the first line from
+/// the field on that holds its text, else the field's own line.
+pub fn code_line(
+    lines: &LineIndex,
+    source: &str,
+    field: &str,
+    code: &str,
+    n: usize,
+) -> Option<u64> {
+    let at = lines.line_of(field)?;
+    let Some(wanted) = code.lines().nth(n.saturating_sub(1)).map(str::trim) else {
+        return Some(at);
+    };
+    let start = usize::try_from(at).ok()?.saturating_sub(1);
+    let mut rest = source.lines().skip(start);
+    let header = rest.next().unwrap_or_default();
+    // `key: |`, `- |-`, `key: |2 # comment`: the code starts on the next line.
+    let literal_block = header
+        .split(" #")
+        .next()
+        .and_then(|h| h.split_whitespace().last())
+        .and_then(|t| t.strip_prefix('|'))
+        .is_some_and(|t| {
+            t.bytes()
+                .all(|b| b == b'-' || b == b'+' || b.is_ascii_digit())
+        });
+    let found = if literal_block {
+        rest.nth(n.saturating_sub(1))
+            .is_some_and(|l| l.contains(wanted))
+            .then_some(n)
+    } else {
+        // Quoted, plain or folded: near the field, found by its text.
+        let window = code.lines().count() * 2 + 1;
+        std::iter::once(header)
+            .chain(rest)
+            .take(window)
+            .skip(n.saturating_sub(1))
+            .position(|l| l.contains(wanted))
+            .map(|p| p + n.saturating_sub(1))
+    };
+    Some(found.map_or(at, |offset| at + offset as u64))
 }

@@ -1,0 +1,142 @@
+//! `trellis check`, and the list of diagnostics it prints, which `trellis
+//! lsp` publishes too: the rule files' own checks, the scope the parent
+//! kinds' CRDs settle (`--crds`), status fields those CRDs would drop, and
+//! whether the children fit their kinds' schemas (`crate::conform`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use super::{load_crds, report};
+use crate::conform;
+use crate::crd::offline::OfflineCrds;
+use crate::manifests::read_objects;
+use crate::render::Limits;
+use crate::rules::load::Read;
+use crate::rules::{Diagnostic, Loaded, Severity};
+use crate::yaml;
+
+/// What a check reads besides the rule files.
+#[derive(Default)]
+pub struct Inputs {
+    /// `--crds`.
+    pub crds: Option<OfflineCrds>,
+    /// `--observed`: parents to render with instead of samples, and the
+    /// children and related objects they see.
+    pub observed: Vec<Value>,
+    /// `--strict`: every warning is an error.
+    pub strict: bool,
+}
+
+/// What checking a rule set found.
+pub struct Checked {
+    pub diagnostics: Vec<Diagnostic>,
+    /// How many rules compiled.
+    pub rules: usize,
+}
+
+/// Every diagnostic of the rule set under `dirs`, the files read through
+/// `read`, sorted by file and line.
+pub fn diagnostics(dirs: &[PathBuf], limits: Limits, read: &Read, inputs: &Inputs) -> Checked {
+    let mut loaded = Loaded::read_with(dirs, limits, read);
+    let mut extra = Vec::new();
+    let rules: Vec<_> = loaded.docs.iter().filter_map(|d| d.rule.clone()).collect();
+    // The parent kind's CRD settles the scope questions the rules leave open.
+    if let Some(crds) = &inputs.crds {
+        for rule in &rules {
+            if let Some((crd, _)) = crds.find(&rule.parent) {
+                let scope = crate::crd::offline::scope_of(crd);
+                for doc in loaded.docs.iter_mut().filter(|d| d.file == rule.file) {
+                    extra.extend(crate::rules::scope::settle(rule, scope, &mut doc.diags));
+                }
+            }
+        }
+    }
+    let generated = OfflineCrds::generated(rules.iter().map(|r| r.as_ref()));
+    let crds = inputs.crds.as_ref().unwrap_or(&generated);
+    for rule in &rules {
+        if let Some((crd, version)) = crds.find(&rule.parent) {
+            extra.extend(crate::crd::offline::dropped_status_fields(
+                rule, crd, version,
+            ));
+        }
+    }
+    let source = |path: &Path| read(path).ok();
+    let cx = conform::Context {
+        crds: inputs.crds.as_ref(),
+        generated: &generated,
+        parents: &inputs.observed,
+        observed: &inputs.observed,
+        source: &source,
+    };
+    for rule in &rules {
+        extra.extend(conform::check_rule(rule, &cx));
+    }
+    let mut all = loaded.diagnostics();
+    all.extend(extra);
+    if inputs.strict {
+        for d in &mut all {
+            d.severity = Severity::Error;
+        }
+    }
+    all.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+    all.dedup();
+    Checked {
+        diagnostics: all,
+        rules: rules.len(),
+    }
+}
+
+/// `trellis check`: exit 1 when anything is an error.
+pub fn check(
+    dirs: &[PathBuf],
+    limits: Limits,
+    crds_path: Option<&Path>,
+    observed_path: Option<&Path>,
+    strict: bool,
+) -> ExitCode {
+    let crds = match load_crds(crds_path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let observed = match observed_path.map(|p| read_objects(p, &yaml::Limits::FILES)) {
+        None => Vec::new(),
+        Some(Ok(objects)) => objects,
+        Some(Err(e)) => {
+            stderr!("error: --observed: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let inputs = Inputs {
+        crds,
+        observed,
+        strict,
+    };
+    let checked = diagnostics(dirs, limits, &crate::rules::load::disk(), &inputs);
+    let count = |s: Severity| {
+        checked
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == s)
+            .count()
+    };
+    if report(&checked.diagnostics) {
+        stderr!(
+            "{} error(s); the rule set is rejected",
+            count(Severity::Error)
+        );
+        return ExitCode::from(1);
+    }
+    let warnings = count(Severity::Warning);
+    stderr!(
+        "{} rule(s) OK{}",
+        checked.rules,
+        if warnings > 0 {
+            format!(", {warnings} warning(s)")
+        } else {
+            String::new()
+        }
+    );
+    ExitCode::SUCCESS
+}

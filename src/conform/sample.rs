@@ -1,0 +1,170 @@
+//! A sample parent for a rule: the object `check` renders every child with.
+//!
+//! Its spec fills every field the rule's `schema` declares, so that as many
+//! template branches as one parent can reach are reached: a field's value
+//! from `defaults` (or the schema's `default`/`enum`/`const`/`examples`)
+//! when there is one, else 1 (moved into the schema's bounds) for a number
+//! and the field's own name for a string (a DNS label, so it makes valid
+//! names); but `true` for every boolean and at least one item in every
+//! list, whatever `defaults` says (`expose: false` and `hosts: []` would
+//! leave an `includeWhen`/`forEach` child unseen). When the rule's schema refuses that (a pattern, a bound, a
+//! `oneOf`), the sample falls back to `defaults` and the required fields
+//! alone.
+
+use serde_json::{Map, Value, json};
+
+use crate::plan::{PLACEHOLDER_UID, deep_merge};
+use crate::rules::CompiledRule;
+use crate::rules::model::Scope;
+
+/// Deepest schema nesting sampled (schemas can refer to themselves
+/// through `$defs`, which a sample does not follow anyway).
+const MAX_DEPTH: usize = 16;
+
+/// Sample parents to try in order: the rich one, then the lean one.
+pub fn parents(rule: &CompiledRule, scope: Scope) -> Vec<Value> {
+    let spec_rule = &rule.rule.spec;
+    let defaults = spec_rule.defaults.clone().unwrap_or_else(|| json!({}));
+    let mut metadata = json!({
+        "name": "sample",
+        "uid": PLACEHOLDER_UID,
+        "generation": 1,
+    });
+    if scope == Scope::Namespaced {
+        let ns = spec_rule
+            .parent
+            .namespaces
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "default".into());
+        metadata["namespace"] = json!(ns);
+    }
+    // The parent the rule's selector selects.
+    if let Some(selector) = &spec_rule.parent.selector
+        && !selector.match_labels.is_empty()
+    {
+        metadata["labels"] = json!(selector.match_labels);
+    }
+    let parent = |spec: Value| {
+        json!({
+            "apiVersion": rule.parent.api_version(),
+            "kind": rule.parent.kind,
+            "metadata": metadata,
+            "spec": spec,
+        })
+    };
+    let Some(schema) = &spec_rule.schema else {
+        return vec![parent(defaults)];
+    };
+    let rich = sample(schema, Some(&defaults), "spec", true, 0);
+    let lean = deep_merge(&sample(schema, None, "spec", false, 0), &defaults);
+    vec![parent(rich), parent(lean)]
+}
+
+/// A value for `schema`; `given` is what `defaults` says there. `rich`
+/// fills every declared field, else only the required ones.
+fn sample(schema: &Value, given: Option<&Value>, name: &str, rich: bool, depth: usize) -> Value {
+    let declared = |key: &str| schema.get(key).filter(|v| !v.is_null());
+    let typ = schema.get("type").and_then(Value::as_str).or_else(|| {
+        // `type: [string, "null"]`: the first that is not null.
+        schema
+            .get("type")
+            .and_then(Value::as_array)
+            .and_then(|ts| ts.iter().filter_map(Value::as_str).find(|t| *t != "null"))
+    });
+    let is_object = typ == Some("object") || (typ.is_none() && schema.get("properties").is_some());
+    if is_object && depth < MAX_DEPTH {
+        let mut out = match given {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            for (key, prop) in props {
+                if !rich && !required.contains(&key.as_str()) {
+                    continue;
+                }
+                let value = sample(prop, out.get(key), key, rich, depth + 1);
+                out.insert(key.clone(), value);
+            }
+        }
+        return Value::Object(out);
+    }
+    if typ == Some("array") {
+        let items = schema.get("items").cloned().unwrap_or(json!({}));
+        return match given {
+            Some(Value::Array(list)) if !list.is_empty() || !rich => Value::Array(list.clone()),
+            _ if rich => json!([sample(&items, None, name, rich, depth + 1)]),
+            _ => json!([]),
+        };
+    }
+    // `expose: false` in `defaults` would hide what `expose` turns on.
+    if rich && typ == Some("boolean") {
+        return json!(true);
+    }
+    if let Some(v) = given {
+        return v.clone();
+    }
+    if let Some(v) = declared("default").or_else(|| declared("const")) {
+        return v.clone();
+    }
+    for key in ["enum", "examples"] {
+        if let Some(first) = schema
+            .get(key)
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+        {
+            return first.clone();
+        }
+    }
+    // 1, moved into `minimum`..`maximum` when they exclude it.
+    let bound = |key: &str, exclusive: &str, step: f64| {
+        schema.get(key).and_then(Value::as_f64).or_else(|| {
+            schema
+                .get(exclusive)
+                .and_then(Value::as_f64)
+                .map(|m| m + step)
+        })
+    };
+    let mut n = 1.0_f64;
+    if let Some(min) = bound("minimum", "exclusiveMinimum", 1.0) {
+        n = n.max(min);
+    }
+    if let Some(max) = bound("maximum", "exclusiveMaximum", -1.0) {
+        n = n.min(max);
+    }
+    match typ {
+        Some("boolean") => json!(true),
+        // An integer schema's bounds are integers.
+        Some("integer") => json!(n.ceil() as i64),
+        Some("number") => json!(n),
+        _ => json!(string_for(name, schema)),
+    }
+}
+
+/// A string sample: the field's name made a DNS label, padded to
+/// `minLength` and cut to `maxLength`.
+fn string_for(name: &str, schema: &Value) -> String {
+    let mut s: String = name
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if s.is_empty() || !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        s.insert_str(0, "sample");
+    }
+    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+    while (s.len() as u64) < min {
+        s.push('x');
+    }
+    if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
+        s.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    }
+    s
+}

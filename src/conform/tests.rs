@@ -1,0 +1,330 @@
+//! The child-schema check through `check`'s own pipeline: rule files on
+//! disk, every diagnostic as `check` prints it.
+
+use std::path::PathBuf;
+
+use crate::cli::{Inputs, diagnostics};
+use crate::crd::offline::OfflineCrds;
+use crate::render::Limits;
+use crate::rules::load::disk;
+
+/// A rules directory holding `files` (name, text), kept while it lives.
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    fn new(files: &[(&str, &str)]) -> Dir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("mkdir");
+            }
+            std::fs::write(path, text).expect("write");
+        }
+        Dir(dir)
+    }
+
+    fn path(&self) -> PathBuf {
+        self.0.path().to_path_buf()
+    }
+
+    /// What `check` prints, one line each, with the directory left out.
+    fn check_with(&self, inputs: &Inputs) -> Vec<String> {
+        let checked = diagnostics(&[self.path()], Limits::default(), &disk(), inputs);
+        let prefix = format!("{}/", self.0.path().display());
+        checked
+            .diagnostics
+            .iter()
+            .map(|d| d.to_string().replace(&prefix, ""))
+            .collect()
+    }
+
+    fn check(&self) -> Vec<String> {
+        self.check_with(&Inputs::default())
+    }
+}
+
+/// A rule `app` of a custom parent kind with a schema and defaults, and the
+/// given children (YAML list items, indented four spaces).
+fn rule(children: &str) -> String {
+    format!(
+        "apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: app
+spec:
+  parent:
+    apiVersion: demo.example.com/v1
+    kind: App
+  schema:
+    type: object
+    properties:
+      replicas: {{type: integer, minimum: 0}}
+      image: {{type: string}}
+      debug: {{type: boolean}}
+  defaults:
+    replicas: 2
+    image: nginx
+    debug: false
+  children:
+{children}"
+    )
+}
+
+const DEPLOYMENT_OK: &str = "    - id: web
+      apiVersion: apps/v1
+      kind: Deployment
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        spec:
+          replicas: {{ spec.replicas }}
+          selector:
+            matchLabels: {app: web}
+          template:
+            metadata:
+              labels: {app: web}
+            spec:
+              containers:
+                - name: web
+                  image: {{ spec.image }}
+                  ports:
+                    - containerPort: 8080
+                  resources:
+                    limits: {cpu: 1, memory: 64Mi}
+";
+
+#[test]
+fn a_correct_rule_is_clean() {
+    let dir = Dir::new(&[("app.yaml", &rule(DEPLOYMENT_OK))]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+}
+
+#[test]
+fn a_misspelt_field_of_a_built_in_kind_is_named_on_its_template_line() {
+    let text = rule(&DEPLOYMENT_OK.replace("          replicas: {{", "          replica: {{"));
+    let dir = Dir::new(&[("app.yaml", &text)]);
+    let line = text
+        .lines()
+        .position(|l| l.contains("replica: {{"))
+        .expect("the line")
+        + 1;
+    assert_eq!(
+        dir.check(),
+        [format!(
+            "app.yaml:{line}: warning: children[0] (web) Deployment: spec.replica: unknown field \
+             (did you mean replicas?)"
+        )]
+    );
+}
+
+#[test]
+fn a_wrong_type_in_a_built_in_kind_and_a_swapped_letter_deep_down() {
+    let text = rule(
+        &DEPLOYMENT_OK
+            .replace("containerPort: 8080", "containerPort: \"8080\"")
+            .replace("                  image:", "                  imgae:"),
+    );
+    let dir = Dir::new(&[("app.yaml", &text)]);
+    let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).expect("line") + 1;
+    assert_eq!(
+        dir.check(),
+        [
+            format!(
+                "app.yaml:{}: warning: children[0] (web) Deployment: \
+                 spec.template.spec.containers[0].imgae: unknown field (did you mean image?)",
+                line_of("imgae:")
+            ),
+            format!(
+                "app.yaml:{}: warning: children[0] (web) Deployment: \
+                 spec.template.spec.containers[0].ports[0].containerPort: wrong type: a string \
+                 (\"8080\"), the schema wants an integer",
+                line_of("containerPort")
+            ),
+        ]
+    );
+}
+
+/// A second rule whose parent kind is `Database` (with `crd:`): its CRD
+/// is the schema of `app`'s Database child.
+const DATABASE_RULE: &str = "apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: database
+spec:
+  parent:
+    apiVersion: demo.example.com/v1
+    kind: Database
+  crd: {}
+  schema:
+    type: object
+    properties:
+      engine: {type: string}
+      storageGB: {type: integer}
+  children: []
+";
+
+const DATABASE_CHILD: &str = "    - id: db
+      apiVersion: demo.example.com/v1
+      kind: Database
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        spec:
+          engine: postgres
+          storageGB: 10
+";
+
+#[test]
+fn a_custom_kind_from_a_rules_crd_block_misspelt_and_mistyped() {
+    let child = DATABASE_CHILD
+        .replace("engine: postgres", "engnie: postgres")
+        .replace("storageGB: 10", "storageGB: ten");
+    let text = rule(&child);
+    let dir = Dir::new(&[("app.yaml", &text), ("database.yaml", DATABASE_RULE)]);
+    let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).expect("line") + 1;
+    assert_eq!(
+        dir.check(),
+        [
+            format!(
+                "app.yaml:{}: warning: children[0] (db) Database: spec.engnie: unknown field \
+                 (did you mean engine?)",
+                line_of("engnie")
+            ),
+            format!(
+                "app.yaml:{}: warning: children[0] (db) Database: spec.storageGB: wrong type: \
+                 a string (\"ten\"), the schema wants an integer",
+                line_of("storageGB")
+            ),
+        ]
+    );
+    // Written right, the same child is clean.
+    let dir = Dir::new(&[
+        ("app.yaml", &rule(DATABASE_CHILD)),
+        ("database.yaml", DATABASE_RULE),
+    ]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+}
+
+#[test]
+fn a_custom_kind_from_crds_and_strict_makes_it_an_error() {
+    let crd = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: databases.demo.example.com}
+spec:
+  group: demo.example.com
+  scope: Namespaced
+  names: {kind: Database, plural: databases, singular: database, listKind: DatabaseList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                engine: {type: string}
+                storageGB: {type: integer}
+                options: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
+    let child = DATABASE_CHILD.replace(
+        "storageGB: 10",
+        "storageGB: 10\n          size: 3\n          options: {anything: 1}",
+    );
+    let dir = Dir::new(&[("app.yaml", &rule(&child))]);
+    // Without a schema for the kind nothing is said.
+    assert_eq!(dir.check(), Vec::<String>::new());
+    let crds_dir = Dir::new(&[("db-crd.yaml", crd)]);
+    let crds = OfflineCrds::load(&crds_dir.path()).expect("CRDs load");
+    let found = dir.check_with(&Inputs {
+        crds: Some(crds.clone()),
+        ..Inputs::default()
+    });
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("warning: children[0] (db) Database: spec.size: unknown field"),
+        "{found:?}"
+    );
+    let strict = dir.check_with(&Inputs {
+        crds: Some(crds),
+        strict: true,
+        ..Inputs::default()
+    });
+    assert!(
+        strict[0].contains(": error: children[0] (db)"),
+        "{strict:?}"
+    );
+}
+
+#[test]
+fn branches_the_sample_cannot_reach_are_not_reported() {
+    // `spec.tier` is not in the schema, so the sample has none; the child
+    // reading a related object that is not there fails to render.
+    let children = "    - id: web
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        {%- if spec.tier is defined %}
+        dta: {a: b}
+        {%- endif %}
+    - id: other
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ related.missing.metadata.name }}
+        dta: {a: b}
+";
+    let text = rule(children).replace(
+        "  children:\n",
+        "  related:\n    - {id: missing, apiVersion: v1, kind: Secret, name: x}\n  children:\n",
+    );
+    let dir = Dir::new(&[("app.yaml", &text)]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+    // The same mistake where the sample goes is reported: the sample takes
+    // every boolean as true, whatever `defaults` says.
+    let reached = text.replace("spec.tier is defined", "spec.debug");
+    let dir = Dir::new(&[("app.yaml", &reached)]);
+    let found = dir.check();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("children[0] (web) ConfigMap: dta: unknown field (did you mean data?)"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_template_file_finding_names_its_line_and_an_unfound_key_the_first_line() {
+    let children = "    - id: web
+      apiVersion: v1
+      kind: ConfigMap
+      templateFile: templates/cm.yaml.j2
+";
+    let template = "# a config map
+metadata:
+  name: {{ parent.metadata.name }}
+{%- for k in ['dtaa'] %}
+{{ k }}: {a: b}
+{%- endfor %}
+immutable: yes please
+";
+    let dir = Dir::new(&[
+        ("app.yaml", &rule(children)),
+        ("templates/cm.yaml.j2", template),
+    ]);
+    assert_eq!(
+        dir.check(),
+        [
+            // `{{ k }}:` writes the key: not found, so the template's first line.
+            "templates/cm.yaml.j2:1: warning: children[0] (web) ConfigMap: dtaa: unknown field \
+             (did you mean data?)",
+            "templates/cm.yaml.j2:7: warning: children[0] (web) ConfigMap: immutable: wrong type: \
+             a string (\"yes please\"), the schema wants a boolean",
+        ]
+    );
+}

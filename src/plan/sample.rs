@@ -1,0 +1,116 @@
+//! Every child of a rule rendered once for one parent, whatever holds it
+//! back in a real pass: what `check` validates against the children's
+//! schemas (`crate::conform`).
+//!
+//! A pass renders a child only when the children and related entries it
+//! depends on are there and ready; a sample parent has none of them, so
+//! that would leave most children unseen. Here every child is rendered in
+//! dependency order as if its dependencies were ready, reading whatever
+//! `children.*` and `related.*` the observed objects give (often nothing:
+//! a template that needs them then fails to render and is reported as not
+//! reached). `includeWhen` is still obeyed: an excluded child is a branch
+//! this parent does not take.
+
+use std::collections::BTreeMap;
+
+use minijinja::context;
+use serde_json::Value;
+
+use super::child::{ChildResult, Outcome, plan_child};
+use super::children::Children;
+use super::parent::{ParentInfo, effective_spec, scope_error, with_spec};
+use super::{Input, related};
+use crate::render;
+use crate::rules::CompiledRule;
+
+/// What became of one child with the sample parent.
+#[derive(Debug)]
+pub enum Sampled {
+    /// The objects it renders (one per `forEach` item), as they would be
+    /// applied.
+    Rendered(Vec<Value>),
+    /// Its `includeWhen` is false for this parent.
+    Excluded,
+    /// An expression or its template failed for this parent (often: it
+    /// reads a child or related object the sample does not have).
+    Failed(String),
+}
+
+/// Each child (by index into `rule.children`, in dependency order) and what
+/// it renders for `input.parent`; `Err` when the parent itself is refused
+/// (its spec fails the rule's schema, its namespace its kind's scope, a
+/// related entry refuses the read).
+pub fn render_children(
+    rule: &CompiledRule,
+    input: &Input,
+) -> Result<Vec<(usize, Sampled)>, Vec<String>> {
+    if !input.parent.is_object() {
+        return Err(vec!["the parent is not an object".into()]);
+    }
+    let info = ParentInfo::of(input.parent);
+    if let Some(error) = scope_error(rule, &info, input) {
+        return Err(vec![error]);
+    }
+    let parent = with_spec(input.parent, effective_spec(rule, input.parent)?);
+    // The context as `plan` builds it (see there): parent, related, vars,
+    // children.
+    let observed = input.observed.children_of(&rule.name, &info.uid);
+    let mut children = Children::observed(rule, &observed);
+    let parent_value = render::to_value(&parent);
+    let field = |name: &str| {
+        parent_value
+            .get_attr(name)
+            .ok()
+            .filter(|v| !v.is_undefined())
+            .unwrap_or_else(|| minijinja::Value::from(()))
+    };
+    let parent_ctx = context! {
+        spec => field("spec"),
+        metadata => field("metadata"),
+        parent => parent_value,
+        rule => context! { name => rule.name.clone() },
+    };
+    let resolved = related::resolve(rule, &parent_ctx, &info, input)
+        .map_err(|failure| vec![failure.error.to_string()])?;
+    let reads_ctx = context! {
+        related => render::to_value(&resolved.context),
+        ..parent_ctx
+    };
+    let with_children = |fixed: &minijinja::Value, children: &Children| {
+        context! { children => children.context(), ..fixed.clone() }
+    };
+    // A var that fails leaves `vars` empty, as in a pass; the children that
+    // read it then fail on their own.
+    let vars = related::eval_vars(rule, &with_children(&reads_ctx, &children)).unwrap_or_default();
+    let fixed = context! { vars => minijinja::Value::from(vars), ..reads_ctx };
+    let mut base = with_children(&fixed, &children);
+
+    // Every dependency reads as ready, so no child waits.
+    let ready: BTreeMap<usize, Outcome> = (0..rule.children.len())
+        .map(|i| (i, Outcome::Rendered(Ok(()))))
+        .collect();
+    let mut out = Vec::with_capacity(rule.children.len());
+    for &i in &rule.order {
+        let child = &rule.children[i];
+        let id = &child.spec.id;
+        let sampled = match plan_child(rule, child, &base, &info, input, &ready) {
+            Ok(ChildResult::Rendered(rendered)) => {
+                if children.rendered(id, rendered.iter().map(|(a, _)| &a.key)) {
+                    base = with_children(&fixed, &children);
+                }
+                Sampled::Rendered(rendered.into_iter().map(|(a, _)| a.object).collect())
+            }
+            Ok(ChildResult::Excluded) => {
+                if children.excluded(id) {
+                    base = with_children(&fixed, &children);
+                }
+                Sampled::Excluded
+            }
+            // Not reached: every dependency reads as ready.
+            Ok(ChildResult::Pending(why)) => Sampled::Failed(why),
+            Err(err) => Sampled::Failed(err.to_string()),
+        };
+        out.push((i, sampled));
+    }
+    Ok(out)
+}
