@@ -23,6 +23,7 @@ pub mod plan;
 pub mod rbac;
 pub mod reload;
 pub mod render;
+pub mod rollout;
 pub mod rules;
 pub mod shard;
 pub mod status;

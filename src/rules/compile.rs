@@ -65,6 +65,8 @@ pub struct CompiledRule {
     pub document: Value,
     /// `templateFile` path as written → contents.
     pub template_files: BTreeMap<String, String>,
+    /// `spec.rollout`, checked: a change moves parents in steps.
+    pub rollout: Option<crate::rollout::Settings>,
 }
 
 impl CompiledRule {
@@ -381,6 +383,19 @@ pub(super) fn compile(
             }
         });
 
+    let rollout = spec
+        .rollout
+        .as_ref()
+        .and_then(|r| match crate::rollout::Settings::compile(r) {
+            Ok(settings) => Some(settings),
+            Err(errors) => {
+                for (field, message) in errors {
+                    ck.error(&format!("spec.rollout.{field}"), message);
+                }
+                None
+            }
+        });
+
     // Related entries and vars first: children read them.
     let mut known = Known {
         children: spec.children.iter().map(|c| c.id.clone()).collect(),
@@ -652,6 +667,7 @@ pub(super) fn compile(
         name: rule.metadata.name.clone(),
         revision,
         template_files,
+        rollout,
         parent,
         engine,
         related,
