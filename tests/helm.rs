@@ -137,7 +137,10 @@ fn files_under(dir: &Path) -> BTreeMap<String, String> {
 /// The rule files the rendered Pod sees: ConfigMap data put back at the
 /// volume items' paths.
 fn mounted_rules(objects: &[Value]) -> BTreeMap<String, String> {
-    let data = get(objects, "ConfigMap")["data"]
+    let data = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "rel-trellis-rules")
+        .expect("the rules ConfigMap")["data"]
         .as_object()
         .expect("rules ConfigMap data");
     let items =
@@ -426,6 +429,27 @@ fn each_value_reaches_its_place() {
         let o = get(&objects, kind);
         assert_eq!(o["metadata"]["labels"]["release"], "prom", "{kind}");
     }
+
+    let alerts: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo().join("deploy/monitoring/alerts.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        get(&objects, "PrometheusRule")["spec"]["groups"],
+        alerts["groups"]
+    );
+    let dashboard = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "rel-trellis-dashboard")
+        .expect("the dashboard ConfigMap");
+    assert_eq!(
+        dashboard["metadata"]["labels"]["grafana_dashboard"], "1",
+        "Grafana's sidecar finds dashboards by this label"
+    );
+    assert_eq!(
+        dashboard["data"]["trellis.json"],
+        std::fs::read_to_string(repo().join("deploy/monitoring/trellis-dashboard.json")).unwrap()
+    );
 
     // An existing ConfigMap: mounted whole, the chart ships none.
     let objects = template(json!({"rules": {"existingConfigMap": "my-rules"}})).unwrap();
