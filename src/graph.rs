@@ -6,8 +6,9 @@
 //! ```
 //!
 //! The graph is plain data built from a compiled rule; the two printers only
-//! format it. A node is a child (an object the rule keeps) or a related entry
-//! (an object it only reads); an edge is explicit (`dependsOn`) or implicit (a
+//! format it. A node is a child (an object the rule keeps), a related entry
+//! (an object it only reads) or a patch (fields it contributes to an object
+//! it does not own); an edge is explicit (`dependsOn`) or implicit (a
 //! template or expression of the child reads `children.X` / `related.Y`). The
 //! edges are the compiler's own dependency lists, so the graph shows exactly
 //! the order the planner applies in. Edges point from what must be ready
@@ -16,7 +17,7 @@
 use std::fmt::Write;
 
 use crate::rules::CompiledRule;
-use crate::rules::model::Policy;
+use crate::rules::model::{DeletionPolicy, Policy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeKind {
@@ -24,6 +25,8 @@ pub enum NodeKind {
     Child,
     /// A `related` entry: read, never written.
     Related,
+    /// A `patches` entry: fields contributed to an object the rule does not own.
+    Patch,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +53,8 @@ pub struct Node {
     pub optional: bool,
     /// Related entries: the entry has a `readyWhen`.
     pub ready_when: bool,
+    /// Children: `deletionPolicy: retain`; patches: `force: true`.
+    pub special: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +88,7 @@ impl Graph {
             selector: r.spec.selector.is_some(),
             optional: r.spec.optional,
             ready_when: r.spec.ready_when.is_some(),
+            special: None,
         });
         let children = rule.children.iter().map(|c| Node {
             id: c.spec.id.clone(),
@@ -94,10 +100,36 @@ impl Graph {
             selector: false,
             optional: false,
             ready_when: false,
+            special: (c.spec.deletion_policy == DeletionPolicy::Retain)
+                .then_some("deletionPolicy: retain"),
         });
-        let nodes = related.chain(children).collect();
+        let patches = rule.patches.iter().map(|c| Node {
+            id: c.spec.id.clone(),
+            kind: NodeKind::Patch,
+            object_kind: c.spec.kind.clone(),
+            for_each: c.spec.for_each.clone(),
+            include_when: c.spec.include_when.clone(),
+            policy: None,
+            selector: false,
+            optional: false,
+            ready_when: false,
+            special: Some(
+                if rule
+                    .rule
+                    .spec
+                    .patches
+                    .iter()
+                    .any(|p| p.id == c.spec.id && p.force)
+                {
+                    "patch, force"
+                } else {
+                    "patch"
+                },
+            ),
+        });
+        let nodes = related.chain(children).chain(patches).collect();
         let mut edges = Vec::new();
-        for c in &rule.children {
+        for c in rule.children.iter().chain(&rule.patches) {
             let deps = c
                 .depends_on_related
                 .iter()
@@ -106,6 +138,11 @@ impl Graph {
                     c.depends_on
                         .iter()
                         .filter_map(|&k| rule.children.get(k).map(|d| &d.spec.id)),
+                )
+                .chain(
+                    c.depends_on_patches
+                        .iter()
+                        .filter_map(|&k| rule.patches.get(k).map(|d| &d.spec.id)),
                 );
             for dep in deps {
                 let kind = if c.spec.depends_on.contains(dep) {
@@ -148,6 +185,9 @@ fn label_lines(node: &Node) -> Vec<String> {
     }
     if let Some(p) = node.policy {
         lines.push(format!("policy: {}", policy_name(p)));
+    }
+    if let Some(special) = node.special {
+        lines.push(special.into());
     }
     if node.kind == NodeKind::Related {
         lines.push(
@@ -200,8 +240,10 @@ pub fn to_dot(graphs: &[Graph]) -> String {
                 .collect::<Vec<_>>()
                 .join("\\n");
             let mut attrs = vec![format!("label=\"{label}\"")];
-            if n.kind == NodeKind::Related {
-                attrs.push("shape=cylinder".into());
+            match n.kind {
+                NodeKind::Related => attrs.push("shape=cylinder".into()),
+                NodeKind::Patch => attrs.push("shape=note".into()),
+                NodeKind::Child => {}
             }
             if n.for_each.is_some() {
                 attrs.push("shape=box3d".into());
@@ -258,6 +300,7 @@ pub fn to_mermaid(graphs: &[Graph]) -> String {
                 .join("<br/>");
             let (open, close) = match (n.kind, n.for_each.is_some(), n.include_when.is_some()) {
                 (NodeKind::Related, _, _) => ("[(", ")]"),
+                (NodeKind::Patch, _, _) => (">", "]"),
                 (_, true, _) => ("[[", "]]"),
                 (_, false, true) => ("([", "])"),
                 (_, false, false) => ("[", "]"),

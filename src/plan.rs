@@ -50,6 +50,10 @@ pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
 /// The revision of the rule version that rendered the child.
 pub const LABEL_REVISION: &str = "trellis.dev/revision";
 pub const MANAGED_BY: &str = "trellis";
+/// On children with `deletionPolicy: retain`: released, never deleted, by
+/// whichever rule version or cleanup finds them.
+pub const LABEL_DELETION_POLICY: &str = "trellis.dev/deletion-policy";
+pub const RETAIN: &str = "retain";
 /// On `recreate` children: the hash of the rendering the object came from.
 pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
 /// Used when an offline parent file has no `metadata.uid`.
@@ -121,8 +125,16 @@ pub struct Plan {
     /// Children without ownerReference, or `deletion.order: reverse`: the
     /// parent needs the cleanup finalizer.
     pub needs_finalizer: bool,
-    /// What the rule's `related:` entries read in this pass.
+    /// What the rule's `related:` entries and patch targets read in this pass.
     pub reads: Vec<RelatedRead>,
+    /// Contributions to objects the rule does not own (`patches:`), in
+    /// order; one whose target is missing has no `uid` and is not sent.
+    pub patches: Vec<PatchApply>,
+    /// Contributions no longer rendered, to take back (clean passes only).
+    pub release: Vec<Release>,
+    /// Children no longer rendered with `deletionPolicy: retain`: released
+    /// (kept without anything of trellis's) instead of deleted.
+    pub retain: Vec<Delete>,
 }
 
 /// Inputs of [`plan`] besides the rule.
@@ -312,7 +324,19 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             }
         }
     }
-    if rule.rule.spec.deletion.is_some() {
+    // Patches, after every child; they see `patches`, and so does status.
+    let patched = patch::plan_patches(rule, &base, &info, input, &outcome, &related_states);
+    plan.pending.extend(patched.pending);
+    plan.errors.extend(patched.errors);
+    plan.reads.extend(patched.reads);
+    plan.patches = patched.apply;
+    if !rule.patches.is_empty() {
+        base = context! {
+            patches => minijinja::Value::from(patched.context),
+            ..base
+        };
+    }
+    if rule.rule.spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() {
         plan.needs_finalizer = true;
     }
     if !plan.errors.is_empty() && plan.failure_reason.is_none() {
@@ -320,7 +344,11 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     }
 
     if rule.writes_status() {
-        let (status, errors) = build_status(rule, input, &info, &plan, &outcome, &base, &children);
+        let outcomes = Outcomes {
+            children: &outcome,
+            patches: &patched.outcome,
+        };
+        let (status, errors) = build_status(rule, input, &info, &plan, &outcomes, &base, &children);
         plan.status = Some(status);
         // A failed status field or condition is an error of the pass (render
         // exits 2, the operator reports it), though children were applied.
@@ -333,9 +361,33 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     // Prune: only on a clean pass, decided once every error of the pass
     // (status fields and conditions included) is known.
     if plan.errors.is_empty() {
-        plan.delete = prune(rule, &observed, &outcome, &desired_keys);
+        let (retain, delete) = prune(rule, &observed, &outcome, &desired_keys)
+            .into_iter()
+            .partition(|d| {
+                let obj = input.observed.objects.get(&d.key);
+                obj.is_some_and(retained)
+                    || rule.child(&d.id).is_some_and(|c| {
+                        c.spec.deletion_policy == crate::rules::model::DeletionPolicy::Retain
+                    })
+            });
+        plan.delete = delete;
+        plan.retain = retain;
+        if !patched.holding {
+            let manager = patch::field_manager(&rule.name, &info.uid);
+            plan.release = patch::releases(input, &manager, &plan.patches);
+        }
     }
     plan
+}
+
+/// Whether an observed child is to be released rather than deleted: it
+/// says so itself (`trellis.dev/deletion-policy: retain`), whichever rule
+/// version made it.
+pub fn retained(obj: &Value) -> bool {
+    obj.pointer("/metadata/labels")
+        .and_then(|l| l.get(LABEL_DELETION_POLICY))
+        .and_then(Value::as_str)
+        == Some(RETAIN)
 }
 
 /// The observed objects no child rendered in this pass; a pending child
@@ -378,17 +430,19 @@ mod conditions;
 mod object;
 mod observed;
 mod parent;
+mod patch;
 mod related;
 pub mod sample;
 
 pub use child::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};
 use children::Children;
-use conditions::{build_status, child_ready, status_for_failure};
+use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches};
+pub use patch::{PatchApply, Release, TARGET_NOT_FOUND, field_manager, has_manager};
 pub use related::{
     MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,
     selector_matches_with,

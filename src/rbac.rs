@@ -17,6 +17,7 @@
 //! | each parent kind, when it may carry the finalizer | patch, update | adding and removing `trellis.dev/cleanup` |
 //! | each child kind | get, list, watch + per policy | children are cached; see [`child_verbs`] |
 //! | each related kind | get, list, watch | related objects are read from watch-backed caches |
+//! | each patch target kind | get, list, watch, patch | targets are cached, contributed to by server-side apply; never created or deleted |
 //! | `clusterroles` / `roles` referenced by binding children | bind | creating a binding to a role the operator does not hold |
 //! | events (core, `events.k8s.io`) | create, patch | Events on parents |
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch | leader election (the Lease is patched, and watched so a release is seen at once) |
@@ -380,6 +381,9 @@ fn read_grants(rule: &CompiledRule, grants: &mut Grants) {
             .unwrap_or_else(|| kinds::plural(&related.gvk));
         grants.allow(&related.gvk.group, &resource, READ);
     }
+    for patch in &rule.patches {
+        grants.allow(&patch.gvk.group, &child_resource(patch), READ);
+    }
 }
 
 fn child_resource(child: &CompiledChild) -> String {
@@ -399,6 +403,10 @@ fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
     for child in &rule.children {
         let resource = child_resource(child);
         grants.allow(&child.gvk.group, &resource, &child_verbs(child.spec.policy));
+        if child.spec.deletion_policy == crate::rules::model::DeletionPolicy::Retain {
+            // Releasing a retained child is one patch of its metadata.
+            grants.allow(&child.gvk.group, &resource, &[Patch]);
+        }
         if let Some(binding) = BindingKind::of(&child.gvk) {
             let text = rule
                 .templates
@@ -407,6 +415,11 @@ fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
                 .unwrap_or_default();
             bind_grants(binding, &role_refs(text), grants);
         }
+    }
+    // Patch targets are written with server-side apply carrying their
+    // uid: never created, never deleted (read: `read_grants`).
+    for patch in &rule.patches {
+        grants.allow(&patch.gvk.group, &child_resource(patch), &[Patch]);
     }
 }
 
@@ -421,7 +434,8 @@ fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
 /// another namespace — and the planner renders either only with
 /// `allowCrossNamespace: true`. Hence the conditions:
 ///
-/// - `deletion:` is set;
+/// - `deletion:` is set, the rule has `patches:` (released behind the
+///   finalizer) or a child has `deletionPolicy: retain` (released likewise);
 /// - any child has `allowCrossNamespace: true`, whatever the parent's scope:
 ///   the parent's scope is only a hint offline (`spec.parent.scope` or the
 ///   built-in table) and discovery decides when running, so a wrong hint must
@@ -432,7 +446,7 @@ fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
 ///   granting here keeps the role correct should that rule ever be relaxed.
 fn may_need_finalizer(rule: &CompiledRule) -> bool {
     let spec = &rule.rule.spec;
-    if spec.deletion.is_some() {
+    if spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() {
         return true;
     }
     let parent_scope = spec

@@ -215,6 +215,32 @@ pub fn render_document_with(
         "pending": plan.pending,
         "rule": rule.name,
     });
+    if !rule.patches.is_empty() {
+        // Contributions as they would be sent; one whose target is missing
+        // (pending, TargetNotFound) has no uid and is not sent.
+        doc["patches"] = json!(
+            plan.patches
+                .iter()
+                .map(|p| p.object.clone())
+                .collect::<Vec<_>>()
+        );
+    }
+    if !plan.release.is_empty() {
+        doc["release"] = json!(
+            plan.release
+                .iter()
+                .map(|r| r.key.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
+    if !plan.retain.is_empty() {
+        doc["retain"] = json!(
+            plan.retain
+                .iter()
+                .map(|d| d.key.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
     if !kept.is_empty() {
         doc["unchanged"] = json!(kept.iter().map(|a| a.key.to_string()).collect::<Vec<_>>());
     }

@@ -30,16 +30,30 @@ pub(super) enum Outcome {
     Rendered(Result<(), String>),
 }
 
+/// Why an entry waits for the `noun` `dep` (a child, or a patch) that came
+/// to `outcome` in this pass; `None` when it need not wait.
+pub(super) fn waiting_for(outcome: Option<&Outcome>, noun: &str, dep: &str) -> Option<String> {
+    let why = match outcome {
+        Some(Outcome::Excluded) | Some(Outcome::Rendered(Ok(()))) => return None,
+        Some(Outcome::Rendered(Err(why))) => why.clone(),
+        Some(Outcome::Pending) => format!("{noun} \"{dep}\" is itself waiting"),
+        Some(Outcome::Failed) => format!("{noun} \"{dep}\" failed to render"),
+        None => format!("{noun} \"{dep}\" was not planned"),
+    };
+    Some(format!("waiting for {noun} \"{dep}\": {why}"))
+}
+
 /// A `forEach` element and its position in the list.
 pub(super) type Item = (minijinja::Value, usize);
 
-/// What [`plan_child`] decided for one child.
-pub(super) enum ChildResult {
+/// What [`plan_child`] decided for one child (`T`: [`Apply`]), or
+/// [`plan_entry`] for one patch.
+pub(super) enum ChildResult<T = Apply> {
     Excluded,
     Pending(String),
     /// Each object with the `forEach` item it was rendered from, which its
     /// `readyWhen` sees too.
-    Rendered(Vec<(Apply, Option<Item>)>),
+    Rendered(Vec<(T, Option<Item>)>),
 }
 
 /// Decides one child no related entry holds back, against `outcome` (what
@@ -54,31 +68,41 @@ pub(super) fn plan_child(
     input: &Input,
     outcome: &BTreeMap<usize, Outcome>,
 ) -> Result<ChildResult, RenderError> {
+    let finish = |object, what: &str| finish_object(rule, child, object, info, input, what);
+    plan_entry(rule, child, "child", base, outcome, &|| None, &finish)
+}
+
+/// [`plan_child`] for a child or a patch (`noun`): `waiting` names what
+/// else it waits for (a patch: other patches), `finish` turns each rendered
+/// mapping into what the caller keeps.
+pub(super) fn plan_entry<T>(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    noun: &str,
+    base: &minijinja::Value,
+    outcome: &BTreeMap<usize, Outcome>,
+    waiting: &dyn Fn() -> Option<String>,
+    finish: &dyn Fn(serde_json::Value, &str) -> Result<T, RenderError>,
+) -> Result<ChildResult<T>, RenderError> {
     let id = &child.spec.id;
     let engine = &rule.engine;
     if let Some(expr) = child.include_when
-        && !engine.eval_bool(expr, base, &format!("includeWhen of child \"{id}\""))?
+        && !engine.eval_bool(expr, base, &format!("includeWhen of {noun} \"{id}\""))?
     {
         return Ok(ChildResult::Excluded);
     }
     for &d in &child.depends_on {
-        let dep = &rule.children[d].spec.id;
-        let why = match outcome.get(&d) {
-            Some(Outcome::Excluded) => continue,
-            Some(Outcome::Rendered(Ok(()))) => continue,
-            Some(Outcome::Rendered(Err(why))) => why.clone(),
-            Some(Outcome::Pending) => format!("child \"{dep}\" is itself waiting"),
-            Some(Outcome::Failed) => format!("child \"{dep}\" failed to render"),
-            None => format!("child \"{dep}\" was not planned"),
-        };
-        return Ok(ChildResult::Pending(format!(
-            "waiting for child \"{dep}\": {why}"
-        )));
+        if let Some(why) = waiting_for(outcome.get(&d), "child", &rule.children[d].spec.id) {
+            return Ok(ChildResult::Pending(why));
+        }
+    }
+    if let Some(why) = waiting() {
+        return Ok(ChildResult::Pending(why));
     }
     let items: Vec<Option<Item>> = match child.for_each {
         None => vec![None],
         Some(expr) => {
-            let what = format!("forEach of child \"{id}\"");
+            let what = format!("forEach of {noun} \"{id}\"");
             let list = engine.eval(expr, base, &what)?;
             if !matches!(list.kind(), ValueKind::Seq | ValueKind::Iterable) {
                 return Err(RenderError {
@@ -109,7 +133,7 @@ pub(super) fn plan_child(
                 .collect()
         }
     };
-    let what = format!("template of child \"{id}\"");
+    let what = format!("template of {noun} \"{id}\"");
     let mut applies = Vec::with_capacity(items.len());
     for item in items {
         let ctx = match &item {
@@ -131,10 +155,7 @@ pub(super) fn plan_child(
             what: what.clone(),
             message: format!("rendered text is not valid YAML: {e}"),
         })?;
-        applies.push((
-            finish_object(rule, child, object, info, input, &what)?,
-            item,
-        ));
+        applies.push((finish(object, &what)?, item));
     }
     Ok(ChildResult::Rendered(applies))
 }

@@ -118,12 +118,18 @@ pub(super) fn status_for_failure(
     Some(out)
 }
 
+/// What became of the children and the patches in a pass, by index.
+pub(super) struct Outcomes<'a> {
+    pub children: &'a BTreeMap<usize, Outcome>,
+    pub patches: &'a BTreeMap<usize, Outcome>,
+}
+
 pub(super) fn build_status(
     rule: &CompiledRule,
     input: &Input,
     info: &ParentInfo,
     plan: &Plan,
-    outcome: &BTreeMap<usize, Outcome>,
+    outcome: &Outcomes,
     base: &minijinja::Value,
     children: &Children,
 ) -> (Value, Vec<String>) {
@@ -198,11 +204,16 @@ pub(super) fn build_status(
             None => "DependencyNotReady",
         };
         let why = p.message.as_deref().unwrap_or(&p.reason);
+        let noun = if rule.patch(&p.id).is_some() {
+            "patch"
+        } else {
+            "child"
+        };
         Condition::new(
             "Synced",
             false,
             reason,
-            format!("child \"{}\" held back: {why}", p.id),
+            format!("{noun} \"{}\" held back: {why}", p.id),
         )
     } else {
         Condition::new("Synced", true, "Applied", "all children applied")
@@ -222,28 +233,32 @@ pub(super) fn build_status(
     (Value::Object(out), errors)
 }
 
-fn ready_condition(
-    rule: &CompiledRule,
-    plan: &Plan,
-    outcome: &BTreeMap<usize, Outcome>,
-) -> Condition {
+fn ready_condition(rule: &CompiledRule, plan: &Plan, outcome: &Outcomes) -> Condition {
     if let Some(reason) = plan.failure_reason {
         return Condition::new("Ready", false, reason, plan.errors.join("; "));
     }
-    for &i in &rule.order {
-        let id = &rule.children[i].spec.id;
-        match outcome.get(&i) {
+    let children = rule
+        .order
+        .iter()
+        .map(|&i| ("child", &rule.children[i].spec.id, outcome.children.get(&i)));
+    let patches = rule
+        .patch_order
+        .iter()
+        .map(|&i| ("patch", &rule.patches[i].spec.id, outcome.patches.get(&i)));
+    for (noun, id, outcome) in children.chain(patches) {
+        match outcome {
             Some(Outcome::Rendered(Err(why))) => {
-                return Condition::new(
-                    "Ready",
-                    false,
-                    "ChildNotReady",
-                    format!("child \"{id}\": {why}"),
-                );
+                let reason = if noun == "patch" {
+                    "PatchNotReady"
+                } else {
+                    "ChildNotReady"
+                };
+                return Condition::new("Ready", false, reason, format!("{noun} \"{id}\": {why}"));
             }
             Some(Outcome::Pending) => {
                 let pending = plan.pending.iter().find(|p| &p.id == id);
-                // Held back by a related entry: name the entry, not the child.
+                // Held back by a related entry, or a missing target: name
+                // it, not the child.
                 if let Some(Pending {
                     reason,
                     message: Some(message),
@@ -257,7 +272,7 @@ fn ready_condition(
                     "Ready",
                     false,
                     "DependencyNotReady",
-                    format!("child \"{id}\": {reason}"),
+                    format!("{noun} \"{id}\": {reason}"),
                 );
             }
             _ => {}

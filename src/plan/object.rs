@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 use super::*;
 use crate::render::RenderError;
 use crate::rules::CompiledChild;
+use crate::rules::model::DeletionPolicy;
 
 /// Enforces kind, name, namespace rules, labels and ownerReference.
 pub(super) fn finish_object(
@@ -21,99 +22,19 @@ pub(super) fn finish_object(
         what: what.to_owned(),
         message,
     };
-    let Value::Object(mut obj) = object else {
-        return Err(fail("must render a YAML mapping (an object)".into()));
-    };
-    let api_version = child.gvk.api_version();
-    for (field, want) in [
-        ("apiVersion", api_version.as_str()),
-        ("kind", child.gvk.kind.as_str()),
-    ] {
-        match obj.get(field) {
-            None => {}
-            Some(Value::String(s)) if s == want => {}
-            Some(other) => {
-                return Err(fail(format!(
-                    "sets {field} to {other}, but the rule declares `{want}`"
-                )));
-            }
-        }
-    }
-    let mut ordered = Map::new();
-    ordered.insert("apiVersion".into(), json!(api_version));
-    ordered.insert("kind".into(), json!(child.gvk.kind));
-    obj.remove("apiVersion");
-    obj.remove("kind");
-    ordered.extend(obj);
-    let mut obj = ordered;
-
-    let meta = obj
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let Value::Object(meta) = meta else {
+    let (mut obj, name, set_ns) = identity(&child.gvk, object, "children").map_err(fail)?;
+    let Some(Value::Object(meta)) = obj.get_mut("metadata") else {
         return Err(fail("metadata must be a mapping".into()));
     };
-    let name = match meta.get("name") {
-        Some(Value::String(n)) if !n.is_empty() => n.clone(),
-        _ => {
-            return Err(fail(
-                "metadata.name must be set to a non-empty string".into(),
-            ));
-        }
-    };
-    if meta.contains_key("generateName") {
-        return Err(fail(
-            "metadata.generateName is not supported: children need stable names".into(),
-        ));
-    }
-    let set_ns = match meta.get("namespace") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(ns)) => Some(ns.clone()),
-        Some(other) => {
-            return Err(fail(format!(
-                "metadata.namespace must be a string, got {other}"
-            )));
-        }
-    };
-    let scope = (input.scope_of)(&child.gvk);
-    let cross = child.spec.allow_cross_namespace;
-    let hint = "set allowCrossNamespace: true on the child in the rule to allow it";
-    let namespace = match (&info.namespace, scope) {
-        (Some(parent_ns), Scope::Namespaced) => match set_ns {
-            None => Some(parent_ns.clone()),
-            Some(ns) if &ns == parent_ns => Some(ns),
-            Some(ns) if cross => Some(ns),
-            Some(ns) => {
-                return Err(fail(format!(
-                    "names namespace `{ns}`, not the parent's `{parent_ns}`; {hint}"
-                )));
-            }
-        },
-        (Some(_), Scope::Cluster) if !cross => {
-            return Err(fail(format!(
-                "{} is cluster-scoped and the parent is namespaced; {hint}",
-                child.gvk.kind
-            )));
-        }
-        (_, Scope::Cluster) => {
-            if set_ns.is_some() {
-                return Err(fail(format!(
-                    "{} is cluster-scoped: remove metadata.namespace",
-                    child.gvk.kind
-                )));
-            }
-            None
-        }
-        (None, Scope::Namespaced) => match set_ns {
-            Some(ns) => Some(ns),
-            None => {
-                return Err(fail(
-                    "the parent is cluster-scoped: a namespaced child must set metadata.namespace"
-                        .into(),
-                ));
-            }
-        },
-    };
+    let namespace = namespace_for(
+        &child.gvk,
+        child.spec.allow_cross_namespace,
+        "child",
+        set_ns,
+        info,
+        input,
+    )
+    .map_err(fail)?;
     match &namespace {
         Some(ns) => {
             meta.insert("namespace".into(), json!(ns));
@@ -134,6 +55,9 @@ pub(super) fn finish_object(
     labels.insert(LABEL_CHILD.into(), json!(child.spec.id));
     labels.insert(LABEL_PARENT_UID.into(), json!(info.uid));
     labels.insert(LABEL_REVISION.into(), json!(rule.revision));
+    if child.spec.deletion_policy == DeletionPolicy::Retain {
+        labels.insert(LABEL_DELETION_POLICY.into(), json!(RETAIN));
+    }
 
     // Kubernetes allows an owner in the same namespace, or a cluster-scoped owner.
     let owned = info.namespace.is_none() || info.namespace == namespace;
@@ -191,6 +115,115 @@ pub(super) fn finish_object(
         object: Value::Object(obj),
         owned,
         hash,
+    })
+}
+
+/// A rendered object, its name, and the namespace its template set.
+pub(super) type Identified = (Map<String, Value>, String, Option<String>);
+
+/// A rendered mapping with its static apiVersion and kind first, its name,
+/// and the namespace its template set (`None`: none). `what` (children,
+/// patches) is what needs stable names.
+pub(super) fn identity(gvk: &Gvk, object: Value, what: &str) -> Result<Identified, String> {
+    let Value::Object(mut obj) = object else {
+        return Err("must render a YAML mapping (an object)".into());
+    };
+    let api_version = gvk.api_version();
+    for (field, want) in [
+        ("apiVersion", api_version.as_str()),
+        ("kind", gvk.kind.as_str()),
+    ] {
+        match obj.get(field) {
+            None => {}
+            Some(Value::String(s)) if s == want => {}
+            Some(other) => {
+                return Err(format!(
+                    "sets {field} to {other}, but the rule declares `{want}`"
+                ));
+            }
+        }
+    }
+    let mut ordered = Map::new();
+    ordered.insert("apiVersion".into(), json!(api_version));
+    ordered.insert("kind".into(), json!(gvk.kind));
+    obj.remove("apiVersion");
+    obj.remove("kind");
+    ordered.extend(obj);
+    let mut obj = ordered;
+
+    let meta = obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(meta) = meta else {
+        return Err("metadata must be a mapping".into());
+    };
+    let name = match meta.get("name") {
+        Some(Value::String(n)) if !n.is_empty() => n.clone(),
+        _ => return Err("metadata.name must be set to a non-empty string".into()),
+    };
+    if meta.contains_key("generateName") {
+        return Err(format!(
+            "metadata.generateName is not supported: {what} need stable names"
+        ));
+    }
+    let set_ns = match meta.get("namespace") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(ns)) => Some(ns.clone()),
+        Some(other) => {
+            return Err(format!("metadata.namespace must be a string, got {other}"));
+        }
+    };
+    Ok((obj, name, set_ns))
+}
+
+/// The namespace a rendered object (a `noun`: child or patch target) lands
+/// in, given the one its template set: the parent's by default; another,
+/// or a cluster-scoped kind under a namespaced parent, only with
+/// `allowCrossNamespace` (`cross`).
+pub(super) fn namespace_for(
+    gvk: &Gvk,
+    cross: bool,
+    noun: &str,
+    set_ns: Option<String>,
+    info: &ParentInfo,
+    input: &Input,
+) -> Result<Option<String>, String> {
+    let scope = (input.scope_of)(gvk);
+    let hint = format!("set allowCrossNamespace: true on the {noun} in the rule to allow it");
+    Ok(match (&info.namespace, scope) {
+        (Some(parent_ns), Scope::Namespaced) => match set_ns {
+            None => Some(parent_ns.clone()),
+            Some(ns) if &ns == parent_ns => Some(ns),
+            Some(ns) if cross => Some(ns),
+            Some(ns) => {
+                return Err(format!(
+                    "names namespace `{ns}`, not the parent's `{parent_ns}`; {hint}"
+                ));
+            }
+        },
+        (Some(_), Scope::Cluster) if !cross => {
+            return Err(format!(
+                "{} is cluster-scoped and the parent is namespaced; {hint}",
+                gvk.kind
+            ));
+        }
+        (_, Scope::Cluster) => {
+            if set_ns.is_some() {
+                return Err(format!(
+                    "{} is cluster-scoped: remove metadata.namespace",
+                    gvk.kind
+                ));
+            }
+            None
+        }
+        (None, Scope::Namespaced) => match set_ns {
+            Some(ns) => Some(ns),
+            None => {
+                return Err(format!(
+                    "the parent is cluster-scoped: a namespaced {noun} must set metadata.namespace"
+                ));
+            }
+        },
     })
 }
 

@@ -79,6 +79,13 @@ pub trait RelatedSource: Send + Sync {
     fn served(&self, _gvk: &Gvk) -> Result<(), Unreadable> {
         Ok(())
     }
+
+    /// The objects whose `managedFields` name `manager` (a parent's patch
+    /// contributions, `trellis/<rule>/<parent uid>`), with their
+    /// `managedFields`.
+    fn managed_by(&self, _manager: &str) -> Vec<(ObjectKey, Value)> {
+        Vec::new()
+    }
 }
 
 impl std::fmt::Debug for dyn RelatedSource {

@@ -667,5 +667,6 @@ mod contract;
 mod excluded;
 mod for_each;
 mod json_path;
+mod patches;
 mod related;
 mod scope;

@@ -33,7 +33,7 @@ pub struct Calls {
 }
 
 /// Context names whose static reads are dependency edges.
-const EDGE_ROOTS: [&str; 2] = ["children", "related"];
+const EDGE_ROOTS: [&str; 3] = ["children", "related", "patches"];
 
 /// Scans `source` (a template; wrap an expression in `{{ }}` first).
 pub fn scan(source: &str) -> Calls {

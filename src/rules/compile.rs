@@ -21,13 +21,16 @@ use crate::render::{self, Engine, EngineBuilder, ExprId, Limits, TemplateId, Tem
 use crate::yaml::LineIndex;
 
 mod checker;
+mod entry;
 mod lint;
+mod patch;
 mod related;
 pub mod scope;
 mod status;
 
 use checker::Checker;
 pub use checker::code_line;
+use entry::{Entry, Role};
 use lint::{Code, lint};
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
@@ -50,6 +53,11 @@ pub struct CompiledRule {
     pub children: Vec<CompiledChild>,
     /// Indexes into `children`, dependencies first.
     pub order: Vec<usize>,
+    /// `spec.patches`, compiled as children are (each one's `spec` is
+    /// [`model::PatchSpec::as_child`]); planned after every child.
+    pub patches: Vec<CompiledChild>,
+    /// Indexes into `patches`, dependencies first.
+    pub patch_order: Vec<usize>,
     pub schema: Option<jsonschema::Validator>,
     pub fields: Vec<CompiledField>,
     pub conditions: Vec<CompiledCondition>,
@@ -78,6 +86,17 @@ impl CompiledRule {
     pub fn child(&self, id: &str) -> Option<&CompiledChild> {
         self.children.iter().find(|c| c.spec.id == id)
     }
+
+    /// Whether a child has `deletionPolicy: retain`.
+    pub fn retains_children(&self) -> bool {
+        self.children
+            .iter()
+            .any(|c| c.spec.deletion_policy == model::DeletionPolicy::Retain)
+    }
+
+    pub fn patch(&self, id: &str) -> Option<&CompiledChild> {
+        self.patches.iter().find(|c| c.spec.id == id)
+    }
 }
 
 #[derive(Debug)]
@@ -92,6 +111,8 @@ pub struct CompiledChild {
     pub depends_on: Vec<usize>,
     /// Indexes of the related entries it depends on (explicit and implicit).
     pub depends_on_related: Vec<usize>,
+    /// A patch: indexes of the patches it depends on (always empty for a child).
+    pub depends_on_patches: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -400,6 +421,7 @@ pub(super) fn compile(
     let mut known = Known {
         children: spec.children.iter().map(|c| c.id.clone()).collect(),
         related: spec.related.iter().map(|r| r.id.clone()).collect(),
+        patches: spec.patches.iter().map(|p| p.id.clone()).collect(),
         vars: BTreeSet::new(),
     };
     let mut builder = EngineBuilder::new(limits);
@@ -424,202 +446,56 @@ pub(super) fn compile(
     let related = compile_related(&mut ck, &mut builder, &spec.related, &known);
     let vars = compile_vars(&mut ck, &mut builder, &spec.vars, &mut known);
 
-    // Children: ids, kinds, templates, expressions, dependencies.
+    // Children, then patches: ids, kinds, templates, expressions, dependencies.
     let mut templates = BTreeMap::new();
     let mut template_files = BTreeMap::new();
     let mut children = Vec::new();
     let mut seen_ids: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, child) in spec.children.iter().enumerate() {
-        let at = format!("spec.children[{i}]");
-        if !is_child_id(&child.id) {
-            ck.error(
-                &format!("{at}.id"),
-                format!(
-                    "`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)",
-                    child.id
-                ),
-            );
-        }
         if let Some(first) = seen_ids.insert(&child.id, i) {
             ck.error(
-                &format!("{at}.id"),
+                &format!("spec.children[{i}].id"),
                 format!(
                     "duplicate child id `{}` (also spec.children[{first}])",
                     child.id
                 ),
             );
         }
-        if !is_api_version(&child.api_version) {
-            ck.error(
-                &format!("{at}.apiVersion"),
-                format!("`{}` is not a valid apiVersion", child.api_version),
-            );
-        }
-        if !is_kind(&child.kind) {
-            ck.error(
-                &format!("{at}.kind"),
-                format!("`{}` is not a valid kind (CamelCase)", child.kind),
-            );
-        }
-        scope::check(&mut ck, &at, spec, child);
-        let source = match (&child.template, &child.template_file) {
-            (Some(t), None) => Some(t.clone()),
-            (None, Some(rel)) => match doc.template_file(rel) {
-                Ok(text) => {
-                    let dir = doc.file.parent().unwrap_or(&doc.root);
-                    ck.template_files
-                        .insert(format!("{at}.templateFile"), dir.join(rel));
-                    template_files.insert(rel.clone(), text.clone());
-                    Some(text)
-                }
-                Err(message) => {
-                    ck.error(&format!("{at}.templateFile"), message);
-                    None
-                }
-            },
-            (Some(_), Some(_)) => {
-                ck.error(&at, "set either `template` or `templateFile`, not both");
-                None
-            }
-            (None, None) => {
-                ck.error(&at, "needs `template` or `templateFile`");
-                None
-            }
+        let mut entry = Entry {
+            ck: &mut ck,
+            builder: &mut builder,
+            doc: &doc,
+            spec,
+            known: &known,
+            templates: &mut templates,
+            template_files: &mut template_files,
         };
-        let field = if child.template.is_some() {
-            format!("{at}.template")
-        } else {
-            format!("{at}.templateFile")
-        };
-        let for_each = child.for_each.is_some();
-        // Static reads of children.X / related.Y: implicit dependencies.
-        let mut reads = render::Calls::default();
-        let template = source.and_then(|text| {
-            templates.insert(child.id.clone(), text.clone());
-            match builder.add_template(&child.id, TemplateKind::Object, &text) {
-                Ok(id) => {
-                    lint(&mut ck, &builder, &field, Code::Object(&id, &text));
-                    merge_reads(&mut reads, builder.template_calls(&id));
-                    let names = builder.template_names(&id, true);
-                    let place = if for_each {
-                        "a forEach child's template"
-                    } else {
-                        "a child's template (without forEach)"
-                    };
-                    ck.check_names(
-                        &field,
-                        place,
-                        names,
-                        &context_names(for_each, false),
-                        &known,
-                    );
-                    Some(id)
-                }
-                Err(err) => {
-                    ck.error(&field, format!("template syntax: {err}"));
-                    None
-                }
-            }
-        });
-        let mut expr =
-            |ck: &mut Checker, name: &str, src: &Option<String>, allowed: BTreeSet<&str>| {
-                let src = src.as_ref()?;
-                let field = format!("{at}.{name}");
-                match builder.add_expression(src) {
-                    Ok(id) => {
-                        lint(ck, &builder, &field, Code::Expression(id, src));
-                        merge_reads(&mut reads, builder.expression_calls(id));
-                        let names = builder.expression_names(id, true);
-                        ck.check_names(
-                            &field,
-                            &format!("a child's {name}"),
-                            names,
-                            &allowed,
-                            &known,
-                        );
-                        Some(id)
-                    }
-                    Err(err) => {
-                        ck.error(&field, format!("expression syntax: {err}"));
-                        None
-                    }
-                }
+        if let Some(compiled) = entry.compile(Role::Child, i, child) {
+            children.push(compiled);
+        }
+    }
+    let mut patches = Vec::new();
+    if !spec.patches.is_empty() {
+        patch::check_ids(&mut ck, spec);
+        for (i, p) in spec.patches.iter().enumerate() {
+            let mut entry = Entry {
+                ck: &mut ck,
+                builder: &mut builder,
+                doc: &doc,
+                spec,
+                known: &known,
+                templates: &mut templates,
+                template_files: &mut template_files,
             };
-        let include_when = expr(
-            &mut ck,
-            "includeWhen",
-            &child.include_when,
-            context_names(false, false),
-        );
-        let for_each_expr = expr(
-            &mut ck,
-            "forEach",
-            &child.for_each,
-            context_names(false, false),
-        );
-        let ready_when = expr(
-            &mut ck,
-            "readyWhen",
-            &child.ready_when,
-            context_names(for_each, true),
-        );
-
-        let mut depends_on = Vec::new();
-        let mut depends_on_related = Vec::new();
-        for (j, dep) in child.depends_on.iter().enumerate() {
-            let related_at = spec.related.iter().position(|r| &r.id == dep);
-            match spec.children.iter().position(|c| &c.id == dep) {
-                Some(k) if k == i => ck.error(
-                    &format!("{at}.dependsOn[{j}]"),
-                    format!("child `{dep}` cannot depend on itself"),
-                ),
-                Some(k) => depends_on.push(k),
-                None => match related_at {
-                    Some(k) => depends_on_related.push(k),
-                    None => ck.error(
-                        &format!("{at}.dependsOn[{j}]"),
-                        format!("unknown child or related id `{dep}`"),
-                    ),
-                },
+            if let Some(compiled) = entry.compile(Role::Patch, i, &p.as_child()) {
+                patches.push(compiled);
             }
-        }
-        // Implicit edges: reading children.X (not its own id) or related.Y.
-        for (root, id) in &reads.reads {
-            if root == "children" {
-                match spec.children.iter().position(|c| &c.id == id) {
-                    Some(k) if k != i && !depends_on.contains(&k) => depends_on.push(k),
-                    _ => {}
-                }
-            } else if let Some(k) = spec.related.iter().position(|r| &r.id == id)
-                && !depends_on_related.contains(&k)
-            {
-                depends_on_related.push(k);
-            }
-        }
-        for root in &reads.dynamic {
-            ck.warning(
-                &at,
-                format!(
-                    "reads `{root}` with a computed subscript: that adds no dependency; \
-                     list what must be ready first in `dependsOn`"
-                ),
-            );
-        }
-        if let Some(template) = template {
-            children.push(CompiledChild {
-                spec: child.clone(),
-                gvk: Gvk::new(&child.api_version, &child.kind),
-                template,
-                include_when,
-                for_each: for_each_expr,
-                ready_when,
-                depends_on,
-                depends_on_related,
-            });
         }
     }
     let order = if ck.errors == 0 {
-        match topological_order(&children) {
+        let deps: Vec<&[usize]> = children.iter().map(|c| c.depends_on.as_slice()).collect();
+        let ids: Vec<&str> = children.iter().map(|c| c.spec.id.as_str()).collect();
+        match topological_order(&deps, &ids) {
             Ok(order) => order,
             Err(cycle) => {
                 let i = spec
@@ -634,6 +510,11 @@ pub(super) fn compile(
                 Vec::new()
             }
         }
+    } else {
+        Vec::new()
+    };
+    let patch_order = if ck.errors == 0 {
+        patch::order(&mut ck, spec, &patches)
     } else {
         Vec::new()
     };
@@ -674,6 +555,8 @@ pub(super) fn compile(
         vars,
         children,
         order,
+        patches,
+        patch_order,
         schema,
         fields,
         conditions,
@@ -692,43 +575,40 @@ fn merge_reads(into: &mut render::Calls, from: render::Calls) {
     into.dynamic.extend(from.dynamic);
 }
 
-/// Children in dependency order (Kahn's algorithm, stable by declaration);
-/// on a cycle, the ids along it.
-fn topological_order(children: &[CompiledChild]) -> Result<Vec<usize>, Vec<String>> {
-    let n = children.len();
+/// Entries (children, or patches) in dependency order (Kahn's algorithm,
+/// stable by declaration): `deps[i]` are the indexes `i` waits for; on a
+/// cycle, the ids along it.
+fn topological_order(deps: &[&[usize]], ids: &[&str]) -> Result<Vec<usize>, Vec<String>> {
+    let n = deps.len();
     let mut done = vec![false; n];
     let mut order = Vec::with_capacity(n);
     while order.len() < n {
-        let next = (0..n).find(|&i| !done[i] && children[i].depends_on.iter().all(|&d| done[d]));
+        let next = (0..n).find(|&i| !done[i] && deps[i].iter().all(|&d| done[d]));
         match next {
             Some(i) => {
                 done[i] = true;
                 order.push(i);
             }
-            None => return Err(find_cycle(children, &done)),
+            None => return Err(find_cycle(deps, ids, &done)),
         }
     }
     Ok(order)
 }
 
-fn find_cycle(children: &[CompiledChild], done: &[bool]) -> Vec<String> {
+fn find_cycle(deps: &[&[usize]], ids: &[&str], done: &[bool]) -> Vec<String> {
     // Walk unfinished dependencies until a node repeats.
     let start = done.iter().position(|d| !d).unwrap_or(0);
     let mut path = vec![start];
     let mut current = start;
     loop {
-        let next = children[current]
-            .depends_on
+        let next = deps[current]
             .iter()
             .copied()
             .find(|&d| !done[d])
             .unwrap_or(start);
         if let Some(pos) = path.iter().position(|&p| p == next) {
-            let mut cycle: Vec<String> = path[pos..]
-                .iter()
-                .map(|&i| children[i].spec.id.clone())
-                .collect();
-            cycle.push(children[next].spec.id.clone());
+            let mut cycle: Vec<String> = path[pos..].iter().map(|&i| ids[i].to_owned()).collect();
+            cycle.push(ids[next].to_owned());
             return cycle;
         }
         path.push(next);

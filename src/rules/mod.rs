@@ -301,3 +301,5 @@ mod tests;
 mod tests_budget;
 #[cfg(test)]
 mod tests_check;
+#[cfg(test)]
+mod tests_patches;

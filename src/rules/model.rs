@@ -64,6 +64,10 @@ pub struct RuleSpec {
     /// Children, rendered in dependency order.
     #[serde(default)]
     pub children: Vec<ChildSpec>,
+    /// Fields contributed to objects the rule does not own (planned after
+    /// the children, never created, released when no longer rendered).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<PatchSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<StatusSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -330,6 +334,100 @@ pub struct ChildSpec {
     /// Scope for offline commands; discovery is authoritative when running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+    /// `retain`: when the parent goes or the child is no longer rendered,
+    /// trellis releases the child (ownerReference, labels and field
+    /// ownership removed) instead of deleting it.
+    #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// What becomes of a child when its parent goes or it is no longer rendered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DeletionPolicy {
+    /// Deleted (default).
+    #[default]
+    Delete,
+    /// Released: kept, with nothing of trellis left on it.
+    Retain,
+}
+
+impl DeletionPolicy {
+    fn is_delete(&self) -> bool {
+        *self == DeletionPolicy::Delete
+    }
+}
+
+/// Fields contributed to an object the rule does not own: sent as
+/// server-side apply with the field manager `trellis/<rule>/<parent uid>`,
+/// carrying the observed target's uid, so a missing target is never created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PatchSpec {
+    /// Same rules as a child id; unique across children, related entries and patches.
+    pub id: String,
+    /// Static `group/version` of the target.
+    pub api_version: String,
+    /// Static kind of the target.
+    pub kind: String,
+    /// minijinja template naming the target and holding only the
+    /// contributed fields. Exactly one of `template` and `templateFile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_file: Option<String>,
+    /// Child, related or patch ids that must be ready first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Expression; `self` is the observed target. Default: the target
+    /// holds the contributed fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_when: Option<String>,
+    /// Expression; when false nothing is contributed (and what was, is released).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_when: Option<String>,
+    /// Expression yielding a list: one contribution per item (`item`, `index`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<String>,
+    /// Allows a target outside a namespaced parent's namespace, or a
+    /// cluster-scoped target. Only rule authors can grant this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_cross_namespace: bool,
+    /// Take fields another manager owns (a forced apply). Only rule authors
+    /// can grant this; without it such a field fails the patch (`PatchConflict`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+    /// Resource (plural) name, when kubectl-style pluralisation of `kind` is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plural: Option<String>,
+    /// Scope for offline commands; discovery is authoritative when running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+}
+
+impl PatchSpec {
+    /// The patch as a child spec, so that one compiler and one planner
+    /// handle what the two share (templates, includeWhen, forEach,
+    /// dependsOn, readyWhen, namespaces).
+    pub fn as_child(&self) -> ChildSpec {
+        ChildSpec {
+            id: self.id.clone(),
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            template: self.template.clone(),
+            template_file: self.template_file.clone(),
+            depends_on: self.depends_on.clone(),
+            ready_when: self.ready_when.clone(),
+            policy: Policy::Apply,
+            include_when: self.include_when.clone(),
+            for_each: self.for_each.clone(),
+            allow_cross_namespace: self.allow_cross_namespace,
+            adopt: false,
+            plural: self.plural.clone(),
+            scope: self.scope,
+            deletion_policy: DeletionPolicy::Delete,
+        }
+    }
 }
 
 /// An object (by `name`) or a list of objects (by `selector`) the rule reads.

@@ -13,6 +13,7 @@ use crate::yaml::LineIndex;
 /// only in some places.
 const ALL_NAMES: &[&str] = &[
     "parent", "spec", "metadata", "children", "related", "vars", "rule", "item", "index", "self",
+    "patches",
 ];
 
 /// Collects diagnostics for one rule document.
@@ -103,6 +104,7 @@ impl Checker<'_> {
                 let (set, what) = match root.as_str() {
                     "children" => (&known.children, "the rule has no child"),
                     "related" => (&known.related, "the rule has no related entry"),
+                    "patches" => (&known.patches, "the rule has no patch"),
                     "vars" => (&known.vars, "no var declared before this point is named"),
                     _ => continue,
                 };

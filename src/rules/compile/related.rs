@@ -22,6 +22,7 @@ use crate::rules::model::{
 pub struct Known {
     pub children: BTreeSet<String>,
     pub related: BTreeSet<String>,
+    pub patches: BTreeSet<String>,
     /// Vars visible here (for a var: those declared before it).
     pub vars: BTreeSet<String>,
 }

@@ -23,7 +23,9 @@ pub(super) fn compile_status(
             ),
         );
     }
-    let base = context_names(false, false);
+    // Status is decided after every child and patch: it sees `patches`.
+    let mut base = context_names(false, false);
+    base.insert("patches");
     for (i, f) in status.fields.iter().enumerate() {
         let at = format!("spec.status.fields[{i}]");
         let path: Vec<String> = f.path.split('.').map(str::to_owned).collect();
