@@ -1,6 +1,6 @@
 //! The documentation in the repository holds: `docs/rules.md` describes
 //! every field of the rule format (as `trellis schema` prints it), and every
-//! relative link in README.md and docs/*.md points at a file that exists
+//! relative link in README.md, docs/*.md and the chart's README points at a file that exists
 //! (and, with `#anchor`, at a heading in it).
 
 use std::collections::BTreeSet;
@@ -120,13 +120,20 @@ fn every_relative_link_in_readme_and_docs_resolves() {
         .filter(|p| p.extension().is_some_and(|x| x == "md"))
         .collect();
     docs.sort();
-    for page in ["rules.md", "operations.md", "coming-from.md"] {
+    for page in [
+        "rules.md",
+        "operations.md",
+        "coming-from.md",
+        "cli.md",
+        "benchmarks.md",
+    ] {
         assert!(
             docs.contains(&root().join("docs").join(page)),
             "docs/{page} is missing"
         );
     }
     pages.extend(docs);
+    pages.push(root().join("charts/trellis/README.md"));
     let mut broken = Vec::new();
     let mut checked = 0;
     for page in &pages {
