@@ -17,6 +17,7 @@ pub mod drift;
 pub mod field_path;
 pub mod graph;
 pub mod kinds;
+pub mod lsp;
 pub mod manifests;
 pub mod operator;
 pub mod plan;

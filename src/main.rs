@@ -81,6 +81,7 @@ fn main() -> ExitCode {
             manage_crds,
         } => cli::rbac(&rules, &name, manage_crds),
         Command::Schema => cli::schema(),
+        Command::Lsp { crds, strict } => cli::lsp(crds.as_deref(), strict),
         Command::Crd { rules } => cli::crd(&rules),
         Command::Diff {
             rules,

@@ -282,6 +282,17 @@ pub enum Command {
     },
     /// Print the JSON Schema of the rule format
     Schema,
+    /// A language server over stdio for rule files: `check`'s diagnostics as you
+    /// type, hover and completion of rule fields (rule directories are found
+    /// anywhere under the workspace)
+    Lsp {
+        /// CRD manifests (a file or a directory), as for `check --crds`
+        #[arg(long, value_name = "PATH")]
+        crds: Option<PathBuf>,
+        /// Report every warning as an error, as `check --strict` does
+        #[arg(long)]
+        strict: bool,
+    },
     /// Print the dependency graph of rules' children and related entries
     /// (all rules, or RULE)
     ///

@@ -75,6 +75,7 @@ pub fn diagnostics(dirs: &[PathBuf], limits: Limits, read: &Read, inputs: &Input
     }
     let mut all = loaded.diagnostics();
     all.extend(extra);
+    all.extend(first_of_duplicates(&loaded));
     if inputs.strict {
         for d in &mut all {
             d.severity = Severity::Error;
@@ -86,6 +87,45 @@ pub fn diagnostics(dirs: &[PathBuf], limits: Limits, read: &Read, inputs: &Input
         diagnostics: all,
         rules: rules.len(),
     }
+}
+
+/// A rule name used twice is an error on the later document; this is the
+/// same error on the first, so each file shows it (an editor shows one
+/// file at a time).
+fn first_of_duplicates(loaded: &Loaded) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for (names, later) in &loaded.set {
+        for doc in &loaded.docs {
+            let Some(rule) = doc.rule.as_deref() else {
+                continue;
+            };
+            let line = rule.lines.line_of("metadata.name");
+            if !names.contains(&rule.name) || (rule.file == later.file && line == later.line) {
+                continue;
+            }
+            let also = later.line.map(|l| format!(":{l}")).unwrap_or_default();
+            let diag = Diagnostic::error(
+                &rule.file,
+                line,
+                "metadata.name",
+                format!(
+                    "rule name `{}` is used again in {}{also}",
+                    rule.name,
+                    later.file.display()
+                ),
+            );
+            // Three of a name: the first is named by each later one once.
+            if !out.contains(&diag)
+                && !loaded
+                    .set
+                    .iter()
+                    .any(|(_, d)| d.file == rule.file && d.line == line)
+            {
+                out.push(diag);
+            }
+        }
+    }
+    out
 }
 
 /// `trellis check`: exit 1 when anything is an error.
@@ -139,4 +179,17 @@ pub fn check(
         }
     );
     ExitCode::SUCCESS
+}
+
+/// `trellis lsp`.
+pub fn lsp(crds_path: Option<&Path>, strict: bool) -> ExitCode {
+    let crds = match load_crds(crds_path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    crate::lsp::run(Inputs {
+        crds,
+        observed: Vec::new(),
+        strict,
+    })
 }

@@ -26,7 +26,7 @@ mod render;
 pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
 };
-pub use check::{Checked, Inputs, check, diagnostics};
+pub use check::{Checked, Inputs, check, diagnostics, lsp};
 pub use commands::{crd, crd_documents, diff, graph, rbac, schema};
 pub use render::{
     label_observed, offline_scope, offline_scope_with, render, render_document,
