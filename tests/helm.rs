@@ -68,19 +68,25 @@ pub fn helm(args: &[&str]) -> Result<String, String> {
 /// `helm template` of the chart with `values` (JSON, written to a file):
 /// the rendered objects.
 fn template(values: Value) -> Result<Vec<Value>, String> {
+    template_with(values, &[])
+}
+
+/// `helm template` with `values`, then the values files `more` over them.
+fn template_with(values: Value, more: &[&Path]) -> Result<Vec<Value>, String> {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("values.json");
     std::fs::write(&file, values.to_string()).unwrap();
-    let text = helm(&[
-        "template",
-        "rel",
-        &chart().to_string_lossy(),
-        "--namespace",
-        "ops",
-        "-f",
-        &file.to_string_lossy(),
-    ])?;
-    Ok(documents(&text))
+    let chart = chart();
+    let mut args = vec![
+        "template".to_string(),
+        "rel".to_string(),
+        chart.to_string_lossy().to_string(),
+        "--namespace=ops".to_string(),
+        format!("--values={}", file.display()),
+    ];
+    args.extend(more.iter().map(|f| format!("--values={}", f.display())));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Ok(documents(&helm(&args)?))
 }
 
 fn documents(text: &str) -> Vec<Value> {
@@ -181,6 +187,102 @@ pub fn rbac_rules(args: &[&str]) -> Value {
     role["rules"].clone()
 }
 
+/// The objects `trellis rbac ARGS` prints (the operator's ClusterRole first,
+/// then one per rule with a `serviceAccountName`).
+pub fn rbac_documents(args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["rbac"];
+    all.extend_from_slice(args);
+    documents(&trellis(&all))
+}
+
+#[test]
+fn per_rule_service_accounts_get_the_roles_trellis_rbac_prints() {
+    // Two rules, one acting as its own account (`serviceAccountName`).
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(rules.join("templates")).unwrap();
+    let webapp = std::fs::read_to_string(repo().join("rules/webapp.yaml")).unwrap();
+    assert!(
+        webapp.contains("\nspec:\n"),
+        "rules/webapp.yaml changed layout"
+    );
+    let webapp = webapp.replacen(
+        "\nspec:\n",
+        "\nspec:\n  serviceAccountName: web-account\n",
+        1,
+    );
+    std::fs::write(rules.join("webapp.yaml"), &webapp).unwrap();
+    std::fs::copy(
+        repo().join("rules/templates/webapp-deployment.yaml.j2"),
+        rules.join("templates/webapp-deployment.yaml.j2"),
+    )
+    .unwrap();
+    std::fs::copy(repo().join("rules/tenant.yaml"), rules.join("tenant.yaml")).unwrap();
+    let want = rbac_documents(&["--rules", &rules.to_string_lossy()]);
+    assert_eq!(
+        want.len(),
+        2,
+        "trellis rbac: the operator's role and webapp's"
+    );
+
+    // charts/rbac-values turns that output into the chart's values.
+    let out = Command::new(repo().join("charts/rbac-values"))
+        .arg(&rules)
+        .env("TRELLIS", env!("CARGO_BIN_EXE_trellis"))
+        .output()
+        .expect("running charts/rbac-values");
+    assert!(
+        out.status.success(),
+        "charts/rbac-values: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rbac_values = dir.path().join("rbac-values.yaml");
+    std::fs::write(&rbac_values, &out.stdout).unwrap();
+    let objects = template_with(
+        json!({
+            "rules": {"examples": false, "files": {"webapp.yaml": webapp}},
+            "requireServiceAccount": true,
+        }),
+        &[&rbac_values],
+    )
+    .unwrap();
+    let named = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+            .clone()
+    };
+    assert_eq!(
+        named("ClusterRole", "rel-trellis")["rules"],
+        want[0]["rules"]
+    );
+    let role = named("ClusterRole", "rel-trellis-rule-webapp");
+    assert_eq!(role["rules"], want[1]["rules"]);
+    let account = named("ServiceAccount", "web-account");
+    assert_eq!(
+        account["metadata"]["namespace"], "ops",
+        "in the operator's namespace"
+    );
+    let binding = named("ClusterRoleBinding", "rel-trellis-rule-webapp");
+    assert_eq!(binding["roleRef"]["name"], "rel-trellis-rule-webapp");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "web-account", "namespace": "ops"}])
+    );
+    assert!(
+        args(&objects)
+            .iter()
+            .any(|a| a == "--require-service-account")
+    );
+    // The operator may impersonate exactly that account.
+    let text = want[0]["rules"].to_string();
+    assert!(
+        text.contains("impersonate") && text.contains("web-account"),
+        "{text}"
+    );
+}
+
 #[test]
 fn helm_lint_is_clean_with_the_defaults_and_with_every_option_on() {
     let out = helm(&["lint", "--strict", &chart().to_string_lossy()]).unwrap();
@@ -225,6 +327,9 @@ fn all_options() -> Value {
         "serviceMonitor": {"enabled": true, "labels": {"release": "prom"}},
         "prometheusRule": {"enabled": true, "labels": {"release": "prom"}},
         "dashboard": {"enabled": true},
+        "ruleServiceAccounts": {"webapp": {"name": "rule-webapp", "rules": [
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list"]}]}},
+        "requireServiceAccount": true,
     })
 }
 

@@ -27,21 +27,32 @@ use crate::support;
 use crate::support::node::{APP_IMAGE, node, pod_proxy_get, trellis_image};
 
 const WAIT: Duration = Duration::from_secs(180);
-/// The API group this test's WebApp kind lives in.
-const GROUP: &str = "helm.test.trellis.dev";
 
-/// The example WebApp rule and its template, moved to [`GROUP`]; `edit`
-/// changes the rule text (for the upgrade).
-fn rule_files(edit: impl Fn(String) -> String) -> BTreeMap<String, String> {
+/// One install: the API group its WebApp kind lives in (unique to the test,
+/// so tests never share the cluster-scoped CRD), and the ServiceAccount the
+/// rule acts as (`serviceAccountName`), if any.
+#[derive(Clone, Copy)]
+struct Setup {
+    group: &'static str,
+    account: Option<&'static str>,
+}
+
+/// The example WebApp rule and its template, moved to the setup's group
+/// (and given its account); `edit` changes the rule text (for the upgrade).
+fn rule_files(setup: Setup, edit: impl Fn(String) -> String) -> BTreeMap<String, String> {
     ["webapp.yaml", "templates/webapp-deployment.yaml.j2"]
         .into_iter()
         .map(|path| {
             let text = std::fs::read_to_string(repo().join("rules").join(path)).unwrap();
-            let text = text.replace("demo.trellis.dev", GROUP);
-            let text = if path == "webapp.yaml" {
-                edit(text)
-            } else {
-                text
+            let text = text.replace("demo.trellis.dev", setup.group);
+            let text = match (path, setup.account) {
+                ("webapp.yaml", None) => edit(text),
+                ("webapp.yaml", Some(account)) => edit(text.replacen(
+                    "\nspec:\n",
+                    &format!("\nspec:\n  serviceAccountName: {account}\n"),
+                    1,
+                )),
+                _ => text,
             };
             (path.to_string(), text)
         })
@@ -49,23 +60,38 @@ fn rule_files(edit: impl Fn(String) -> String) -> BTreeMap<String, String> {
 }
 
 /// The release's values for `files`: the trellis image under test, our rule
-/// and the ClusterRole `trellis rbac --manage-crds` prints for it.
-fn values(ns: &str, files: &BTreeMap<String, String>) -> Value {
+/// and the RBAC `trellis rbac --manage-crds` prints for it (through
+/// `charts/rbac-values` when the rule has its own account).
+fn values(ns: &str, setup: Setup, files: &BTreeMap<String, String>) -> Value {
     let dir = tempfile::tempdir().unwrap();
     for (path, text) in files {
         let file = dir.path().join(path);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(file, text).unwrap();
     }
-    let rbac = rbac_rules(&["--rules", &dir.path().to_string_lossy(), "--manage-crds"]);
     let (repository, tag) = trellis_image().rsplit_once(':').expect("image NAME:TAG");
-    json!({
+    let mut values = json!({
         "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "namespaces": [ns],
         "manageCrds": true,
         "rules": {"examples": false, "files": files},
-        "rbac": {"rules": rbac},
-    })
+    });
+    if setup.account.is_some() {
+        let out = std::process::Command::new(repo().join("charts/rbac-values"))
+            .arg("--manage-crds")
+            .arg(dir.path())
+            .env("TRELLIS", env!("CARGO_BIN_EXE_trellis"))
+            .output()
+            .expect("running charts/rbac-values");
+        assert!(out.status.success(), "charts/rbac-values: {out:?}");
+        let rbac: Value = serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        values["rbac"] = rbac["rbac"].clone();
+        values["ruleServiceAccounts"] = rbac["ruleServiceAccounts"].clone();
+    } else {
+        let dir = dir.path().to_string_lossy();
+        values["rbac"] = json!({"rules": rbac_rules(&["--rules", &dir, "--manage-crds"])});
+    }
+    values
 }
 
 /// `helm ARGS` against the test cluster, values from `values`.
@@ -86,8 +112,8 @@ fn helm_on_cluster(args: &[&str], values: Option<&Value>) -> Result<String, Stri
     helm(&all)
 }
 
-fn webapps(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(GROUP, "v1", "WebApp");
+fn webapps(client: &Client, ns: &str, group: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(group, "v1", "WebApp");
     Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
 }
 
@@ -167,13 +193,52 @@ impl Drop for Release {
 
 #[tokio::test]
 async fn helm_install_runs_two_replicas_one_leader_and_an_upgraded_rule_reloads_without_restarts() {
+    install_and_upgrade(Setup {
+        group: "helm.test.trellis.dev",
+        account: None,
+    })
+    .await;
+}
+
+/// The same with the rule acting as its own ServiceAccount, made by the
+/// chart (`ruleServiceAccounts`): the operator's role holds no write on the
+/// children, so the children exist only if the account's writes work.
+#[tokio::test]
+async fn helm_install_with_a_per_rule_service_account_writes_children_as_that_account() {
+    install_and_upgrade(Setup {
+        group: "helm-accounts.test.trellis.dev",
+        account: Some("rule-webapp"),
+    })
+    .await;
+}
+
+async fn install_and_upgrade(setup: Setup) {
     let client = support::client().await;
     let ns = support::namespace().await;
     let release = support::unique_name("trellis-helm");
-    let files = rule_files(|t| t);
+    let files = rule_files(setup, |t| t);
     let chart = repo().join("charts/trellis");
     let chart = chart.to_string_lossy();
-    let install_values = values(ns.name(), &files);
+    let install_values = values(ns.name(), setup, &files);
+    if setup.account.is_some() {
+        // The operator itself may read Deployments, never write them.
+        let role = install_values["rbac"]["rules"].as_array().unwrap();
+        let writes: Vec<&Value> = role
+            .iter()
+            .filter(|r| r["resources"].to_string().contains("deployments"))
+            .filter(|r| {
+                r["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v != "get" && v != "list" && v != "watch")
+            })
+            .collect();
+        assert!(
+            writes.is_empty(),
+            "the operator's own role writes Deployments: {writes:?}"
+        );
+    }
     let started = Instant::now();
     helm_on_cluster(
         &[
@@ -217,7 +282,7 @@ async fn helm_install_runs_two_replicas_one_leader_and_an_upgraded_rule_reloads_
 
     // trellis applied the CRD (manageCrds); a WebApp is reconciled.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd_name = format!("webapps.{GROUP}");
+    let crd_name = format!("webapps.{}", setup.group);
     support::eventually("the WebApp CRD established", WAIT, || async {
         let crd = crds.get(&crd_name).await.map_err(|e| e.to_string())?;
         let established = crd.status.and_then(|s| s.conditions).is_some_and(|c| {
@@ -232,12 +297,12 @@ async fn helm_install_runs_two_replicas_one_leader_and_an_upgraded_rule_reloads_
     })
     .await;
     let parent: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": format!("{GROUP}/v1"), "kind": "WebApp",
+        "apiVersion": format!("{}/v1", setup.group), "kind": "WebApp",
         "metadata": {"name": "shop"},
         "spec": {"image": APP_IMAGE, "replicas": 1, "greeting": "hi"}
     }))
     .unwrap();
-    let parents = webapps(&client, ns.name());
+    let parents = webapps(&client, ns.name(), setup.group);
     support::eventually("the WebApp created", WAIT, || async {
         parents
             .patch(
@@ -288,7 +353,7 @@ async fn helm_install_runs_two_replicas_one_leader_and_an_upgraded_rule_reloads_
 
     // `helm upgrade` with an edited rule: the children change, the Pods stay.
     let generation = deployments.get(&release).await.unwrap().metadata.generation;
-    let edited = rule_files(|t| {
+    let edited = rule_files(setup, |t| {
         let from = "          greeting: {{ spec.greeting }}\n";
         assert!(
             t.contains(from),
@@ -309,7 +374,7 @@ async fn helm_install_runs_two_replicas_one_leader_and_an_upgraded_rule_reloads_
             ns.name(),
             "--skip-crds",
         ],
-        Some(&values(ns.name(), &edited)),
+        Some(&values(ns.name(), setup, &edited)),
     )
     .unwrap();
     support::eventually(
