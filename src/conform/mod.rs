@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  rule ─▶ sample parent (schema + defaults, or one from --observed)
-//!       ─▶ every child rendered once (plan::sample; includeWhen obeyed)
+//!       ─▶ every child and patch rendered once (plan::sample; includeWhen obeyed)
 //!       ─▶ each object against its kind's OpenAPI schema:
 //!            built-in kinds: the bundled Kubernetes 1.35 definitions (builtin)
 //!            custom kinds:   --crds, else the CRDs the rules' `crd:` blocks generate
@@ -29,7 +29,7 @@ use crate::crd::offline::OfflineCrds;
 use crate::kinds::Gvk;
 use crate::plan::sample::{Sampled, render_children};
 use crate::plan::{Input, Observed};
-use crate::rules::{CompiledRule, Diagnostic, code_line};
+use crate::rules::{CompiledChild, CompiledRule, Diagnostic, code_line};
 pub use validate::{Finding, closest, validate};
 
 /// What the check knows besides the rule.
@@ -108,7 +108,7 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
             Err(errors) => refusals = errors,
         }
     }
-    let Some(children) = rendered else {
+    let Some(sample) = rendered else {
         let whose = if given.is_some() {
             "the parent given with --observed"
         } else {
@@ -126,24 +126,56 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
         )];
     };
     let mut out = Vec::new();
-    for (i, sampled) in children {
-        let Sampled::Rendered(objects) = sampled else {
-            continue;
-        };
-        let child = &rule.children[i];
-        let Some((root, crd)) = schema_for(&child.gvk, cx) else {
+    let rendered = sample
+        .children
+        .into_iter()
+        .filter_map(|(i, sampled)| match sampled {
+            Sampled::Rendered(objects) => Some((Entry::Child(i), objects)),
+            _ => None,
+        });
+    let patches = sample
+        .patches
+        .into_iter()
+        .map(|(i, bodies)| (Entry::Patch(i), bodies));
+    for (entry, objects) in rendered.chain(patches) {
+        let compiled = entry.compiled(rule);
+        let Some((root, crd)) = schema_for(&compiled.gvk, cx) else {
             continue;
         };
         let mut seen = std::collections::BTreeSet::new();
         for object in &objects {
             for finding in validate(object, &root, builtin::definitions(), crd) {
                 if seen.insert((finding.path.clone(), finding.message.clone())) {
-                    out.push(diagnostic(rule, i, &finding, cx));
+                    out.push(diagnostic(rule, entry, &finding, cx));
                 }
             }
         }
     }
     out
+}
+
+/// A child or a patch, by its index.
+#[derive(Debug, Clone, Copy)]
+enum Entry {
+    Child(usize),
+    Patch(usize),
+}
+
+impl Entry {
+    fn compiled(self, rule: &CompiledRule) -> &CompiledChild {
+        match self {
+            Entry::Child(i) => &rule.children[i],
+            Entry::Patch(i) => &rule.patches[i],
+        }
+    }
+
+    /// `children[1]`, `patches[0]`: also the field under `spec`.
+    fn at(self) -> String {
+        match self {
+            Entry::Child(i) => format!("children[{i}]"),
+            Entry::Patch(i) => format!("patches[{i}]"),
+        }
+    }
 }
 
 /// The schema of a child's kind, and whether it is a CRD's.
@@ -161,20 +193,20 @@ fn schema_for(gvk: &Gvk, cx: &Context) -> Option<(Value, bool)> {
 
 /// A finding as a warning on the template line that writes the field, else
 /// on the template's first line.
-fn diagnostic(rule: &CompiledRule, i: usize, finding: &Finding, cx: &Context) -> Diagnostic {
-    let child = &rule.children[i];
+fn diagnostic(rule: &CompiledRule, entry: Entry, finding: &Finding, cx: &Context) -> Diagnostic {
+    let child = entry.compiled(rule);
     let template = rule
         .templates
         .get(&child.spec.id)
         .map(String::as_str)
         .unwrap_or_default();
     let n = lines::line_of(template, &finding.keys).unwrap_or(1);
-    let field = format!("children[{i}] ({}) {}", child.spec.id, child.gvk.kind);
+    let field = format!("{} ({}) {}", entry.at(), child.spec.id, child.gvk.kind);
     let message = format!("{}: {}", finding.path, finding.message);
     let (file, line) = match &child.spec.template_file {
         Some(rel) => (template_path(&rule.file, rel), u64::try_from(n).ok()),
         None => {
-            let at = format!("spec.children[{i}].template");
+            let at = format!("spec.{}.template", entry.at());
             let line = (cx.source)(&rule.file)
                 .and_then(|text| code_line(&rule.lines, &text, &at, template, n))
                 .or_else(|| rule.lines.line_of(&at));

@@ -328,3 +328,35 @@ immutable: yes please
         ]
     );
 }
+
+#[test]
+fn a_patch_body_is_checked_against_its_targets_kind() {
+    let patch = "  patches:
+    - id: scale
+      apiVersion: apps/v1
+      kind: Deployment
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ \"-web\" }}
+        spec:
+          replicas: {{ spec.replicas }}
+          paused: \"no\"
+";
+    let text = rule(DEPLOYMENT_OK).replace("  children:\n", &format!("{patch}  children:\n"));
+    let dir = Dir::new(&[("app.yaml", &text)]);
+    let line = text
+        .lines()
+        .position(|l| l.contains("paused"))
+        .expect("line")
+        + 1;
+    assert_eq!(
+        dir.check(),
+        [format!(
+            "app.yaml:{line}: warning: patches[0] (scale) Deployment: spec.paused: wrong type: \
+             a string (\"no\"), the schema wants a boolean"
+        )]
+    );
+    // Written right, it is clean (its target missing offline changes nothing).
+    let dir = Dir::new(&[("app.yaml", &text.replace("paused: \"no\"", "paused: false"))]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+}

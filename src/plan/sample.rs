@@ -1,6 +1,6 @@
-//! Every child of a rule rendered once for one parent, whatever holds it
-//! back in a real pass: what `check` validates against the children's
-//! schemas (`crate::conform`).
+//! Every child and patch of a rule rendered once for one parent, whatever
+//! holds it back in a real pass: what `check` validates against their
+//! kinds' schemas (`crate::conform`).
 //!
 //! A pass renders a child only when the children and related entries it
 //! depends on are there and ready; a sample parent has none of them, so
@@ -36,14 +36,20 @@ pub enum Sampled {
     Failed(String),
 }
 
-/// Each child (by index into `rule.children`, in dependency order) and what
-/// it renders for `input.parent`; `Err` when the parent itself is refused
-/// (its spec fails the rule's schema, its namespace its kind's scope, a
-/// related entry refuses the read).
-pub fn render_children(
-    rule: &CompiledRule,
-    input: &Input,
-) -> Result<Vec<(usize, Sampled)>, Vec<String>> {
+/// What a rule renders for one parent.
+#[derive(Debug, Default)]
+pub struct Sample {
+    /// Each child (by index into `rule.children`, in dependency order).
+    pub children: Vec<(usize, Sampled)>,
+    /// The bodies each patch renders (by index into `rule.patches`), its
+    /// target found or not; a patch that renders nothing is left out.
+    pub patches: Vec<(usize, Vec<Value>)>,
+}
+
+/// Every child and patch rendered for `input.parent`; `Err` when the
+/// parent itself is refused (its spec fails the rule's schema, its
+/// namespace its kind's scope, a related entry refuses the read).
+pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec<String>> {
     if !input.parent.is_object() {
         return Err(vec!["the parent is not an object".into()]);
     }
@@ -112,5 +118,22 @@ pub fn render_children(
         };
         out.push((i, sampled));
     }
-    Ok(out)
+    // Patches after the children, as in a pass; no related entry holds
+    // them back. A patch waiting for another whose target the sample lacks
+    // renders nothing.
+    let patched = super::patch::plan_patches(rule, &base, &info, input, &ready, &[]);
+    let mut patches: Vec<(usize, Vec<Value>)> = Vec::new();
+    for apply in patched.apply {
+        let Some(i) = rule.patches.iter().position(|p| p.spec.id == apply.id) else {
+            continue;
+        };
+        match patches.iter_mut().find(|(j, _)| *j == i) {
+            Some((_, bodies)) => bodies.push(apply.object),
+            None => patches.push((i, vec![apply.object])),
+        }
+    }
+    Ok(Sample {
+        children: out,
+        patches,
+    })
 }
