@@ -133,13 +133,18 @@ impl CompactObject {
 }
 
 /// Takes `metadata` out of the top-level fields, as raw fields without
-/// `managedFields` (which mirror the spec's depth and which nothing reads).
+/// `managedFields` (which mirror the spec's depth), except the names of
+/// patch managers ([`super::patch::managers_of_patches`]).
 fn metadata_fields(top: &mut RawMap) -> Result<RawMap, serde_json::Error> {
     let mut fields: RawMap = match top.remove("metadata") {
         Some(raw) => serde_json::from_str(raw.get())?,
         None => RawMap::new(),
     };
-    fields.remove("managedFields");
+    if let Some(managed) = fields.remove("managedFields")
+        && let Some(kept) = super::patch::managers_of_patches(managed.get())
+    {
+        fields.insert("managedFields".into(), kept);
+    }
     Ok(fields)
 }
 

@@ -58,6 +58,8 @@ pub struct RuleCtx {
     /// past that version, a pass reads the written status, not the stale
     /// cached one (which would write the same status, and Event, again).
     pub written: Mutex<HashMap<String, Written>>,
+    /// What this process last sent of each parent's patches.
+    pub patches: super::patch::Memo,
     /// The client of the rule's child writes ([`RuleCtx::api_for`]): its
     /// account's, or the operator's own.
     pub writer: kube::Client,
@@ -155,6 +157,10 @@ pub enum Error {
         "{key} already exists and belongs to {owner}; it is not taken over: give the child a name of its own"
     )]
     Conflict { key: String, owner: String },
+    /// A field of a patch target another manager owns (the API server's
+    /// message names manager and field); the target was not written.
+    #[error("patching {key}: {message}")]
+    PatchConflict { key: String, message: String },
     #[error("writing status: {}", brief(.0))]
     Status(#[source] kube::Error),
     #[error("updating finalizers: {}", brief(.0))]

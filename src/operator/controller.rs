@@ -632,6 +632,7 @@ async fn run_controller(
         warned: Mutex::new(BTreeSet::new()),
         created: Mutex::default(),
         written: Mutex::default(),
+        patches: Default::default(),
     });
     let controller = controller.reconcile_on(recovered(ctx.clone()));
     // A reloaded rule with the same kinds, or a watch that had to relist

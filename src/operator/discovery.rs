@@ -29,7 +29,8 @@ pub struct RuleKinds {
     pub parent: Resolved,
     /// One entry per distinct child kind, in first-use order.
     pub children: Vec<Resolved>,
-    /// One entry per distinct served related kind, in first-use order.
+    /// One entry per distinct served related kind (patch target kinds
+    /// included), in first-use order.
     pub related: Vec<Resolved>,
     /// Related kinds not served, with why (readers wait for them).
     pub unserved_related: Vec<(Gvk, String)>,
@@ -84,15 +85,20 @@ pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKi
     }
     let mut related: Vec<Resolved> = Vec::new();
     let mut unserved_related: Vec<(Gvk, String)> = Vec::new();
-    for entry in &rule.related {
-        if related.iter().any(|r| r.gvk == entry.gvk)
-            || unserved_related.iter().any(|(g, _)| g == &entry.gvk)
-        {
+    // Patch targets are read as related objects are (and wait likewise
+    // for a kind not served).
+    let read = rule
+        .related
+        .iter()
+        .map(|r| &r.gvk)
+        .chain(rule.patches.iter().map(|p| &p.gvk));
+    for gvk in read {
+        if related.iter().any(|r| &r.gvk == gvk) || unserved_related.iter().any(|(g, _)| g == gvk) {
             continue;
         }
-        match resolve(client, &entry.gvk).await {
+        match resolve(client, gvk).await {
             Ok(kind) => related.push(kind),
-            Err(why) => unserved_related.push((entry.gvk.clone(), why)),
+            Err(why) => unserved_related.push((gvk.clone(), why)),
         }
     }
     Ok(RuleKinds {

@@ -1,4 +1,5 @@
-//! Finalizing a parent: the cleanup finalizer, children removed in reverse
+//! Finalizing a parent: the cleanup finalizer, its patch contributions
+//! released, children removed (retained ones released) in reverse
 //! dependency order (one wave per child id) when the rule asks, a live
 //! check that none is left, and the finalizer released.
 
@@ -15,6 +16,7 @@ use tracing::info;
 use super::FINALIZER;
 use super::context::{Error, RuleCtx, parent_key};
 use crate::plan::{LABEL_CHILD, LABEL_PARENT_UID, LABEL_RULE, ObjectKey};
+use crate::rules::model::DeletionPolicy;
 
 pub(super) async fn set_finalizers(
     ctx: &RuleCtx,
@@ -84,6 +86,8 @@ pub(super) async fn finalize(
     }
     let rule = &ctx.rule();
     let key = parent_key(parent);
+    // Contributions to objects the rule does not own go first.
+    super::patch::release_parent(ctx, uid).await?;
     let observed = ctx.observed(uid);
     let id_of = |o: &Value| {
         o.pointer("/metadata/labels")
@@ -134,6 +138,27 @@ pub(super) async fn finalize(
             continue;
         };
         let api = ctx.api_for(kind, key.namespace.as_deref());
+        // A retained child is released (kept, with nothing of trellis's
+        // left), in its turn, instead of deleted.
+        let retained = crate::plan::retained(obj)
+            || id_of(obj)
+                .and_then(|id| rule.child(&id))
+                .is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Retain);
+        if retained {
+            ctx.shared.gate.check()?;
+            match super::release::release_child(&api, &key.name).await {
+                Ok(_) => {
+                    info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "released (deletionPolicy: retain; parent is being deleted)")
+                }
+                Err(source) => {
+                    return Err(ctx.attribute(Error::Apply {
+                        key: key.to_string(),
+                        source,
+                    }));
+                }
+            }
+            continue;
+        }
         let params = DeleteParams {
             preconditions: obj
                 .pointer("/metadata/uid")

@@ -161,7 +161,8 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     let mut counted: BTreeSet<ObjectKey> = BTreeSet::new();
     // A child taken as written without the cache showing it: look again.
     let mut unseen = false;
-    for _round in 0..=rule.children.len() {
+    let mut patch_sent: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    for _round in 0..=rule.children.len() + rule.patches.len() {
         let mut wrote = false;
         for apply in &plan.apply {
             if sent.get(&apply.key) == Some(&apply.hash) {
@@ -224,6 +225,18 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 }
             }
         }
+        // Patches once the children of this round are sent.
+        if apply_errors.is_empty() {
+            wrote |= super::patch::send_all(
+                &ctx,
+                &plan,
+                &mut observed,
+                &uid,
+                &mut patch_sent,
+                &mut apply_errors,
+            )
+            .await?;
+        }
         if !wrote || !apply_errors.is_empty() {
             break;
         }
@@ -260,6 +273,9 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 })),
             }
         }
+        // Contributions and retained children no longer rendered.
+        super::patch::release_all(&ctx, &plan.release, &uid, &mut apply_errors).await?;
+        super::release::retain_all(&ctx, &plan.retain, &mut apply_errors).await?;
     }
 
     if !plan.errors.is_empty() {
@@ -275,8 +291,9 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             .map(|e| e.to_string())
             .collect::<Vec<_>>()
             .join("; ");
-        mark_apply_error(status, &message, &parent_json, &now);
-        ctx.warn(parent, "ApplyError", message).await;
+        let reason = super::patch::failure_reason(&apply_errors);
+        mark_apply_error(status, reason, &message, &parent_json, &now);
+        ctx.warn(parent, reason, message).await;
     }
     // A pass that cannot see a child this process made moments ago (its
     // watch event not in yet) knows less than the pass that made it, which

@@ -56,6 +56,9 @@ pub struct WatchSpec {
     /// Some entry may read outside the parent's namespace
     /// (`allowCrossNamespace`, `allNamespaces`).
     pub anywhere: bool,
+    /// Patch targets of this kind: a whole-kind watch that keeps the
+    /// patch managers of `managedFields`, indexed by manager.
+    pub patched: bool,
 }
 
 /// `{{`, `{%` or `{#`: a template, not a literal.
@@ -109,11 +112,25 @@ pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
             .or_default()
             .push(&entry.spec);
     }
+    for patch in &rule.patches {
+        by_kind.entry(patch.gvk.clone()).or_default();
+    }
     let mut out = Vec::new();
     for (gvk, entries) in by_kind {
         let anywhere = entries
             .iter()
             .any(|e| e.allow_cross_namespace || e.all_namespaces);
+        let patches: Vec<_> = rule.patches.iter().filter(|p| p.gvk == gvk).collect();
+        if !patches.is_empty() {
+            // Targets are read by name: the whole kind.
+            out.push(WatchSpec {
+                gvk,
+                labels: None,
+                anywhere: anywhere || patches.iter().any(|p| p.spec.allow_cross_namespace),
+                patched: true,
+            });
+            continue;
+        }
         let selectors: Option<Vec<String>> = entries
             .iter()
             .map(|e| static_selector(e).map(|s| selector_string(&s)))
@@ -127,12 +144,14 @@ pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
                     gvk: gvk.clone(),
                     labels: Some(l),
                     anywhere,
+                    patched: false,
                 }));
             }
             _ => out.push(WatchSpec {
                 gvk,
                 labels: None,
                 anywhere,
+                patched: false,
             }),
         }
     }
@@ -207,6 +226,8 @@ pub struct Caches {
     missed: tokio::sync::mpsc::UnboundedSender<ParentRef>,
     /// The undecodable-object Warning last written per parent.
     warned: Mutex<std::collections::HashMap<ParentRef, String>>,
+    /// Patch manager → the targets (watch, namespace, name) it contributes to.
+    managers: Mutex<managers::Managers>,
 }
 
 /// What [`Caches::start`] watches, and where.
@@ -263,8 +284,14 @@ impl Caches {
             let writer = Writer::new(kind.resource.clone());
             let store = writer.as_reader();
             let mut trim = trim(&kind.resource);
+            let patched = spec.patched;
             let stream = watch_stream(client, kind, scope, config, move |o: &mut ParentObject| {
-                trim(&mut o.object)
+                // Patch managers stay: they tell who contributed to a target.
+                let managers = o.object.metadata.managed_fields.take();
+                trim(&mut o.object);
+                if patched {
+                    o.object.metadata.managed_fields = managers;
+                }
             });
             let what = format!("{} related {}", rule.name, spec.gvk);
             streams.push((own_errors(what, stream), writer, watches.len()));
@@ -289,6 +316,7 @@ impl Caches {
             index: Mutex::new(ReadIndex::default()),
             missed,
             warned: Mutex::default(),
+            managers: Mutex::default(),
         });
         let mut triggers: Vec<futures::stream::BoxStream<'static, ParentRef>> = Vec::new();
         for (stream, mut writer, w) in streams {
@@ -344,6 +372,16 @@ impl Caches {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
                 let old = watch.store.get(&key(o));
                 writer.apply_watcher_event(event);
+                if watch.spec.patched {
+                    let mut managers = super::lock(&self.managers);
+                    let at = (w, name_of(o));
+                    if let Some(old) = &old {
+                        managers.remove(&at, &old.object.metadata);
+                    }
+                    if let watcher::Event::Apply(o) = event {
+                        managers.add(&at, &o.object.metadata);
+                    }
+                }
                 let meta = &o.object.metadata;
                 let mut labels = vec![labels_of(o)];
                 if let Some(old) = &old {
@@ -372,6 +410,15 @@ impl Caches {
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {
                 writer.apply_watcher_event(event);
+                if watch.spec.patched {
+                    let mut managers = super::lock(&self.managers);
+                    match event {
+                        watcher::Event::InitApply(o) => {
+                            managers.add(&(w, name_of(o)), &o.object.metadata)
+                        }
+                        _ => managers.clear(w),
+                    }
+                }
                 if let Some(by_label) = &watch.labels {
                     let mut by_label = super::lock(by_label);
                     match event {
@@ -511,6 +558,26 @@ fn to_entry(gvk: &Gvk, o: &ParentObject) -> Result<Option<(ObjectKey, Value)>, U
 }
 
 impl RelatedSource for Caches {
+    fn managed_by(&self, manager: &str) -> Vec<(ObjectKey, Value)> {
+        let targets = super::lock(&self.managers).of(manager);
+        let mut out = Vec::new();
+        for (w, (namespace, name)) in targets {
+            let Some(watch) = self.watches.get(w) else {
+                continue;
+            };
+            let mut key = ObjectRef::new_with(&name, watch.kind.resource.clone());
+            if let Some(ns) = &namespace {
+                key = key.within(ns);
+            }
+            if let Some(o) = watch.store.get(&key)
+                && let Ok(Some(entry)) = to_entry(&watch.kind.gvk, &o)
+            {
+                out.push(entry);
+            }
+        }
+        out
+    }
+
     fn served(&self, gvk: &Gvk) -> Result<(), Unreadable> {
         match self.unserved.iter().find(|(g, _)| g == gvk) {
             Some((_, why)) => Err(Unreadable {
@@ -635,5 +702,6 @@ fn tokio_stream_of<T: Send + 'static>(
 
 mod index;
 mod labels;
+mod managers;
 #[cfg(test)]
 mod tests;

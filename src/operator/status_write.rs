@@ -15,10 +15,16 @@ use tracing::warn;
 use super::context::{Error, RuleCtx};
 use super::lock;
 
-/// Turns `Synced` into `False/ApplyError` (and `Ready` too when it claimed
+/// Turns `Synced` into `False/<reason>` (`ApplyError`, `PatchConflict`; and `Ready` too when it claimed
 /// True), keeping the previous transition time when it was already False so
 /// that a persistent failure does not rewrite the status on every retry.
-pub(super) fn mark_apply_error(status: &mut Value, message: &str, parent: &Value, now: &str) {
+pub(super) fn mark_apply_error(
+    status: &mut Value,
+    reason: &str,
+    message: &str,
+    parent: &Value,
+    now: &str,
+) {
     let previous = parent
         .pointer("/status/conditions")
         .and_then(Value::as_array);
@@ -40,7 +46,7 @@ pub(super) fn mark_apply_error(status: &mut Value, message: &str, parent: &Value
                 .unwrap_or(now)
                 .to_owned();
             c["status"] = json!("False");
-            c["reason"] = json!("ApplyError");
+            c["reason"] = json!(reason);
             c["message"] = json!(message);
             c["lastTransitionTime"] = json!(since);
         }
@@ -367,7 +373,7 @@ mod tests {
             {"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
             {"type": "Synced", "status": "True", "lastTransitionTime": "t2"}
         ]});
-        mark_apply_error(&mut status, "boom", &parent, "t1");
+        mark_apply_error(&mut status, "ApplyError", "boom", &parent, "t1");
         assert_eq!(status["conditions"][0]["status"], "False");
         assert_eq!(status["conditions"][0]["lastTransitionTime"], "t1");
         assert_eq!(status["conditions"][1]["reason"], "ApplyError");

@@ -147,7 +147,11 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
     let Some((kinds, parents)) = rule_parents(shared, rule).await else {
         return;
     };
-    if rule.rule.spec.on_rule_removed == OnRuleRemoved::Delete {
+    // Retained children are released whatever onRuleRemoved says, and
+    // with `delete` the parents' patch contributions too.
+    let delete = rule.rule.spec.on_rule_removed == OnRuleRemoved::Delete;
+    super::release::after_rule_removed(shared, rule, &kinds, &parents, delete).await;
+    if delete {
         let reason = "rule removed, onRuleRemoved: delete";
         delete_children(shared, rule, &kinds.children, &parents, reason).await;
     }
@@ -210,7 +214,7 @@ async fn rule_parents(
 /// Where the rule's parents were watched: one entry per namespace, or a
 /// single `None` for all namespaces. Empty when the rule never ran (its
 /// namespaces and the operator's do not meet).
-fn scopes(rule: &CompiledRule, operator: &[String]) -> Vec<Option<String>> {
+pub(super) fn scopes(rule: &CompiledRule, operator: &[String]) -> Vec<Option<String>> {
     match controller::effective_namespaces(rule, operator) {
         Ok(namespaces) if namespaces.is_empty() => vec![None],
         Ok(namespaces) => namespaces.into_iter().map(Some).collect(),
@@ -221,7 +225,7 @@ fn scopes(rule: &CompiledRule, operator: &[String]) -> Vec<Option<String>> {
 
 /// Lists `kind` in each of `scopes` (a cluster-scoped kind: once, everywhere;
 /// no scopes: nothing).
-async fn list_in(
+pub(super) async fn list_in(
     shared: &Shared,
     kind: &Resolved,
     scopes: &[Option<String>],

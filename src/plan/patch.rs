@@ -57,6 +57,9 @@ pub struct PatchApply {
     /// A forced apply (`force: true`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub force: bool,
+    /// The observed target holds every contributed field already.
+    #[serde(skip)]
+    pub held: bool,
     /// SHA-256 of the body (uid included): the operator sends an unchanged
     /// contribution only when the target drifted.
     pub hash: String,
@@ -242,6 +245,9 @@ fn targets(
             meta.insert("uid".into(), json!(uid));
         }
         let object = Value::Object(obj);
+        let held = target
+            .as_ref()
+            .is_some_and(|t| !crate::drift::drifted(&object, t));
         if let Some(mut target) = target {
             match target_ready(rule, patch, ctx, &object, &target, item.as_ref()) {
                 Ok(Ok(())) => {}
@@ -271,6 +277,7 @@ fn targets(
             object,
             uid,
             force,
+            held,
             hash,
         });
     }

@@ -235,6 +235,7 @@ fn a_static_selector_is_a_label_selected_watch() {
             gvk: Gvk::new("v1", "Namespace"),
             labels: Some("env=prod,tier in (a,b)".into()),
             anywhere: false,
+            patched: false,
         }]
     );
 }
@@ -259,6 +260,7 @@ fn a_name_read_of_a_kind_also_serves_its_static_selectors() {
             gvk: Gvk::new("v1", "ConfigMap"),
             labels: None,
             anywhere: true,
+            patched: false,
         }]
     );
 }
@@ -268,4 +270,20 @@ fn an_empty_selector_watches_the_whole_kind() {
     let s =
         specs("    - id: all\n      apiVersion: v1\n      kind: Namespace\n      selector: {}\n");
     assert_eq!(s[0].labels, None);
+}
+
+#[test]
+fn a_patch_target_kind_is_one_whole_kind_watch_that_keeps_patch_managers() {
+    let rule = crate::rules::testing::rule_with_spec(
+        "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  related:\n    - id: sel\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {a: b}\n  patches:\n    - id: ns\n      apiVersion: v1\n      kind: Namespace\n      allowCrossNamespace: true\n      template: '{metadata: {name: x, labels: {t: u}}}'\n",
+    );
+    assert_eq!(
+        watch_specs(&rule),
+        vec![WatchSpec {
+            gvk: Gvk::new("v1", "Namespace"),
+            labels: None,
+            anywhere: true,
+            patched: true,
+        }]
+    );
 }
