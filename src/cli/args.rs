@@ -235,7 +235,7 @@ pub enum Command {
         /// rule's `schema` and `defaults`, nothing observed]
         #[arg(long, value_name = "FILE")]
         observed: Option<PathBuf>,
-        /// Treat every warning as an error (exit 1)
+        /// Treat every warning as an error (exit 1) [default: off]
         #[arg(long)]
         strict: bool,
         #[command(flatten)]
@@ -286,10 +286,11 @@ pub enum Command {
     /// type, hover and completion of rule fields (rule directories are found
     /// anywhere under the workspace)
     Lsp {
-        /// CRD manifests (a file or a directory), as for `check --crds`
+        /// CRD manifests (a file or a directory), as for `check --crds` [default: none: each rule's
+        /// own `crd:` block]
         #[arg(long, value_name = "PATH")]
         crds: Option<PathBuf>,
-        /// Report every warning as an error, as `check --strict` does
+        /// Report every warning as an error, as `check --strict` does [default: off]
         #[arg(long)]
         strict: bool,
     },
