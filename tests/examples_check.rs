@@ -123,6 +123,7 @@ fn rules_pass_check_without_errors_or_warnings() {
             "db-user",
             "deployment-expose",
             "shards",
+            "team",
             "tenant",
             "tls-service",
             "webapp"

@@ -241,6 +241,22 @@ const CASES: &[Case] = &[
         observed: Some("tenant-sandbox-active.yaml"),
         random: &[],
     },
+    // Team: its Namespace not observed: the patch is pending (TargetNotFound,
+    // nothing made), the volume waits for the quota.
+    Case {
+        name: "team-payments",
+        parent: "team-payments.yaml",
+        observed: None,
+        random: &[],
+    },
+    // Team all up: the Namespace labelled under the Team's own manager,
+    // cost reported; an old contribution to another Namespace is released.
+    Case {
+        name: "team-payments-ready",
+        parent: "team-payments.yaml",
+        observed: Some("team-payments-ready.yaml"),
+        random: &[],
+    },
     // Decorator on a labelled Deployment: Service + PDB, no status.
     Case {
         name: "deployment-api",
@@ -304,6 +320,16 @@ fn render_webapp_internal() {
 #[test]
 fn render_webapp_invalid() {
     case("webapp-invalid").check();
+}
+
+#[test]
+fn render_team_payments() {
+    case("team-payments").check();
+}
+
+#[test]
+fn render_team_payments_ready() {
+    case("team-payments-ready").check();
 }
 
 #[test]
