@@ -16,7 +16,7 @@
 mod fields;
 mod workspace;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -93,10 +93,12 @@ fn serve(connection: &Connection, inputs: Inputs) -> Result<(), String> {
             ..Workspace::default()
         },
         uris: HashMap::new(),
-        published: BTreeSet::new(),
+        published: BTreeMap::new(),
+        dirty: BTreeSet::new(),
         schema: crate::rules::model::json_schema(),
     };
     server.ws.scan();
+    server.dirty = server.ws.dirs.clone();
     server.publish();
     while let Ok(message) = connection.receiver.recv() {
         match message {
@@ -177,8 +179,11 @@ struct Server<'c> {
     ws: Workspace,
     /// Canonical path → the URI the editor calls it by.
     uris: HashMap<PathBuf, String>,
-    /// Files that have diagnostics published: a later check clears them.
-    published: BTreeSet<PathBuf>,
+    /// Per rule directory, the files it has diagnostics published for: its
+    /// next check clears those it no longer reports.
+    published: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    /// Rule directories changed since their last check.
+    dirty: BTreeSet<PathBuf>,
     schema: Value,
 }
 
@@ -207,7 +212,18 @@ impl Server<'_> {
                 text.is_some() && self.set_buffer(&p.text_document.uri, text)
             }
             DidSaveTextDocument::METHOD => {
-                serde_json::from_value::<DidSaveTextDocumentParams>(note.params).is_ok()
+                let Ok(p) = serde_json::from_value::<DidSaveTextDocumentParams>(note.params) else {
+                    return false;
+                };
+                // The disk now holds what the buffer held: check again, as
+                // a file saved without being open (no buffer) changed too.
+                let Some(path) = uri_to_path(p.text_document.uri.as_str()) else {
+                    return false;
+                };
+                let dirs = self.ws.dirs_of(&canonical(&path));
+                let any = !dirs.is_empty();
+                self.dirty.extend(dirs);
+                any
             }
             DidCloseTextDocument::METHOD => {
                 let Ok(p) = serde_json::from_value::<DidCloseTextDocumentParams>(note.params)
@@ -231,29 +247,39 @@ impl Server<'_> {
         if let Some(text) = &text {
             self.ws.note(&path, text);
         }
+        let dirs = self.ws.dirs_of(&path);
+        let any = !dirs.is_empty();
+        self.dirty.extend(dirs);
         if let Ok(mut buffers) = self.ws.buffers.write() {
             match text {
                 Some(text) => buffers.insert(path, text),
                 None => buffers.remove(&path),
             };
         }
-        true
+        any
     }
 
-    /// Checks every rule directory and publishes each file's diagnostics,
-    /// an empty list for a file that had some and has none now.
+    /// Checks the changed rule directories and publishes each file's
+    /// diagnostics, an empty list for a file that had some and has none now.
     fn publish(&mut self) {
-        let by_file = self.ws.check();
-        let now: BTreeSet<PathBuf> = by_file.keys().cloned().collect();
-        for path in self.published.difference(&now) {
-            self.publish_file(path, Vec::new());
+        let dirs = std::mem::take(&mut self.dirty);
+        let by_file = self.ws.check(&dirs);
+        for dir in &dirs {
+            let now: BTreeSet<PathBuf> = by_file
+                .keys()
+                .filter(|f| f.starts_with(dir))
+                .cloned()
+                .collect();
+            let before = self.published.insert(dir.clone(), now.clone());
+            for path in before.unwrap_or_default().difference(&now) {
+                self.publish_file(path, Vec::new());
+            }
         }
         for (path, diags) in &by_file {
             let text = self.ws.text(path).unwrap_or_default();
             let list = diags.iter().map(|d| to_lsp(d, &text)).collect();
             self.publish_file(path, list);
         }
-        self.published = now;
     }
 
     fn publish_file(&self, path: &Path, diagnostics: Vec<LspDiagnostic>) {

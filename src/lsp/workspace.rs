@@ -93,8 +93,18 @@ impl Workspace {
         std::fs::read_to_string(path).ok()
     }
 
-    /// Every diagnostic of every rule directory, by file.
-    pub fn check(&self) -> BTreeMap<PathBuf, Vec<Diagnostic>> {
+    /// The rule directories a change to `path` concerns: those holding it
+    /// (a rule file, or a template file in a subdirectory).
+    pub fn dirs_of(&self, path: &Path) -> BTreeSet<PathBuf> {
+        self.dirs
+            .iter()
+            .filter(|d| path.starts_with(d))
+            .cloned()
+            .collect()
+    }
+
+    /// Every diagnostic of each of `dirs`, by file.
+    pub fn check(&self, dirs: &BTreeSet<PathBuf>) -> BTreeMap<PathBuf, Vec<Diagnostic>> {
         let buffers = self.buffers.clone();
         let disk = crate::rules::load::disk();
         let read: Read = Arc::new(move |path: &Path| {
@@ -108,7 +118,7 @@ impl Workspace {
             }
         });
         let mut by_file: BTreeMap<PathBuf, Vec<Diagnostic>> = BTreeMap::new();
-        for dir in &self.dirs {
+        for dir in dirs {
             let checked = diagnostics(
                 std::slice::from_ref(dir),
                 Limits::default(),
