@@ -219,14 +219,16 @@ pub enum Command {
         #[command(flatten)]
         leader: LeaderElection,
     },
-    /// Lint a rule set; exit 1 with file:line messages on any error
+    /// Lint a rule set, and the children it renders for a sample parent against
+    /// their kinds' schemas; exit 1 with file:line messages on any error
     Check {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
         /// CRD manifests (a file or a directory): the parent kinds' scope comes from
-        /// them, and status fields they would drop are warned about [default: the
-        /// rules' own `crd:` blocks]
+        /// them, status fields they would drop are warned about, and children of
+        /// custom kinds are checked against them [default: the rules' own `crd:`
+        /// blocks]
         #[arg(long, value_name = "PATH")]
         crds: Option<PathBuf>,
         /// Objects to render the children with (a YAML stream): one of a rule's parent

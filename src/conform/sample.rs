@@ -3,13 +3,15 @@
 //! Its spec fills every field the rule's `schema` declares, so that as many
 //! template branches as one parent can reach are reached: a field's value
 //! from `defaults` (or the schema's `default`/`enum`/`const`/`examples`)
-//! when there is one, else 1 (moved into the schema's bounds) for a number
+//! when there is one, else 2 (moved into the schema's bounds) for a number
 //! and the field's own name for a string (a DNS label, so it makes valid
 //! names); but `true` for every boolean and at least one item in every
 //! list, whatever `defaults` says (`expose: false` and `hosts: []` would
 //! leave an `includeWhen`/`forEach` child unseen). When the rule's schema refuses that (a pattern, a bound, a
 //! `oneOf`), the sample falls back to `defaults` and the required fields
-//! alone.
+//! alone. A built-in parent kind (a rule decorating Deployments) has no
+//! `schema`: its sample spec is filled the same way from the kind's own
+//! schema in the bundle.
 
 use serde_json::{Map, Value, json};
 
@@ -53,17 +55,52 @@ pub fn parents(rule: &CompiledRule, scope: Scope) -> Vec<Value> {
             "spec": spec,
         })
     };
+    let none = Map::new();
     let Some(schema) = &spec_rule.schema else {
-        return vec![parent(defaults)];
+        // A built-in parent kind: its own schema, from the bundle.
+        let defs = super::builtin::definitions();
+        let spec = super::builtin::schema_of(&rule.parent)
+            .and_then(|root| resolve(&root, defs).pointer("/properties/spec").cloned());
+        return match spec {
+            Some(spec) if rule.parent.is_builtin() => {
+                vec![
+                    parent(sample(&spec, Some(&defaults), "spec", true, 0, defs)),
+                    parent(defaults),
+                ]
+            }
+            _ => vec![parent(defaults)],
+        };
     };
-    let rich = sample(schema, Some(&defaults), "spec", true, 0);
-    let lean = deep_merge(&sample(schema, None, "spec", false, 0), &defaults);
+    let rich = sample(schema, Some(&defaults), "spec", true, 0, &none);
+    let lean = deep_merge(&sample(schema, None, "spec", false, 0, &none), &defaults);
     vec![parent(rich), parent(lean)]
+}
+
+/// Follows `$ref`s into `defs` (the bundle's bare definition names).
+fn resolve<'s>(mut schema: &'s Value, defs: &'s Map<String, Value>) -> &'s Value {
+    for _ in 0..8 {
+        let Some(name) = schema.get("$ref").and_then(Value::as_str) else {
+            break;
+        };
+        match defs.get(name.rsplit('/').next().unwrap_or(name)) {
+            Some(target) => schema = target,
+            None => break,
+        }
+    }
+    schema
 }
 
 /// A value for `schema`; `given` is what `defaults` says there. `rich`
 /// fills every declared field, else only the required ones.
-fn sample(schema: &Value, given: Option<&Value>, name: &str, rich: bool, depth: usize) -> Value {
+fn sample(
+    schema: &Value,
+    given: Option<&Value>,
+    name: &str,
+    rich: bool,
+    depth: usize,
+    defs: &Map<String, Value>,
+) -> Value {
+    let schema = resolve(schema, defs);
     let declared = |key: &str| schema.get(key).filter(|v| !v.is_null());
     let typ = schema.get("type").and_then(Value::as_str).or_else(|| {
         // `type: [string, "null"]`: the first that is not null.
@@ -85,12 +122,20 @@ fn sample(schema: &Value, given: Option<&Value>, name: &str, rich: bool, depth: 
             .flatten()
             .filter_map(Value::as_str)
             .collect();
+        // A map (`labels`, `matchLabels`): one entry, when nothing is given.
+        if let Some(extra @ Value::Object(_)) = schema.get("additionalProperties")
+            && rich
+            && out.is_empty()
+        {
+            let value = sample(extra, None, name, rich, depth + 1, defs);
+            out.insert(string_for(name, &json!({})), value);
+        }
         if let Some(props) = schema.get("properties").and_then(Value::as_object) {
             for (key, prop) in props {
                 if !rich && !required.contains(&key.as_str()) {
                     continue;
                 }
-                let value = sample(prop, out.get(key), key, rich, depth + 1);
+                let value = sample(prop, out.get(key), key, rich, depth + 1, defs);
                 out.insert(key.clone(), value);
             }
         }
@@ -100,7 +145,7 @@ fn sample(schema: &Value, given: Option<&Value>, name: &str, rich: bool, depth: 
         let items = schema.get("items").cloned().unwrap_or(json!({}));
         return match given {
             Some(Value::Array(list)) if !list.is_empty() || !rich => Value::Array(list.clone()),
-            _ if rich => json!([sample(&items, None, name, rich, depth + 1)]),
+            _ if rich => json!([sample(&items, None, name, rich, depth + 1, defs)]),
             _ => json!([]),
         };
     }
@@ -123,7 +168,8 @@ fn sample(schema: &Value, given: Option<&Value>, name: &str, rich: bool, depth: 
             return first.clone();
         }
     }
-    // 1, moved into `minimum`..`maximum` when they exclude it.
+    // 2 (more than one reaches `> 1` branches: a PodDisruptionBudget for
+    // several replicas), moved into `minimum`..`maximum` when they exclude it.
     let bound = |key: &str, exclusive: &str, step: f64| {
         schema.get(key).and_then(Value::as_f64).or_else(|| {
             schema
@@ -132,7 +178,7 @@ fn sample(schema: &Value, given: Option<&Value>, name: &str, rich: bool, depth: 
                 .map(|m| m + step)
         })
     };
-    let mut n = 1.0_f64;
+    let mut n = 2.0_f64;
     if let Some(min) = bound("minimum", "exclusiveMinimum", 1.0) {
         n = n.max(min);
     }

@@ -360,3 +360,39 @@ fn a_patch_body_is_checked_against_its_targets_kind() {
     let dir = Dir::new(&[("app.yaml", &text.replace("paused: \"no\"", "paused: false"))]);
     assert_eq!(dir.check(), Vec::<String>::new());
 }
+
+#[test]
+fn a_built_in_parent_kind_is_sampled_from_its_own_schema() {
+    let text = "apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: expose
+spec:
+  parent:
+    apiVersion: apps/v1
+    kind: Deployment
+  children:
+    - id: svc
+      apiVersion: v1
+      kind: Service
+      includeWhen: \"parent.spec.replicas > 1\"
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        spec:
+          selector: {{ parent.spec.selector.matchLabels }}
+          ports:
+          {%- for c in parent.spec.template.spec.containers %}
+            - port: {{ c.ports[0].containerPort }}
+              nmae: {{ c.name }}
+          {%- endfor %}
+";
+    let dir = Dir::new(&[("expose.yaml", text)]);
+    assert_eq!(
+        dir.check(),
+        [
+            "expose.yaml:22: warning: children[0] (svc) Service: spec.ports[0].nmae: unknown field \
+          (did you mean name?)"
+        ]
+    );
+}
