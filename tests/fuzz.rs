@@ -194,3 +194,25 @@ fn the_renderer_keeps_hostile_values_contained() {
 fn the_planner_keeps_any_parent_and_observed_state_contained() {
     drive("plan", trellis_fuzz::plan);
 }
+
+/// The planner's patch invariants are not vacuous: the Team seed has a
+/// contribution sent to an observed target and one released.
+#[test]
+fn the_team_seed_plans_a_contribution_and_a_release() {
+    let seed = std::fs::read(trellis_fuzz::repo("fuzz/corpus/plan/seed-team.json")).unwrap();
+    let input: serde_json::Value = serde_json::from_slice(&seed).unwrap();
+    let observed = trellis::plan::Observed::from_objects(
+        input["observed"].as_array().unwrap().iter().cloned(),
+    );
+    let rule = trellis_fuzz::example_rules()
+        .rules
+        .iter()
+        .find(|r| r.name == "team")
+        .expect("rules/team.yaml");
+    let plan = trellis_fuzz::plan_once(rule, &input["parent"], &observed);
+    assert_eq!(plan.patches.len(), 1, "{:?}", plan.errors);
+    assert_eq!(plan.patches[0].uid.as_deref(), Some("ns-1"));
+    assert_eq!(plan.release.len(), 1, "{:?}", plan.release);
+    assert_eq!(plan.release[0].key.name, "old");
+    trellis_fuzz::assert_patches_contained(rule, &input["parent"], &observed, &plan);
+}

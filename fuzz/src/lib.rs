@@ -90,6 +90,7 @@ pub fn plan(data: &[u8]) {
     for rule in &example_rules().rules {
         let plan = plan_once(rule, &parent, &observed);
         assert_contained(rule, &parent, &plan);
+        assert_patches_contained(rule, &parent, &observed, &plan);
     }
 }
 
@@ -153,8 +154,10 @@ pub fn render(data: &[u8]) {
             replace_strings(&mut parent["spec"], &text.repeat(times.clamp(1, 4096)));
         }
     }
-    let plan = plan_once(rule, &parent, &Observed::default());
+    let observed = Observed::default();
+    let plan = plan_once(rule, &parent, &observed);
     assert_contained(rule, &parent, &plan);
+    assert_patches_contained(rule, &parent, &observed, &plan);
 }
 
 /// The example rules (`rules/`), loaded once.
@@ -248,5 +251,81 @@ pub fn assert_contained(rule: &CompiledRule, parent: &Value, plan: &Plan) {
             let same = plan.apply.iter().filter(|a| a.id == apply.id).count();
             assert_eq!(same, 1, "child {} rendered {same} objects", apply.id);
         }
+    }
+}
+
+/// What no parent can change about `patches:`: every contribution is one
+/// the rule declares, to its declared kind, holding nothing of trellis's
+/// (no trellis label or annotation, no ownerReference); it is never a
+/// create: one is sent (has a uid) only to a target observed with that
+/// very uid; and only objects observed under this parent's own field
+/// manager are ever released.
+pub fn assert_patches_contained(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: &Observed,
+    plan: &Plan,
+) {
+    for patch in &plan.patches {
+        let Some(declared) = rule.patch(&patch.id) else {
+            panic!("patch {:?} is not declared by rule {}", patch.id, rule.name);
+        };
+        let object = &patch.object;
+        assert_eq!(
+            object["apiVersion"],
+            declared.spec.api_version.as_str(),
+            "{object}"
+        );
+        assert_eq!(object["kind"], declared.spec.kind.as_str(), "{object}");
+        assert_eq!(patch.key.kind, declared.gvk.kind, "patch {}", patch.id);
+        let meta = &object["metadata"];
+        assert!(meta.get("ownerReferences").is_none(), "owned: {object}");
+        for map in ["labels", "annotations"] {
+            if let Some(m) = meta.get(map).and_then(Value::as_object) {
+                assert!(
+                    m.keys()
+                        .all(|k| !k.starts_with("trellis.dev/")
+                            && k != "app.kubernetes.io/managed-by"),
+                    "patch {} carries a trellis mark: {object}",
+                    patch.id
+                );
+            }
+        }
+        match &patch.uid {
+            None => assert!(meta.get("uid").is_none(), "{object}"),
+            Some(uid) => {
+                assert_eq!(meta["uid"], uid.as_str(), "{object}");
+                let target = observed.objects.get(&patch.key);
+                assert_eq!(
+                    target.and_then(|t| t.pointer("/metadata/uid")),
+                    Some(&Value::String(uid.clone())),
+                    "patch {} would be sent to {} that is not observed with uid {uid}",
+                    patch.id,
+                    patch.key
+                );
+            }
+        }
+        if declared.for_each.is_none() {
+            let same = plan.patches.iter().filter(|p| p.id == patch.id).count();
+            assert_eq!(same, 1, "patch {} rendered {same} objects", patch.id);
+        }
+    }
+    let uid = parent
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or(plan::PLACEHOLDER_UID);
+    let manager = plan::field_manager(&rule.name, uid);
+    for release in &plan.release {
+        let target = observed.objects.get(&release.key);
+        assert!(
+            target.is_some_and(|t| plan::has_manager(t, &manager)),
+            "{} released without this parent's manager {manager} on it",
+            release.key
+        );
+        assert!(
+            plan.patches.iter().all(|p| p.key != release.key),
+            "{} is both contributed to and released",
+            release.key
+        );
     }
 }
