@@ -218,7 +218,8 @@ fn dot_escape(s: &str) -> String {
 }
 
 /// Graphviz DOT: one cluster per rule; cylinders are related entries (read,
-/// never written), 3-D boxes are one object per item (`forEach`), dashed
+/// never written), notes are patches (fields contributed to objects the
+/// rule does not own), 3-D boxes are one object per item (`forEach`), dashed
 /// nodes are conditional (`includeWhen`, or an `optional` related entry);
 /// dotted edges are implicit dependencies (a read, not in `dependsOn`).
 pub fn to_dot(graphs: &[Graph]) -> String {
@@ -279,7 +280,8 @@ fn mermaid_escape(s: &str) -> String {
 }
 
 /// A Mermaid flowchart (renders in GitHub's Markdown): one subgraph per
-/// rule; cylinders are related entries (read, never written), double-edged
+/// rule; cylinders are related entries (read, never written), flags are
+/// patches, double-edged
 /// nodes are one object per item (`forEach`), stadium-shaped ones are
 /// conditional (`includeWhen`); dotted arrows are implicit dependencies.
 pub fn to_mermaid(graphs: &[Graph]) -> String {
@@ -468,5 +470,60 @@ mod tests {
         assert!(m.contains("    app__web_app --> app__route\n"), "{m}");
         assert!(m.contains("    app__settings -.-> app__config\n"), "{m}");
         assert!(m.ends_with("  end\n"), "{m}");
+    }
+
+    #[test]
+    fn patches_are_note_nodes_after_the_children_with_their_edges() {
+        let rule = crate::rules::testing::rule_with_spec(
+            r#"  parent: {apiVersion: demo.example.com/v1, kind: App}
+  children:
+    - id: data
+      apiVersion: v1
+      kind: PersistentVolumeClaim
+      deletionPolicy: retain
+      template: "metadata: {name: x}"
+  patches:
+    - id: ns
+      apiVersion: v1
+      kind: Namespace
+      allowCrossNamespace: true
+      dependsOn: [data]
+      template: "metadata: {name: x, labels: {a: b}}"
+    - id: sa
+      apiVersion: v1
+      kind: ServiceAccount
+      force: true
+      template: "metadata: {name: {{ patches.ns.metadata.name }}, annotations: {a: b}}"
+"#,
+        );
+        let g = Graph::of(&rule);
+        assert_eq!(
+            g.nodes
+                .iter()
+                .map(|n| (n.id.as_str(), n.kind, n.special))
+                .collect::<Vec<_>>(),
+            [
+                ("data", NodeKind::Child, Some("deletionPolicy: retain")),
+                ("ns", NodeKind::Patch, Some("patch")),
+                ("sa", NodeKind::Patch, Some("patch, force")),
+            ]
+        );
+        assert_eq!(
+            edges(&g),
+            [
+                ("data", "ns", EdgeKind::Explicit),
+                ("ns", "sa", EdgeKind::Implicit),
+            ]
+        );
+        let dot = to_dot(&[g.clone()]);
+        assert!(
+            dot.contains("app__ns [label=\"ns\\nNamespace\\npatch\", shape=note];"),
+            "{dot}"
+        );
+        let m = to_mermaid(&[g]);
+        assert!(
+            m.contains("    app__sa>\"sa<br/>ServiceAccount<br/>patch, force\"]\n"),
+            "{m}"
+        );
     }
 }

@@ -531,3 +531,24 @@ fn matches_golden_files() {
         );
     }
 }
+
+#[test]
+fn patch_targets_get_read_and_patch_never_create_or_delete_and_retained_children_patch() {
+    let role = role_for(
+        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: team\nspec:\n  parent: {apiVersion: demo.trellis.dev/v1, kind: Team}\n  children:\n    - id: data\n      apiVersion: v1\n      kind: PersistentVolumeClaim\n      policy: createOnly\n      deletionPolicy: retain\n      template: '{metadata: {name: d}}'\n  patches:\n    - id: ns\n      apiVersion: v1\n      kind: Namespace\n      allowCrossNamespace: true\n      template: '{metadata: {name: n, labels: {a: b}}}'\n",
+    );
+    assert_eq!(
+        verbs(&role, "", "namespaces"),
+        ["get", "list", "watch", "patch"]
+    );
+    assert_eq!(
+        verbs(&role, "", "persistentvolumeclaims"),
+        ["get", "list", "watch", "create", "patch", "delete"],
+        "a createOnly child that is retained is released with a patch"
+    );
+    assert_eq!(
+        verbs(&role, "demo.trellis.dev", "teams"),
+        ["get", "list", "watch", "update", "patch"],
+        "its parents carry the cleanup finalizer"
+    );
+}
