@@ -71,6 +71,9 @@ pub struct Metrics {
     pub events: Family<EventLabel, Counter>,
     /// 1 for a rule Inactive because of its ServiceAccount (`serviceAccountName`).
     pub account_denied: Family<RuleLabel, Gauge>,
+    /// 1 for each rule's current state (`running`, `waiting`, `inactive`):
+    /// the series of its previous state is removed, a removed rule has none.
+    pub rule_state: Family<RuleStateLabel, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -79,6 +82,13 @@ pub struct RequestLabel {
     pub verb: String,
     /// `configmaps`, `apps/deployments`, `example.com/widgets/status`, …
     pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleStateLabel {
+    pub rule: String,
+    /// `running`, `waiting` or `inactive` ([`RuleState::label`]).
+    pub state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -196,7 +206,14 @@ impl Default for Metrics {
             "1 for a rule held Inactive by its ServiceAccount: missing, not impersonable, or denied a read the rule needs",
             account_denied.clone(),
         );
+        let rule_state = Family::<RuleStateLabel, Gauge>::default();
+        registry.register(
+            "rule_state",
+            "1 for each rule's current state: running, waiting (a kind it names is not served) or inactive (a permission or its account is missing)",
+            rule_state.clone(),
+        );
         Metrics {
+            rule_state,
             account_denied,
             api_requests,
             events,
@@ -253,6 +270,17 @@ pub enum RuleState {
     /// It may not do something it needs.
     Inactive(String),
     Running,
+}
+
+impl RuleState {
+    /// The state's name in the `trellis_rule_state` gauge's `state` label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RuleState::Running => "running",
+            RuleState::Waiting(_) => "waiting",
+            RuleState::Inactive(_) => "inactive",
+        }
+    }
 }
 
 /// The outcome of the last look at the rules directories.

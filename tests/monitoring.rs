@@ -205,11 +205,14 @@ async fn the_dashboard_and_the_alerts_name_only_metrics_a_running_trellis_export
     );
 
     // A running trellis, driven through what makes each family appear (a
-    // family with no sample yet is not in the exposition at all): a parent
-    // reconciled, one refused by the API server, a rule whose account does
-    // not exist, a rule change that does not validate.
+    // family with no sample yet is not in the exposition at all): a rule
+    // waiting for its kind, then running; a parent reconciled, one refused
+    // by the API server, a rule whose account does not exist, a rule change
+    // that does not validate.
     let ns = support::namespace().await;
-    let (kind, _cleanup) = support::operator::install_kind(&ns, "Mon").await;
+    // Mon's CRD comes after the start: the rule waits, then runs.
+    let kind = support::operator::TestKind::new("Mon");
+    let _cleanup = support::operator::Cleanup::crds(&[&kind]);
     let (other, _cleanup_other) = support::operator::install_kind(&ns, "Other").await;
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules");
@@ -217,6 +220,24 @@ async fn the_dashboard_and_the_alerts_name_only_metrics_a_running_trellis_export
     std::fs::write(rules.join("mon.yaml"), kind.rule(RULE)).unwrap();
     std::fs::write(rules.join("nobody.yaml"), other.rule(RULE_AS_NOBODY)).unwrap();
     let replica = Replica::start("monitoring", &ns, dir.path(), &["--reload-poll=1s"]);
+    let state_of = |rule: &str, state: &str| {
+        format!("trellis_rule_state{{rule=\"{rule}\",state=\"{state}\"}} 1")
+    };
+    let waiting = state_of("mon", "waiting");
+    support::eventually(
+        "rule mon waiting for its kind",
+        support::operator::WAIT,
+        || async {
+            let text = support::http_get(replica.addr, "/metrics").await?;
+            if text.contains(&waiting) {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await;
+    kind.install(&ns.client).await;
     kind.create(&ns, "good", serde_json::json!({"name": "good-config"}), &[])
         .await;
     kind.create(&ns, "bad", serde_json::json!({"name": "Not_A_Name"}), &[])
@@ -254,6 +275,23 @@ async fn the_dashboard_and_the_alerts_name_only_metrics_a_running_trellis_export
     )
     .await;
     assert!(wanted.is_subset(&exported));
+    // One state per rule: the waiting series went when mon started running.
+    let text = support::http_get(replica.addr, "/metrics").await.unwrap();
+    for want in [
+        state_of("mon", "running"),
+        state_of("mon-nobody", "inactive"),
+    ] {
+        assert!(text.contains(&want), "no `{want}` in /metrics:\n{text}");
+    }
+    let states: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("trellis_rule_state{rule=\"mon\""))
+        .collect();
+    assert_eq!(
+        states.len(),
+        1,
+        "rule mon has several state series: {states:?}"
+    );
     assert!(
         wanted.len() >= 12,
         "only {} metrics named: {wanted:?}",

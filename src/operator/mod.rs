@@ -155,16 +155,24 @@ impl Shared {
         }
     }
 
-    /// Records a rule's state (and the running-rules gauge).
+    /// Records a rule's state (and the running-rules and rule-state gauges).
     pub fn set_rule_state(&self, rule: &str, state: Option<RuleState>) {
         let mut states = lock(&self.rule_states);
-        match state {
+        let label = |s: &RuleState| crate::telemetry::RuleStateLabel {
+            rule: rule.to_owned(),
+            state: s.label().to_owned(),
+        };
+        let previous = match state {
             Some(s) => {
-                states.insert(rule.to_owned(), s);
+                self.metrics.rule_state.get_or_create(&label(&s)).set(1);
+                states
+                    .insert(rule.to_owned(), s.clone())
+                    .filter(|p| p.label() != s.label())
             }
-            None => {
-                states.remove(rule);
-            }
+            None => states.remove(rule),
+        };
+        if let Some(p) = previous {
+            self.metrics.rule_state.remove(&label(&p));
         }
         let running = states
             .values()
