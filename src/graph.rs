@@ -515,7 +515,7 @@ mod tests {
                 ("ns", "sa", EdgeKind::Implicit),
             ]
         );
-        let dot = to_dot(&[g.clone()]);
+        let dot = to_dot(std::slice::from_ref(&g));
         assert!(
             dot.contains("app__ns [label=\"ns\\nNamespace\\npatch\", shape=note];"),
             "{dot}"
