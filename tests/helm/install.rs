@@ -17,7 +17,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams,
+};
 use kube::core::GroupVersionKind;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -279,6 +281,30 @@ async fn install_and_upgrade(setup: Setup) {
         };
         assert!(metrics.contains(want), "{pod}: no `{want}` in /metrics");
     }
+    // The chart's defaults as they run: JSON logs, the hardened container.
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let logs = pods_api
+        .logs(
+            &leader_pod,
+            &LogParams {
+                tail_lines: Some(5),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!logs.trim().is_empty(), "{leader_pod} logged nothing");
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<Value>(line)
+            .unwrap_or_else(|e| panic!("a log line of {leader_pod} is not JSON ({e}): {line}"));
+    }
+    let pod = pods_api.get(&leader_pod).await.unwrap();
+    let sc = pod.spec.unwrap().containers[0]
+        .security_context
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(sc.read_only_root_filesystem, Some(true), "{sc:?}");
+    assert_eq!(sc.allow_privilege_escalation, Some(false), "{sc:?}");
 
     // trellis applied the CRD (manageCrds); a WebApp is reconciled.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
