@@ -506,3 +506,39 @@ async fn a_rule_removed_with_on_rule_removed_delete_releases_its_contributions()
     assert!(parent.finalizers().is_empty(), "{:?}", parent.finalizers());
     operator.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_edit_that_stops_patching_a_kind_releases_its_contributions() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "Editor").await;
+    let rule = support::unique_name("editor");
+    let mut rules = ConfigMapDir::new(&[("r.yaml", &team_rule(&app, &rule, "orphan"))]);
+    let operator = Reloading::start(&ns.client, ns.name(), &rules);
+    app.create(&ns, "delta", json!({"value": "d"}), &[]).await;
+    let nss: Api<Namespace> = Api::all(ns.client.clone());
+    wait_for(&nss, ns.name(), "delta's contribution", |n| {
+        n.labels()
+            .contains_key("example.com/delta")
+            .then_some(())
+            .ok_or("not yet".to_owned())
+    })
+    .await;
+    // The rule keeps its parent but now only makes a ConfigMap: Namespaces
+    // are no longer watched, and what was contributed to them is released.
+    let text = team_rule(&app, &rule, "orphan");
+    let cut = text.find("  patches:").unwrap();
+    let edited = format!(
+        "{}  children:\n    - id: note\n      apiVersion: v1\n      kind: ConfigMap\n      template: '{{metadata: {{name: note}}}}'\n",
+        &text[..cut]
+    );
+    rules.update(&[("r.yaml", &edited)]);
+    wait_for(&nss, ns.name(), "delta's release", |n| {
+        (!n.labels().contains_key("example.com/delta")
+            && !n.annotations().contains_key("example.com/shared"))
+        .then_some(())
+        .ok_or(format!("{:?}", n.labels()))
+    })
+    .await;
+    support::operator::wait_exists(&ns.api::<ConfigMap>(), "note").await;
+    operator.stop().await;
+}

@@ -222,10 +222,37 @@ pub(super) async fn after_rule_removed(
             }
         }
     }
-    if !contributions {
+    if contributions {
+        release_contributions(shared, rule, &kinds.related, parents).await;
+    }
+}
+
+/// Takes back every contribution of `parents` (their rule's patches) to
+/// objects of `kinds`, found by a live list of each kind the rule patches.
+pub(super) async fn release_contributions(
+    shared: &super::Shared,
+    rule: &crate::rules::CompiledRule,
+    kinds: &[super::discovery::Resolved],
+    parents: &[DynamicObject],
+) {
+    use kube::ResourceExt;
+    use kube::api::ListParams;
+    let uids: std::collections::BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
+    if uids.is_empty() || !shared.gate.may_write() {
         return;
     }
-    for kind in &kinds.related {
+    let writer = shared
+        .identities
+        .client(rule.rule.spec.service_account_name.as_deref());
+    let api = |kind: &super::discovery::Resolved, obj: &DynamicObject| match obj.namespace() {
+        Some(ns) if kind.namespaced => {
+            kube::Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
+        }
+        _ => kube::Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
+    };
+    let everywhere = vec![None];
+    let ours = super::supervisor::scopes(rule, &shared.namespaces);
+    for kind in kinds {
         let patches: Vec<_> = rule.patches.iter().filter(|p| p.gvk == kind.gvk).collect();
         if patches.is_empty() {
             continue;
@@ -261,7 +288,7 @@ pub(super) async fn after_rule_removed(
                 let release = crate::plan::Release::of(key.clone(), &value);
                 match super::patch::release(&api(kind, &target), &release, &manager).await {
                     Ok(()) => {
-                        info!(rule = %rule.name, target = %key, "contribution released (rule removed, onRuleRemoved: delete)")
+                        info!(rule = %rule.name, target = %key, "contribution released (rule removed with onRuleRemoved: delete, or the kind no longer patched)")
                     }
                     Err(err) => {
                         tracing::warn!(rule = %rule.name, target = %key, "cannot release contribution: {err}")

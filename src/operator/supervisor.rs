@@ -169,16 +169,28 @@ async fn on_rule_restarted(shared: &Shared, old: &CompiledRule, new: &CompiledRu
         on_rule_removed(shared, old).await;
         return;
     }
+    let kept = |gvk: &crate::kinds::Gvk| new.patches.iter().any(|p| &p.gvk == gvk);
+    let patches_dropped = old.patches.iter().any(|p| !kept(&p.gvk));
     if old
         .children
         .iter()
         .all(|c| new.children.iter().any(|n| n.gvk == c.gvk))
+        && !patches_dropped
     {
         return;
     }
     let Some((kinds, parents)) = rule_parents(shared, old).await else {
         return;
     };
+    // Targets of a kind the rule no longer patches are not watched any more:
+    // their contributions are released now.
+    let unpatched: Vec<Resolved> = kinds
+        .related
+        .iter()
+        .filter(|k| old.patches.iter().any(|p| p.gvk == k.gvk) && !kept(&k.gvk))
+        .cloned()
+        .collect();
+    super::release::release_contributions(shared, old, &unpatched, &parents).await;
     let dropped: Vec<Resolved> = kinds
         .children
         .into_iter()
@@ -314,6 +326,24 @@ async fn delete_children(
         for child in theirs {
             if shared.gate.check().is_err() {
                 return;
+            }
+            // A retained child is released, never deleted.
+            if child
+                .labels()
+                .get(crate::plan::LABEL_DELETION_POLICY)
+                .map(String::as_str)
+                == Some(crate::plan::RETAIN)
+            {
+                let api = match child.namespace() {
+                    Some(ns) if kind.namespaced => {
+                        Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
+                    }
+                    _ => Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
+                };
+                if let Err(err) = super::release::release_child(&api, &child.name_any()).await {
+                    warn!(rule = %rule.name, name = %child.name_any(), "cannot release retained child: {err}");
+                }
+                continue;
             }
             let params = DeleteParams {
                 propagation_policy: Some(PropagationPolicy::Background),
