@@ -542,3 +542,113 @@ async fn a_rule_edit_that_stops_patching_a_kind_releases_its_contributions() {
     support::operator::wait_exists(&ns.api::<ConfigMap>(), "note").await;
     operator.stop().await;
 }
+
+/// The shipped example `rules/team.yaml`, as shipped: a Team labels and
+/// annotates the Namespace it lives in for cost reporting, keeps its quota
+/// and shared volume there, and when it goes its Namespace fields go and
+/// its volume stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_team_example_labels_its_namespace_and_keeps_its_volume() {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+
+    let ns = support::namespace().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/team.yaml");
+    let rule = std::fs::read_to_string(&path).expect("rules/team.yaml");
+    let set = support::operator::rule_set(&[&rule]);
+    let crd: CustomResourceDefinition =
+        serde_json::from_value(set.rules[0].crd.clone().expect("the example sets crd:")).unwrap();
+    support::apply_crd(&ns.client, &crd).await;
+    let operator = Operator::start(&ns.client, ns.name(), &[&rule]);
+    let teams: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        ns.name(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("demo.trellis.dev", "v1", "Team"),
+            "teams",
+        ),
+    );
+    let team: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "demo.trellis.dev/v1", "kind": "Team",
+        "metadata": {"name": "payments"},
+        "spec": {"costCenter": "PAY-042", "owner": "payments-leads@example.com",
+                 "quota": {"cpu": "16"}, "sharedData": {"size": "1Gi"}},
+    }))
+    .unwrap();
+    teams
+        .create(&PostParams::default(), &team)
+        .await
+        .expect("create the Team");
+    let nss: Api<Namespace> = Api::all(ns.client.clone());
+    wait_for(
+        &nss,
+        ns.name(),
+        "the Namespace labelled for cost reports",
+        |n| {
+            let ok = n
+                .labels()
+                .get("example.com/cost-center")
+                .map(String::as_str)
+                == Some("PAY-042")
+                && n.labels().get("example.com/team").map(String::as_str) == Some("payments")
+                && n.annotations()
+                    .get("example.com/quota-cpu")
+                    .map(String::as_str)
+                    == Some("16");
+            ok.then_some(()).ok_or(format!("{:?}", n.labels()))
+        },
+    )
+    .await;
+    let quota: Api<ResourceQuota> = ns.api();
+    support::operator::wait_exists(&quota, "team-quota").await;
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    support::operator::wait_exists(&claims, "payments-shared-data").await;
+    wait_for(
+        &teams,
+        "payments",
+        "CostReported",
+        |t| match condition_state(t, "CostReported")? {
+            (s, _) if s == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+
+    teams
+        .delete("payments", &DeleteParams::default())
+        .await
+        .expect("delete the Team");
+    wait_gone(&teams, "payments", WAIT).await;
+    let live = namespace_json(&ns.client, ns.name()).await;
+    for key in ["example.com/team", "example.com/cost-center"] {
+        assert_eq!(label(&live, key), None, "{live}");
+    }
+    assert!(
+        live.pointer("/metadata/annotations/example.com~1owner")
+            .is_none(),
+        "{live}"
+    );
+    let claim = claims
+        .get("payments-shared-data")
+        .await
+        .expect("the shared volume outlives its Team");
+    assert!(claim.owner_references().is_empty(), "{claim:?}");
+    assert!(
+        claim
+            .labels()
+            .keys()
+            .all(|k| !k.starts_with("trellis.dev/")),
+        "{claim:?}"
+    );
+    assert!(
+        claim.managed_fields().iter().all(|m| !m
+            .manager
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("trellis")),
+        "{:?}",
+        claim.managed_fields()
+    );
+    operator.stop().await;
+}
