@@ -334,6 +334,24 @@ fn all_options() -> Value {
 }
 
 #[test]
+fn the_values_schema_refuses_misspelt_mistyped_and_wildcard_values() {
+    let wildcard = json!([{"apiGroups": ["*"], "resources": ["pods"], "verbs": ["get"]}]);
+    for (values, says) in [
+        (json!({"replica": 3}), "replica"),
+        (json!({"replicas": "two"}), "/replicas"),
+        (json!({"logFormat": "xml"}), "/logFormat"),
+        (json!({"rules": {"file": {}}}), "file"),
+        (
+            json!({"rbac": {"extraRules": wildcard}}),
+            "/rbac/extraRules/0/apiGroups/0",
+        ),
+    ] {
+        let err = template(values.clone()).expect_err(&values.to_string());
+        assert!(err.contains(says), "{values}: {err}");
+    }
+}
+
+#[test]
 fn the_defaults_run_two_replicas_under_leader_election_with_json_logs_and_probes() {
     let objects = template(json!({})).unwrap();
     let deployment = get(&objects, "Deployment");
