@@ -1,5 +1,6 @@
-//! `trellis diff`: what one reconcile pass would change, per child, shown
-//! as a field-by-field diff.
+//! `trellis diff`: what one reconcile pass would change, per child and per
+//! patch target (a release of contributions shows as the fields that would
+//! go), shown as a field-by-field diff.
 //!
 //! ```text
 //!  live parent + live children + related ──plan──▶ Plan
@@ -52,6 +53,9 @@ pub enum ChildChange {
     /// Would be pruned, but not in this pass: another write of it fails,
     /// and pruning waits for a pass in which everything applied.
     PruneHeld,
+    /// Observed but no longer rendered, `deletionPolicy: retain`: released
+    /// (kept, with nothing of trellis's left), not deleted.
+    Release,
     /// Nothing would change (or `createOnly` and it exists).
     Unchanged,
     /// The pass would fail on this child (a foreign owner, the API server
@@ -314,6 +318,9 @@ pub fn print(diffs: &[ParentDiff]) -> String {
                     write_fields(&mut out, fields);
                 }
                 ChildChange::Prune => out.push_str(&head("-", " (prune)")),
+                ChildChange::Release => {
+                    out.push_str(&head("-", " (release: deletionPolicy retain, kept)"))
+                }
                 ChildChange::PruneHeld => out.push_str(&head(
                     "-",
                     " (prune, in the first pass in which no write fails)",

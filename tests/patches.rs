@@ -652,3 +652,81 @@ async fn the_team_example_labels_its_namespace_and_keeps_its_volume() {
     );
     operator.stop().await;
 }
+
+/// `trellis diff` shows a patch: nothing once it is in place; the field a
+/// pass would put back once someone removed it; and it writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_shows_what_a_patch_would_put_back_and_writes_nothing() {
+    use trellis::diff::ChildChange;
+    use trellis::diff::live::{Target, diff};
+
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "Differ").await;
+    let rule = support::unique_name("differ");
+    let text = team_rule(&app, &rule, "orphan");
+    let operator = Operator::start(&ns.client, ns.name(), &[&text]);
+    app.create(&ns, "eps", json!({"value": "e"}), &[]).await;
+    wait_for(
+        &app.api(&ns),
+        "eps",
+        "eps Ready",
+        |p| match condition_state(p, "Ready")? {
+            (s, _) if s == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    operator.stop().await;
+    let set = support::operator::rule_set(&[&text]);
+    let manifest = json!({"apiVersion": app.api_version(), "kind": app.kind,
+                          "metadata": {"name": "eps", "namespace": ns.name()}});
+    let change = |report: &trellis::diff::live::Report| {
+        report.diffs[0]
+            .children
+            .iter()
+            .find(|c| c.id == "team")
+            .map(|c| c.change.clone())
+            .unwrap_or_else(|| panic!("{}", trellis::diff::print(&report.diffs)))
+    };
+    let report = diff(&ns.client, &set, &Target::Parent(&manifest))
+        .await
+        .expect("diff");
+    assert_eq!(
+        change(&report),
+        ChildChange::Unchanged,
+        "{}",
+        trellis::diff::print(&report.diffs)
+    );
+
+    let nss: Api<Namespace> = Api::all(ns.client.clone());
+    nss.patch(
+        ns.name(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(
+            serde_json::from_value(json!([
+                {"op": "remove", "path": "/metadata/labels/example.com~1eps"}
+            ]))
+            .unwrap(),
+        ),
+    )
+    .await
+    .expect("remove eps's label");
+    let before = nss.get(ns.name()).await.unwrap().resource_version();
+    let report = diff(&ns.client, &set, &Target::Parent(&manifest))
+        .await
+        .expect("diff");
+    let ChildChange::Update { fields } = change(&report) else {
+        panic!("{}", trellis::diff::print(&report.diffs));
+    };
+    assert!(
+        fields
+            .iter()
+            .any(|f| f.path.contains("example.com/eps") && f.after == Some(json!("e"))),
+        "{fields:?}"
+    );
+    assert_eq!(
+        nss.get(ns.name()).await.unwrap().resource_version(),
+        before,
+        "diff wrote to the Namespace"
+    );
+}

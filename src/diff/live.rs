@@ -70,7 +70,8 @@ impl Kinds {
             .children
             .iter()
             .map(|c| c.gvk.clone())
-            .chain(rule.related.iter().map(|r| r.gvk.clone()));
+            .chain(rule.related.iter().map(|r| r.gvk.clone()))
+            .chain(rule.patches.iter().map(|p| p.gvk.clone()));
         for gvk in gvks {
             if !others.iter().any(|o| o.gvk == gvk) {
                 others.push(resolve(client, &gvk).await?);
@@ -335,6 +336,53 @@ async fn diff_parent(
             },
         });
     }
+    // Patches after the children, as the operator sends them; releases and
+    // retained children only where pruning would happen.
+    let manager = plan::field_manager(&rule.name, uid);
+    for patch in pass.patches.iter().filter(|p| p.uid.is_some()) {
+        let live = observed.objects.get(&patch.key);
+        let change = patch_change(
+            writer,
+            kinds,
+            (&patch.key, &patch.object),
+            live,
+            &manager,
+            patch.force,
+        )
+        .await;
+        out.children.push(ChildDiff {
+            id: patch.id.clone(),
+            key: patch.key.clone(),
+            change,
+        });
+    }
+    if pass.errors.is_empty() {
+        for release in &pass.release {
+            let live = observed.objects.get(&release.key);
+            let change = if refused {
+                ChildChange::PruneHeld
+            } else {
+                let body = release.body();
+                patch_change(writer, kinds, (&release.key, &body), live, &manager, false).await
+            };
+            out.children.push(ChildDiff {
+                id: "(released)".into(),
+                key: release.key.clone(),
+                change,
+            });
+        }
+        for retained in &pass.retain {
+            out.children.push(ChildDiff {
+                id: retained.id.clone(),
+                key: retained.key.clone(),
+                change: if refused {
+                    ChildChange::PruneHeld
+                } else {
+                    ChildChange::Release
+                },
+            });
+        }
+    }
     out.pending = pass.pending.clone();
     out.errors = pass.errors.clone();
 
@@ -487,6 +535,44 @@ async fn child_change(
                         ChildChange::Update { fields }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// What one contribution (or the empty apply of a release) would change on
+/// its target: a dry-run apply with the parent's own field manager, forced
+/// only when the patch says so (a conflict is what the pass would fail on).
+async fn patch_change(
+    client: &Client,
+    kinds: &Kinds,
+    (key, body): (&ObjectKey, &Value),
+    live: Option<&Value>,
+    manager: &str,
+    force: bool,
+) -> ChildChange {
+    let refused = |why: String| ChildChange::Refused { why };
+    let Some(kind) = kinds.find(&key.group, &key.kind) else {
+        return refused(format!("{key}: kind not resolved"));
+    };
+    let Some(live) = live else {
+        return refused(format!("{key} is not observed"));
+    };
+    let mut params = PatchParams::apply(manager).dry_run();
+    if force {
+        params = params.force();
+    }
+    match api(client, kind, key.namespace.as_deref())
+        .patch(&key.name, &params, &Patch::Apply(body))
+        .await
+    {
+        Err(e) => refused(format!("patching {key}: {e}")),
+        Ok(after) => {
+            let fields = object_changes(live, &to_value(after, kind));
+            if fields.is_empty() {
+                ChildChange::Unchanged
+            } else {
+                ChildChange::Update { fields }
             }
         }
     }
