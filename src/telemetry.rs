@@ -74,6 +74,22 @@ pub struct Metrics {
     /// 1 for each rule's current state (`running`, `waiting`, `inactive`):
     /// the series of its previous state is removed, a removed rule has none.
     pub rule_state: Family<RuleStateLabel, Gauge>,
+    /// Parents on each live revision of a rule with `rollout:`.
+    pub rollout_parents: Family<RevisionLabel, Gauge>,
+    /// 1 for the state a rule's rollout is in, 0 for the others.
+    pub rollout_state: Family<PhaseLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RevisionLabel {
+    pub rule: String,
+    pub revision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub rule: String,
+    pub state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -212,8 +228,22 @@ impl Default for Metrics {
             "1 for each rule's current state: running, waiting (a kind it names is not served) or inactive (a permission or its account is missing)",
             rule_state.clone(),
         );
+        let rollout_parents = Family::<RevisionLabel, Gauge>::default();
+        registry.register(
+            "rollout_parents",
+            "Parents on each live revision of a rule with rollout:",
+            rollout_parents.clone(),
+        );
+        let rollout_state = Family::<PhaseLabel, Gauge>::default();
+        registry.register(
+            "rollout_state",
+            "1 for the state of a rule's rollout (Progressing, Paused, Halted, RolledBack, Complete), 0 for the others",
+            rollout_state.clone(),
+        );
         Metrics {
             rule_state,
+            rollout_parents,
+            rollout_state,
             account_denied,
             api_requests,
             events,
@@ -341,6 +371,8 @@ pub struct Snapshot {
     pub reload: ReloadStatus,
     pub rules: BTreeMap<String, RuleState>,
     pub leader: LeaderStatus,
+    /// Rule → its rollout (`rules.<name>.rollout`), for rules with `rollout:`.
+    pub rollouts: BTreeMap<String, serde_json::Value>,
 }
 
 /// What the endpoints read: the metrics, and a way to take a [`Snapshot`]
@@ -370,7 +402,13 @@ async fn metrics(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
 
 async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     let now = (obs.snapshot)();
-    axum::Json(status_json(&now.reload, &now.rules, now.leader.to_json()))
+    let mut out = status_json(&now.reload, &now.rules, now.leader.to_json());
+    for (rule, rollout) in now.rollouts {
+        if let Some(entry) = out["rules"].get_mut(&rule) {
+            entry["rollout"] = rollout;
+        }
+    }
+    axum::Json(out)
 }
 
 /// `/status`: each rule's state, with the errors of its rejected change

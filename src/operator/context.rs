@@ -29,6 +29,8 @@ use kube::runtime::reflector::ObjectRef;
 pub struct RuleCtx {
     /// The rule as currently loaded; a reload swaps it in place.
     pub rules: watch::Receiver<Arc<CompiledRule>>,
+    /// The versions parents may be on during a staged rollout (`rollout:`).
+    pub versions: Arc<super::versions::Versions>,
     pub kinds: RuleKinds,
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
@@ -225,8 +227,20 @@ pub fn parent_key<K: Resource>(parent: &K) -> String {
 }
 
 impl RuleCtx {
+    /// The newest accepted version of the rule.
     pub fn rule(&self) -> Arc<CompiledRule> {
         self.rules.borrow().clone()
+    }
+
+    /// The version that renders this parent: the newest, unless a staged
+    /// rollout (`rollout:`) has it on another version still.
+    pub fn rule_for(&self, parent: &Value, uid: &str) -> Arc<CompiledRule> {
+        let newest = self.rule();
+        if newest.rollout.is_none() {
+            return newest;
+        }
+        let on = super::rollout::revision_on(self, parent.get("status"), uid);
+        self.versions.rule_for(&newest, uid, on.as_deref())
     }
 
     /// Forgets bookkeeping about children and parents that are gone, so the

@@ -34,6 +34,7 @@ use super::identity;
 use super::reconcile;
 use super::related;
 use super::retry::{Failures, Outage, WatchBackoff};
+use super::versions::Versions;
 use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
 use crate::rules::model::{LabelSelector, SelectorOperator};
@@ -100,6 +101,18 @@ async fn rule_loop(
                 continue;
             }
         };
+        // A staged rollout: the versions parents are on are read back
+        // before any pass, and their child kinds are watched too.
+        let versions = Arc::new(Versions::default());
+        let kinds = match with_versions(&shared, &rule, &versions, kinds).await {
+            Ok(kinds) => kinds,
+            Err(why) => {
+                report(&mut last_state, RuleState::Waiting(why));
+                pause(&shared, &shutdown, retry).await;
+                retry = (retry * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
         retry = Duration::from_secs(1);
         let missing = preflight(&shared, &rule, &kinds, &namespaces).await;
         if !missing.is_empty() {
@@ -144,7 +157,15 @@ async fn rule_loop(
             shared.clone(),
             stop.clone(),
         ));
-        run_controller(rules.clone(), kinds, namespaces, shared.clone(), stop).await;
+        run_controller(
+            rules.clone(),
+            kinds,
+            namespaces,
+            shared.clone(),
+            versions,
+            stop,
+        )
+        .await;
         monitor.abort();
         guard.abort();
         let denied = super::lock(&denied).take();
@@ -483,11 +504,48 @@ fn outside_status(parent: &ParentObject) -> Option<u64> {
     Some(h.finish())
 }
 
+/// For a rule with `rollout:`: reads its stored versions into `versions`
+/// and adds the child kinds of the versions in use to `kinds`.
+async fn with_versions(
+    shared: &Shared,
+    rule: &Arc<CompiledRule>,
+    versions: &Versions,
+    mut kinds: RuleKinds,
+) -> Result<RuleKinds, String> {
+    if rule.rollout.is_none() {
+        return Ok(kinds);
+    }
+    let stored = super::versions::list(&shared.client, &shared.operator_namespace, &rule.name)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot read the rule's revision ConfigMaps in namespace {}: {e}",
+                shared.operator_namespace
+            )
+        })?;
+    versions.absorb(&stored, rule, shared.limits);
+    for version in versions.all_compiled() {
+        for child in &version.children {
+            if kinds.children.iter().any(|k| k.gvk == child.gvk) {
+                continue;
+            }
+            match discovery::resolve(&shared.client, &child.gvk).await {
+                Ok(kind) => kinds.children.push(kind),
+                Err(why) => {
+                    warn!(rule = %rule.name, revision = %version.revision, "a child kind of a version in use is not served: {why}")
+                }
+            }
+        }
+    }
+    Ok(kinds)
+}
+
 async fn run_controller(
     rules: watch::Receiver<Arc<CompiledRule>>,
     kinds: RuleKinds,
     namespaces: Vec<String>,
     shared: Arc<Shared>,
+    versions: Arc<Versions>,
     stop: CancellationToken,
 ) {
     let rule = rules.borrow().clone();
@@ -633,8 +691,14 @@ async fn run_controller(
         created: Mutex::default(),
         written: Mutex::default(),
         patches: Default::default(),
+        versions,
     });
     let controller = controller.reconcile_on(recovered(ctx.clone()));
+    // The rollout's moves (and, on the leader, its decisions).
+    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::unbounded_channel();
+    let rollout_task = tokio::spawn(super::rollout::run(ctx.clone(), wake_tx));
+    let controller =
+        controller.reconcile_on(futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx)));
     // A reloaded rule with the same kinds, or a watch that had to relist
     // (its server was gone): re-reconcile every parent at once, backoffs lifted.
     let mut updates = rules;
@@ -681,6 +745,7 @@ async fn run_controller(
         () = unlisted_at_stop => debug!(rule = %rule.name, "stopped before the parents were listed"),
     }
     listing.abort();
+    rollout_task.abort();
 }
 
 /// Maps a child event to its parent: the controller ownerReference when it

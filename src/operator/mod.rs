@@ -37,9 +37,11 @@ mod release;
 mod relisted;
 mod requests;
 mod retry;
+mod rollout;
 mod status_write;
 mod summary;
 mod supervisor;
+pub mod versions;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -145,6 +147,10 @@ pub struct Shared {
     pub identities: identity::Identities,
     /// How often a running rule's account is checked again.
     pub account_recheck: Duration,
+    /// Each rule's rollout as `/status` shows it (`rules.<name>.rollout`).
+    pub rollouts: Arc<std::sync::Mutex<BTreeMap<String, serde_json::Value>>>,
+    /// Render limits, for versions rebuilt from their ConfigMaps.
+    pub limits: Limits,
 }
 
 impl Shared {
@@ -247,6 +253,8 @@ pub async fn run_with(
         crd_epoch: epoch_rx,
         reload: Arc::default(),
         rule_states: Arc::default(),
+        rollouts: Arc::default(),
+        limits: options.limits,
         metrics,
         gate: gate.clone(),
         crds: options
@@ -268,10 +276,11 @@ pub async fn run_with(
         )
     });
     if let Some(listener) = listener {
-        let (reload, rules, leader) = (
+        let (reload, rules, leader, rollouts) = (
             shared.reload.clone(),
             shared.rule_states.clone(),
             leader_status.clone(),
+            shared.rollouts.clone(),
         );
         let obs = Arc::new(crate::telemetry::Observability {
             metrics: shared.metrics.clone(),
@@ -279,6 +288,7 @@ pub async fn run_with(
                 reload: lock(&reload).clone(),
                 rules: lock(&rules).clone(),
                 leader: lock(&leader).clone(),
+                rollouts: lock(&rollouts).clone(),
             }),
         });
         tokio::spawn(crate::telemetry::serve(listener, obs, shutdown.clone()));
@@ -469,6 +479,14 @@ fn load(options: &Options) -> crate::rules::Loaded {
 
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn write<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Bumps the epoch on every CRD change so waiting rules retry discovery and

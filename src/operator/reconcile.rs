@@ -114,6 +114,9 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         ctx.related.forget(&parent_ref);
         return Ok(Action::await_change());
     }
+    // The version this parent is due to run: the newest, unless a staged
+    // rollout keeps it on an earlier one. The whole pass uses it.
+    let rule = &ctx.rule_for(&parent_json, &uid);
 
     // Related objects are looked up in their caches per read; `since` lets
     // the index catch an event landing between those reads and the record.
@@ -321,7 +324,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         ctx.event(parent, type_, reason, note).await;
     }
     if let Some(status) = status {
-        write_status(&ctx, parent, &parent_json, status).await?;
+        write_status(&ctx, rule, parent, &parent_json, status).await?;
     }
 
     if let Some(err) = apply_errors.into_iter().next() {
@@ -397,7 +400,7 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
         why,
     );
     if let Some(status) = plan.status {
-        write_status(ctx, parent, &parent_json, status).await?;
+        write_status(ctx, &rule, parent, &parent_json, status).await?;
     }
     Ok(Action::await_change())
 }

@@ -212,12 +212,12 @@ pub fn status_patch(
 
 pub(super) async fn write_status(
     ctx: &RuleCtx,
+    rule: &crate::rules::CompiledRule,
     parent: &DynamicObject,
     parent_json: &Value,
     status: Value,
 ) -> Result<(), Error> {
     let current = parent_json.get("status");
-    let rule = ctx.rule();
     let stale = stale_fields(
         rule.fields.iter().map(|f| f.path.as_slice()),
         current,
@@ -235,7 +235,7 @@ pub(super) async fn write_status(
     } else {
         parent.metadata.generation
     };
-    let mut patch = status_patch(&rule, current, &status, claim);
+    let mut patch = status_patch(rule, current, &status, claim);
     if !subresource {
         // The generation claimed holds only if nothing else changes the parent first.
         patch["metadata"] = json!({ "resourceVersion": parent.resource_version() });

@@ -179,6 +179,13 @@ async fn on_rule_restarted(shared: &Shared, old: &CompiledRule, new: &CompiledRu
     {
         return;
     }
+    if new.rollout.is_some() {
+        // A staged rollout: parents still on a version with that kind keep
+        // their children; each one's pass on the new version prunes them
+        // (the kinds of the versions in use stay watched).
+        info!(rule = %new.name, "a child kind left the rule: pruned from each parent as it moves to the new version");
+        return;
+    }
     let Some((kinds, parents)) = rule_parents(shared, old).await else {
         return;
     };

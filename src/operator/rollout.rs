@@ -1,0 +1,414 @@
+//! Driving a rule's staged rollout: the leader's duty, every [`TICK`].
+//!
+//! ```text
+//!  revision ConfigMaps ──list──▶ stored versions ─┐
+//!  parent cache ──▶ ParentView (uid, canary, on, health) ──▶ State::step ──▶ changed?
+//!                                                              │ yes
+//!        write the target's ConfigMap (durable first) ◀────────┘
+//!        then: Events (Upgraded / RolledBack / RolloutFailed), wake the
+//!        moved parents' reconciles, one log line per step
+//! ```
+//!
+//! A standby only reads the ConfigMaps back into [`Versions`], so that it
+//! renders (and, once leader, decides) from where the leader left off. No
+//! tick writes anything when nothing changed: a restart reads the state,
+//! finds the same parents, and moves nobody.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{info, warn};
+
+use super::context::RuleCtx;
+use super::decode::ParentObject;
+use super::versions::{self, Record};
+use crate::plan::LABEL_REVISION;
+use crate::rollout::{Effect, Health, Input, ParentView, Phase, Settings, State};
+use crate::rules::CompiledRule;
+
+/// How often the leader looks at a rollout (and a standby reads it back).
+pub const TICK: Duration = Duration::from_secs(2);
+
+/// Reasons of `Synced=False` that mean "waiting", not "failed".
+const WAITING: &[&str] = &[
+    "DependencyNotReady",
+    "RelatedNotFound",
+    "RelatedNotReady",
+    "RelatedKindNotServed",
+    "TargetNotFound",
+];
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Ticks until the rule stops.
+pub(super) async fn run(ctx: Arc<RuleCtx>, wake: UnboundedSender<ObjectRef<ParentObject>>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ctx.stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(err) = once(&ctx, &wake).await {
+            warn!(rule = %ctx.rule().name, "rollout: {err}");
+        }
+    }
+}
+
+/// One look at the rollout.
+async fn once(
+    ctx: &RuleCtx,
+    wake: &UnboundedSender<ObjectRef<ParentObject>>,
+) -> Result<(), kube::Error> {
+    let newest = ctx.rule();
+    let Some(settings) = newest.rollout.clone() else {
+        publish(ctx, None, None);
+        return Ok(());
+    };
+    let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
+    let stored = versions::list(client, ns, &newest.name).await?;
+    ctx.versions.absorb(&stored, &newest, ctx.shared.limits);
+    if !ctx.shared.gate.may_write() {
+        publish(ctx, Some(&settings), ctx.versions.record().as_ref());
+        return Ok(());
+    }
+    let now = unix_now();
+    let current = versions::current_record(&stored, &newest.revision);
+    let Some(mut record) = current.and_then(|s| s.record.clone()) else {
+        // The first version kept: every parent is on it already.
+        let record = Record {
+            state: State::start(&newest.revision, &newest.revision, now),
+            handled: Vec::new(),
+        };
+        versions::write(client, ns, &newest, Some(&record)).await?;
+        ctx.versions.set(Some(record.clone()), &newest);
+        info!(rule = %newest.name, revision = %newest.revision, "rollout: first version of the rule kept");
+        publish(ctx, Some(&settings), Some(&record));
+        return Ok(());
+    };
+    let mut decision = current.and_then(|s| s.decision.clone());
+    if record.state.to != newest.revision {
+        let failed = stored
+            .iter()
+            .any(|s| s.revision == newest.revision && s.failed());
+        if !failed {
+            let previous = record.state.clone();
+            record = Record {
+                state: previous.retarget(&newest.revision, now),
+                handled: record.handled,
+            };
+            versions::write(client, ns, &newest, Some(&record)).await?;
+            ctx.versions.set(Some(record.clone()), &newest);
+            decision = None;
+            info!(
+                rule = %newest.name,
+                from = %record.state.from,
+                to = %record.state.to,
+                between = record.state.between.as_deref().unwrap_or(""),
+                "rollout: a new version, from the first step"
+            );
+            // Parents on an in-between version that is no longer live go back.
+            wake_all(ctx, wake);
+        }
+    }
+    let target = if record.state.to == newest.revision {
+        newest.clone()
+    } else {
+        match ctx.versions.compiled(&record.state.to) {
+            Some(rule) => rule,
+            None => return Ok(()),
+        }
+    };
+    let input = match decision {
+        Some((what, token)) => {
+            record.handled.push(token);
+            let keep = record.handled.len().saturating_sub(10);
+            record.handled.drain(..keep);
+            match what.as_str() {
+                "promote" => Input::Promote,
+                "abort" => Input::Abort,
+                other => {
+                    warn!(rule = %newest.name, "rollout: unknown decision `{other}` ignored");
+                    Input::Tick
+                }
+            }
+        }
+        None => Input::Tick,
+    };
+    let parents: Vec<Arc<ParentObject>> = ctx.parents.state();
+    let views: Vec<ParentView> = parents
+        .iter()
+        .filter(|p| p.object.metadata.deletion_timestamp.is_none())
+        .map(|p| view(ctx, &newest, &settings, &record.state.to, p))
+        .collect();
+    let before = record.clone();
+    let effects = record
+        .state
+        .step(&settings, &newest.name, now, &views, input);
+    if record != before {
+        versions::write(client, ns, &target, Some(&record)).await?;
+        ctx.versions.set(Some(record.clone()), &newest);
+        if input != Input::Tick {
+            info!(rule = %newest.name, decision = ?input, "rollout: decision acted on");
+        }
+        carry_out(ctx, &settings, &record.state, &parents, &effects, wake).await;
+    }
+    let live = record.state.live();
+    versions::prune(client, ns, &newest.name, &stored, &live).await;
+    publish(ctx, Some(&settings), Some(&record));
+    Ok(())
+}
+
+/// What the rollout sees of a parent.
+fn view(
+    ctx: &RuleCtx,
+    newest: &CompiledRule,
+    settings: &Settings,
+    to: &str,
+    parent: &ParentObject,
+) -> ParentView {
+    let meta = &parent.object.metadata;
+    let uid = meta.uid.clone().unwrap_or_default();
+    let canary = settings.canary.as_ref().is_some_and(|selector| {
+        crate::plan::selector_matches_with(selector, |k| {
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get(k))
+                .map(String::as_str)
+        })
+    });
+    let status = parent.status_value();
+    let on = revision_on(ctx, status.as_ref(), &uid);
+    let health = if !newest.writes_status() {
+        // No status to read health from: being on the version is all there is.
+        Health::Healthy
+    } else {
+        health(
+            status.as_ref(),
+            meta.generation,
+            &settings.condition,
+            on.as_deref() == Some(to),
+        )
+    };
+    ParentView {
+        uid,
+        canary,
+        on,
+        health,
+    }
+}
+
+/// The revision a parent is on: its `status.ruleRevision`, else the label
+/// of one of its children.
+pub(super) fn revision_on(ctx: &RuleCtx, status: Option<&Value>, uid: &str) -> Option<String> {
+    if let Some(rev) = status
+        .and_then(|s| s.get("ruleRevision"))
+        .and_then(Value::as_str)
+    {
+        return Some(rev.to_owned());
+    }
+    ctx.observed(uid).iter().find_map(|c| {
+        c.pointer("/metadata/labels")
+            .and_then(|l| l.get(LABEL_REVISION))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    })
+}
+
+/// Healthy: `condition` True at the current generation; failed: `Synced`
+/// False at the current generation for a reason other than waiting.
+fn health(
+    status: Option<&Value>,
+    generation: Option<i64>,
+    condition: &str,
+    on_new: bool,
+) -> Health {
+    let Some(status) = status else {
+        return Health::NotYet;
+    };
+    let observed = status.get("observedGeneration").and_then(Value::as_i64);
+    let find = |t: &str| {
+        status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+    };
+    let current = |c: &Value| {
+        let at = c
+            .get("observedGeneration")
+            .and_then(Value::as_i64)
+            .or(observed);
+        generation.is_none() || at == generation
+    };
+    if let Some(c) = find(condition)
+        && c["status"] == "True"
+        && current(c)
+    {
+        return Health::Healthy;
+    }
+    if on_new
+        && let Some(c) = find("Synced")
+        && c["status"] == "False"
+        && current(c)
+    {
+        let reason = c["reason"].as_str().unwrap_or("");
+        if !WAITING.contains(&reason) {
+            let message = c["message"].as_str().unwrap_or("");
+            return Health::Failed(format!("{reason}: {message}"));
+        }
+    }
+    Health::NotYet
+}
+
+/// Events, wake-ups and log lines for what a step decided.
+async fn carry_out(
+    ctx: &RuleCtx,
+    settings: &Settings,
+    state: &State,
+    parents: &[Arc<ParentObject>],
+    effects: &[Effect],
+    wake: &UnboundedSender<ObjectRef<ParentObject>>,
+) {
+    let by_uid: HashMap<String, &Arc<ParentObject>> = parents
+        .iter()
+        .filter_map(|p| Some((p.object.metadata.uid.clone()?, p)))
+        .collect();
+    let rule = ctx.rule().name.clone();
+    let step = format!("{}/{}", state.step + 1, settings.steps.len());
+    let mut moved = 0;
+    for effect in effects {
+        match effect {
+            Effect::Moved(uid) => {
+                moved += 1;
+                if let Some(p) = by_uid.get(uid) {
+                    let note = format!(
+                        "moves to rule {rule} revision {} (from {}; step {step})",
+                        state.to, state.from
+                    );
+                    ctx.event(&p.to_object(), EventType::Normal, "Upgraded", note)
+                        .await;
+                    wake_one(ctx, p, wake);
+                }
+            }
+            Effect::Failed(uid, why) => {
+                warn!(rule = %rule, parent = %uid, revision = %state.to, "rollout: a moved parent failed: {why}");
+                if let Some(p) = by_uid.get(uid) {
+                    let note = format!("on rule {rule} revision {}: {why}", state.to);
+                    ctx.event(&p.to_object(), EventType::Warning, "RolloutFailed", note)
+                        .await;
+                }
+            }
+            Effect::RolledBack(uids) => {
+                warn!(rule = %rule, from = %state.to, to = %state.from, parents = uids.len(), failed = state.failed.len(), "rollout: rolled back; the new version is marked failed");
+                for uid in uids {
+                    if let Some(p) = by_uid.get(uid) {
+                        let note = format!(
+                            "back to rule {rule} revision {} (revision {} failed or was aborted)",
+                            state.from, state.to
+                        );
+                        ctx.event(&p.to_object(), EventType::Normal, "RolledBack", note)
+                            .await;
+                        wake_one(ctx, p, wake);
+                    }
+                }
+            }
+            Effect::Halted => {
+                warn!(rule = %rule, to = %state.to, failed = state.failed.len(), "rollout: halted; `trellis rollout promote` resumes, `abort` goes back")
+            }
+            Effect::Step(_) | Effect::Paused | Effect::Complete => {}
+        }
+    }
+    let stepped = effects
+        .iter()
+        .any(|e| matches!(e, Effect::Step(_) | Effect::Paused | Effect::Complete));
+    if moved > 0 || stepped {
+        info!(
+            rule = %rule,
+            from = %state.from,
+            to = %state.to,
+            step = %step,
+            moved = state.moved.len(),
+            total = state.total,
+            failed = state.failed.len(),
+            state = state.phase.as_str(),
+            "rollout: step"
+        );
+    }
+}
+
+fn wake_one(ctx: &RuleCtx, parent: &ParentObject, wake: &UnboundedSender<ObjectRef<ParentObject>>) {
+    let _ = wake.send(ObjectRef::from_obj_with(
+        parent,
+        ctx.kinds.parent.resource.clone(),
+    ));
+}
+
+fn wake_all(ctx: &RuleCtx, wake: &UnboundedSender<ObjectRef<ParentObject>>) {
+    for p in ctx.parents.state() {
+        wake_one(ctx, &p, wake);
+    }
+}
+
+/// `/status` → `rules.<name>.rollout` and the rollout metrics.
+fn publish(ctx: &RuleCtx, settings: Option<&Settings>, record: Option<&Record>) {
+    let rule = ctx.rule().name.clone();
+    let metrics = &ctx.shared.metrics;
+    let (Some(settings), Some(record)) = (settings, record) else {
+        super::lock(&ctx.shared.rollouts).remove(&rule);
+        return;
+    };
+    let state = &record.state;
+    let mut on: HashMap<String, i64> = HashMap::new();
+    for p in ctx.parents.state() {
+        let uid = p.object.metadata.uid.clone().unwrap_or_default();
+        if let Some(rev) = revision_on(ctx, p.status_value().as_ref(), &uid) {
+            *on.entry(rev).or_default() += 1;
+        }
+    }
+    for rev in [&state.from, &state.to]
+        .into_iter()
+        .chain(state.between.iter())
+    {
+        metrics
+            .rollout_parents
+            .get_or_create(&crate::telemetry::RevisionLabel {
+                rule: rule.clone(),
+                revision: rev.clone(),
+            })
+            .set(on.get(rev).copied().unwrap_or(0));
+    }
+    for phase in Phase::ALL {
+        metrics
+            .rollout_state
+            .get_or_create(&crate::telemetry::PhaseLabel {
+                rule: rule.clone(),
+                state: phase.as_str().to_owned(),
+            })
+            .set(i64::from(phase == state.phase));
+    }
+    let since = humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(state.since));
+    let entry = json!({
+        "from": state.from,
+        "to": state.to,
+        "between": state.between,
+        "step": state.step + 1,
+        "steps": settings.steps.len(),
+        "moved": state.moved.len(),
+        "total": state.total,
+        "failed": state.failed.len(),
+        "state": state.phase.as_str(),
+        "since": since.to_string(),
+        "resumeAt": state.resume_at(settings).map(|at| humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(at)).to_string()),
+    });
+    super::lock(&ctx.shared.rollouts).insert(rule, entry);
+}

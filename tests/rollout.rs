@@ -1,0 +1,421 @@
+//! Staged rollout of a rule change (`rollout:`) against the real control
+//! plane: steps and pauses move exactly the right number of parents, a
+//! manual pause holds until promoted, a version whose children never
+//! become ready goes back by itself, a restart moves nobody and writes
+//! nothing, abort returns everyone, an edit restarts toward the newest.
+//!
+//! Each test runs `trellis run` in-process on a ConfigMap-volume rules
+//! directory, watching its own namespace, which is also the operator's
+//! namespace (where the revision ConfigMaps live). A child shows the rule
+//! text that rendered it in `data.version`.
+mod support;
+
+#[path = "support/configmap_dir.rs"]
+mod configmap_dir;
+#[path = "support/reloading.rs"]
+mod reloading;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use trellis::operator::Options;
+
+use configmap_dir::ConfigMapDir;
+use reloading::{children, config_rule, free_local_addr, http_get_json};
+use support::TestNamespace;
+use support::operator::{Operator, TestKind, WAIT, config_data, install_kind};
+
+/// `trellis run` on `rules`, with `ns` as the operator's namespace too.
+struct Running {
+    operator: Operator,
+    addr: SocketAddr,
+}
+
+impl Running {
+    fn start(client: &Client, ns: &TestNamespace, rules: &ConfigMapDir) -> Running {
+        let dir = rules.path();
+        let set = trellis::rules::RuleSet::load(std::slice::from_ref(&dir), Default::default())
+            .unwrap_or_else(|d| panic!("rules do not load: {d:?}"));
+        let addr = free_local_addr();
+        let options = Options {
+            reload_debounce: Duration::from_millis(200),
+            reload_poll: Duration::from_secs(2),
+            instance: "test".into(),
+            metrics_addr: Some(addr),
+            operator_namespace: ns.name().to_owned(),
+            ..Options::new(vec![dir], vec![ns.name().to_owned()])
+        };
+        Running {
+            operator: Operator::spawn(options, set, client),
+            addr,
+        }
+    }
+
+    /// `rules.<rule>.rollout` of `/status` once it satisfies `check`.
+    async fn wait_rollout(&self, rule: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        support::eventually(what, WAIT, || async {
+            let status = http_get_json(self.addr, "/status").await?;
+            let rollout = status["rules"][rule]["rollout"].clone();
+            if check(&rollout) {
+                Ok(rollout)
+            } else {
+                Err(format!("rollout {rollout}"))
+            }
+        })
+        .await
+    }
+
+    async fn metrics(&self) -> String {
+        support::http_get(self.addr, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
+    }
+}
+
+/// [`config_rule`] with a `rollout:` block (indented under `spec:`).
+fn rollout_rule(kind: &TestKind, rule: &str, version: &str, rollout: &str) -> String {
+    format!("{}  rollout:\n{rollout}", config_rule(kind, rule, version))
+}
+
+/// Parent name → the version its `-config` child was rendered from.
+async fn versions(cms: &Api<ConfigMap>, rule: &str) -> BTreeMap<String, String> {
+    children(cms, rule)
+        .await
+        .iter()
+        .filter_map(|cm| {
+            let parent = cm.name_any().strip_suffix("-config")?.to_owned();
+            Some((parent, config_data(cm, "version")?))
+        })
+        .collect()
+}
+
+fn count(versions: &BTreeMap<String, String>, version: &str) -> usize {
+    versions.values().filter(|v| *v == version).count()
+}
+
+/// Waits until exactly `n` of `total` parents are on `version` (both children).
+async fn wait_on(cms: &Api<ConfigMap>, rule: &str, version: &str, n: usize, total: usize) {
+    support::eventually(
+        &format!("{n} of {total} parents on {version}"),
+        WAIT,
+        || async {
+            let all: Vec<ConfigMap> = children(cms, rule).await;
+            let on = |suffix: &str| {
+                all.iter()
+                    .filter(|cm| cm.name_any().ends_with(suffix))
+                    .filter(|cm| config_data(cm, "version").as_deref() == Some(version))
+                    .count()
+            };
+            let seen = versions(cms, rule).await;
+            if seen.len() == total && on("-config") == n && on("-extra") == n {
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        },
+    )
+    .await
+}
+
+/// Creates `n` parents `p0..`, waits for their children at `version`.
+async fn parents(ns: &TestNamespace, kind: &TestKind, rule: &str, n: usize, version: &str) {
+    for i in 0..n {
+        kind.create(ns, &format!("p{i}"), json!({"greeting": "hi"}), &[])
+            .await;
+    }
+    let cms: Api<ConfigMap> = ns.api();
+    wait_on(&cms, rule, version, n, n).await;
+}
+
+/// Every parent's and child's resourceVersion.
+async fn resource_versions(
+    ns: &TestNamespace,
+    kind: &TestKind,
+    rule: &str,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for p in kind
+        .api(ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list parents")
+        .items
+    {
+        out.insert(
+            format!("parent {}", p.name_any()),
+            p.resource_version().unwrap_or_default(),
+        );
+    }
+    let cms: Api<ConfigMap> = ns.api();
+    for c in children(&cms, rule).await {
+        out.insert(
+            format!("child {}", c.name_any()),
+            c.resource_version().unwrap_or_default(),
+        );
+    }
+    out
+}
+
+async fn decide(ns: &TestNamespace, rule: &str, what: &str) {
+    trellis::operator::versions::decide(&ns.client, ns.name(), rule, what)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+/// Events of `reason` on parents of `rule`'s kind, by parent name.
+async fn events(ns: &TestNamespace, kind: &TestKind, reason: &str) -> Vec<String> {
+    let api: Api<Event> = ns.api();
+    let mut out: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.involved_object.kind.as_deref() == Some(&kind.kind)
+        })
+        .filter_map(|e| e.involved_object.name)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+const MANUAL_THEN_TIMED: &str = "    steps:\n      - percent: 25\n        pause: manual\n      - percent: 50\n        pause: 2s\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_and_pauses_move_exactly_the_right_number_of_parents_and_manual_holds_until_promote()
+{
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("steps");
+    let cms: Api<ConfigMap> = ns.api();
+    let mut rules = ConfigMapDir::new(&[(
+        "app.yaml",
+        &rollout_rule(&app, &rule, "v1", MANUAL_THEN_TIMED),
+    )]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    parents(&ns, &app, &rule, 7, "v1").await;
+    running
+        .wait_rollout(&rule, "the first version kept", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+
+    rules.update(&[(
+        "app.yaml",
+        &rollout_rule(&app, &rule, "v2", MANUAL_THEN_TIMED),
+    )]);
+    // 25% of 7: ⌈1.75⌉ = 2 parents, then a manual pause.
+    let paused = running
+        .wait_rollout(&rule, "paused at the first step", |r| {
+            r["state"] == "Paused" && r["step"] == 1 && r["to"] != r["from"]
+        })
+        .await;
+    assert_eq!(paused["moved"], 2, "{paused}");
+    assert_eq!(paused["total"], 7, "{paused}");
+    wait_on(&cms, &rule, "v2", 2, 7).await;
+    // A manual pause holds: nothing more moves while nobody promotes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(count(&versions(&cms, &rule).await, "v2"), 2);
+    let held = running.wait_rollout(&rule, "still paused", |_| true).await;
+    assert_eq!(
+        (held["state"].as_str(), held["step"].as_u64()),
+        (Some("Paused"), Some(1)),
+        "{held}"
+    );
+
+    decide(&ns, &rule, "promote").await;
+    // 50% of 7: ⌈3.5⌉ = 4, held 2 s, then everyone.
+    running
+        .wait_rollout(&rule, "the second step", |r| {
+            r["step"] == 2 && r["moved"] == 4
+        })
+        .await;
+    wait_on(&cms, &rule, "v2", 7, 7).await;
+    let done = running
+        .wait_rollout(&rule, "complete", |r| r["state"] == "Complete")
+        .await;
+    assert_eq!(done["failed"], 0, "{done}");
+    let upgraded = events(&ns, &app, "Upgraded").await;
+    assert_eq!(
+        upgraded.len(),
+        7,
+        "an Upgraded Event on each parent: {upgraded:?}"
+    );
+    let metrics = running.metrics().await;
+    let to = done["to"].as_str().unwrap_or_default();
+    assert!(
+        metrics.contains(&format!(
+            "trellis_rollout_parents{{rule=\"{rule}\",revision=\"{to}\"}} 7"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "trellis_rollout_state{{rule=\"{rule}\",state=\"Complete\"}} 1"
+        )),
+        "{metrics}"
+    );
+    // The versions are kept in the operator's namespace, labelled as versions, not children.
+    let kept: Vec<ConfigMap> = cms
+        .list(&ListParams::default().labels(&format!("trellis.dev/revision-of={rule}")))
+        .await
+        .expect("list revisions")
+        .items;
+    assert_eq!(
+        kept.len(),
+        2,
+        "{:?}",
+        kept.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    );
+    assert!(kept.iter().all(|c| {
+        !c.labels().contains_key("trellis.dev/rule")
+            && c.name_any()
+                .starts_with(&format!("trellis-revision-{rule}-"))
+    }));
+    running.operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_whose_children_never_become_ready_is_rolled_back_by_itself() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("back");
+    let cms: Api<ConfigMap> = ns.api();
+    let rollout =
+        "    steps:\n      - percent: 50\n        pause: 1m\n    health:\n      timeout: 3s\n";
+    let mut rules = ConfigMapDir::new(&[("app.yaml", &rollout_rule(&app, &rule, "v1", rollout))]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    parents(&ns, &app, &rule, 4, "v1").await;
+    running
+        .wait_rollout(&rule, "the first version kept", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+
+    // v2's `extra` child never counts as ready.
+    let broken = rollout_rule(&app, &rule, "v2", rollout).replace(
+        "          version: \"v2\"\n",
+        "          version: \"v2\"\n      readyWhen: \"self.data.ready | default('no') == 'yes'\"\n",
+    );
+    assert!(broken.contains("readyWhen"), "{broken}");
+    rules.update(&[("app.yaml", &broken)]);
+    let back = running
+        .wait_rollout(&rule, "rolled back", |r| r["state"] == "RolledBack")
+        .await;
+    assert_eq!(back["moved"], 2, "{back}");
+    assert!(back["failed"].as_u64().unwrap_or(0) >= 1, "{back}");
+    wait_on(&cms, &rule, "v1", 4, 4).await;
+    let rolled = events(&ns, &app, "RolledBack").await;
+    assert_eq!(
+        rolled.len(),
+        2,
+        "a RolledBack Event on each moved parent: {rolled:?}"
+    );
+    let failed = events(&ns, &app, "RolloutFailed").await;
+    assert!(!failed.is_empty(), "a Warning on the failed parent");
+    // The failed version is not tried again while the text stays.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(count(&versions(&cms, &rule).await, "v1"), 4);
+    running.operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_rollout_moves_nobody_and_writes_nothing() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("restart");
+    let cms: Api<ConfigMap> = ns.api();
+    let rollout = "    steps:\n      - percent: 40\n        pause: manual\n";
+    let mut rules = ConfigMapDir::new(&[("app.yaml", &rollout_rule(&app, &rule, "v1", rollout))]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    parents(&ns, &app, &rule, 5, "v1").await;
+    running
+        .wait_rollout(&rule, "the first version kept", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+    rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v2", rollout))]);
+    running
+        .wait_rollout(&rule, "paused", |r| {
+            r["state"] == "Paused" && r["moved"] == 2
+        })
+        .await;
+    wait_on(&cms, &rule, "v2", 2, 5).await;
+    // Let the last status writes land before taking the picture.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = resource_versions(&ns, &app, &rule).await;
+    running.operator.stop().await;
+
+    let running = Running::start(&ns.client, &ns, &rules);
+    let after_restart = running
+        .wait_rollout(&rule, "the rollout read back", |r| r["state"] == "Paused")
+        .await;
+    assert_eq!(after_restart["moved"], 2, "{after_restart}");
+    // Several ticks and a full pass over every parent.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let after = resource_versions(&ns, &app, &rule).await;
+    assert_eq!(before, after, "a restart wrote to a parent or child");
+    assert_eq!(count(&versions(&cms, &rule).await, "v2"), 2);
+
+    // abort returns everyone.
+    decide(&ns, &rule, "abort").await;
+    running
+        .wait_rollout(&rule, "aborted", |r| r["state"] == "RolledBack")
+        .await;
+    wait_on(&cms, &rule, "v1", 5, 5).await;
+    running.operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_mid_rollout_restarts_toward_the_newest_version() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("edit");
+    let cms: Api<ConfigMap> = ns.api();
+    let rollout = "    steps:\n      - percent: 50\n        pause: manual\n";
+    let mut rules = ConfigMapDir::new(&[("app.yaml", &rollout_rule(&app, &rule, "v1", rollout))]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    parents(&ns, &app, &rule, 4, "v1").await;
+    let first = running
+        .wait_rollout(&rule, "the first version kept", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+    rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v2", rollout))]);
+    let to_v2 = running
+        .wait_rollout(&rule, "paused toward v2", |r| {
+            r["state"] == "Paused" && r["to"] != first["to"]
+        })
+        .await;
+    wait_on(&cms, &rule, "v2", 2, 4).await;
+
+    rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v3", rollout))]);
+    let to_v3 = running
+        .wait_rollout(&rule, "toward v3", |r| {
+            r["to"] != to_v2["to"] && r["state"] == "Paused"
+        })
+        .await;
+    assert_eq!(
+        to_v3["from"], first["to"],
+        "from the version everyone was on: {to_v3}"
+    );
+    assert_eq!(to_v3["step"], 1, "{to_v3}");
+    // The same order: the two parents on v2 were the first two; they move on to v3.
+    wait_on(&cms, &rule, "v3", 2, 4).await;
+    let seen = versions(&cms, &rule).await;
+    assert_eq!(count(&seen, "v1"), 2, "{seen:?}");
+    decide(&ns, &rule, "promote").await;
+    wait_on(&cms, &rule, "v3", 4, 4).await;
+    running
+        .wait_rollout(&rule, "complete", |r| r["state"] == "Complete")
+        .await;
+    running.operator.stop().await;
+}
