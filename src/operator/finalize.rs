@@ -87,7 +87,7 @@ pub(super) async fn finalize(
     let rule = &ctx.rule();
     let key = parent_key(parent);
     // Contributions to objects the rule does not own go first.
-    super::patch::release_parent(ctx, uid).await?;
+    super::patch::release_parent(ctx, rule, uid).await?;
     let observed = ctx.observed(uid);
     let id_of = |o: &Value| {
         o.pointer("/metadata/labels")

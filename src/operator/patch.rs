@@ -26,6 +26,7 @@ use super::context::{Error, RuleCtx};
 use super::discovery::Resolved;
 use super::lock;
 use crate::plan::{ObjectKey, PatchApply, Release};
+use crate::rules::CompiledRule;
 
 /// The hash each (parent uid, target) was last sent with by this process,
 /// and how to take it back: an unchanged contribution the target still
@@ -139,13 +140,13 @@ pub(super) async fn apply_patch(
 /// then on. Whether anything was written.
 pub(super) async fn send_all(
     ctx: &RuleCtx,
+    rule: &CompiledRule,
     plan: &crate::plan::Plan,
     observed: &mut crate::plan::Observed,
     parent_uid: &str,
     sent: &mut BTreeMap<ObjectKey, String>,
     errors: &mut Vec<Error>,
 ) -> Result<bool, Error> {
-    let rule = ctx.rule();
     let manager = crate::plan::field_manager(&rule.name, parent_uid);
     let mut wrote = false;
     for patch in &plan.patches {
@@ -176,11 +177,11 @@ pub(super) async fn send_all(
 /// deleted parent's).
 pub(super) async fn release_all(
     ctx: &RuleCtx,
+    rule: &CompiledRule,
     releases: &[Release],
     parent_uid: &str,
     errors: &mut Vec<Error>,
 ) -> Result<(), Error> {
-    let rule = ctx.rule();
     let manager = crate::plan::field_manager(&rule.name, parent_uid);
     for r in releases {
         match release_in(ctx, r, &manager, parent_uid).await {
@@ -198,8 +199,11 @@ pub(super) async fn release_all(
 /// Takes back every contribution of a parent being deleted: those the
 /// caches show under its manager, and those this process sent that the
 /// caches may not show yet.
-pub(super) async fn release_parent(ctx: &RuleCtx, parent_uid: &str) -> Result<(), Error> {
-    let rule = ctx.rule();
+pub(super) async fn release_parent(
+    ctx: &RuleCtx,
+    rule: &CompiledRule,
+    parent_uid: &str,
+) -> Result<(), Error> {
     let manager = crate::plan::field_manager(&rule.name, parent_uid);
     let mut releases: BTreeMap<ObjectKey, Release> = ctx
         .patches
@@ -212,7 +216,7 @@ pub(super) async fn release_parent(ctx: &RuleCtx, parent_uid: &str) -> Result<()
     }
     let releases: Vec<Release> = releases.into_values().collect();
     let mut errors = Vec::new();
-    release_all(ctx, &releases, parent_uid, &mut errors).await?;
+    release_all(ctx, rule, &releases, parent_uid, &mut errors).await?;
     match errors.into_iter().next() {
         Some(err) => Err(err),
         None => Ok(()),

@@ -232,6 +232,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         if apply_errors.is_empty() {
             wrote |= super::patch::send_all(
                 &ctx,
+                rule,
                 &plan,
                 &mut observed,
                 &uid,
@@ -277,8 +278,8 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             }
         }
         // Contributions and retained children no longer rendered.
-        super::patch::release_all(&ctx, &plan.release, &uid, &mut apply_errors).await?;
-        super::release::retain_all(&ctx, &plan.retain, &mut apply_errors).await?;
+        super::patch::release_all(&ctx, rule, &plan.release, &uid, &mut apply_errors).await?;
+        super::release::retain_all(&ctx, rule, &plan.retain, &mut apply_errors).await?;
     }
 
     if !plan.errors.is_empty() {

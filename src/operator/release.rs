@@ -131,10 +131,10 @@ pub async fn release_child(
 /// deleted parent) through the rule's writer.
 pub(super) async fn retain_all(
     ctx: &RuleCtx,
+    rule: &crate::rules::CompiledRule,
     retain: &[crate::plan::Delete],
     errors: &mut Vec<Error>,
 ) -> Result<(), Error> {
-    let rule = ctx.rule();
     for child in retain {
         let Some(kind) = ctx.child_kind(&child.key.group, &child.key.kind) else {
             continue;
