@@ -108,7 +108,8 @@ fn named_metrics(query: &str) -> BTreeSet<String> {
 }
 
 /// A rule whose children are ConfigMaps named by the parent's spec: a good
-/// name reconciles, a bad one is refused by the API server (422).
+/// name reconciles, a bad one is refused by the API server (422). With
+/// `rollout:`, its first version is kept and its rollout state published.
 const RULE: &str = r#"
 apiVersion: trellis.dev/v1alpha1
 kind: Rule
@@ -118,6 +119,8 @@ spec:
   parent:
     apiVersion: @API_VERSION@
     kind: @KIND@
+  rollout:
+    steps: [{percent: 50}]
   children:
     - id: config
       apiVersion: v1
