@@ -86,6 +86,16 @@ async fn namespace_json(client: &kube::Client, name: &str) -> Value {
     serde_json::to_value(nss.get(name).await.expect("get the Namespace")).unwrap()
 }
 
+/// Deletes a parent and waits until it is gone: its rule's finalizer is
+/// released by the running operator (a parent left with it would hold its
+/// CRD's and its namespace's deletion after the test).
+async fn delete_parent(api: &Api<kube::api::DynamicObject>, name: &str) {
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    wait_gone(api, name, WAIT).await;
+}
+
 fn label<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
     obj.pointer("/metadata/labels")
         .and_then(|l| l.get(key))
@@ -226,6 +236,7 @@ async fn two_parents_contribute_to_one_namespace_each_owning_only_its_fields_and
             .all(|(m, _)| !m.starts_with("trellis")),
         "{live}"
     );
+    delete_parent(&app.api(&ns), "beta").await;
     operator.stop().await;
 }
 
@@ -349,6 +360,7 @@ async fn a_missing_target_is_never_created_and_another_managers_field_is_taken_o
         },
     )
     .await;
+    delete_parent(&app.api(&ns), "tag").await;
     operator.stop().await;
 }
 
@@ -540,6 +552,7 @@ async fn a_rule_edit_that_stops_patching_a_kind_releases_its_contributions() {
     })
     .await;
     support::operator::wait_exists(&ns.api::<ConfigMap>(), "note").await;
+    delete_parent(&app.api(&ns), "delta").await;
     operator.stop().await;
 }
 
@@ -729,4 +742,7 @@ async fn diff_shows_what_a_patch_would_put_back_and_writes_nothing() {
         before,
         "diff wrote to the Namespace"
     );
+    let operator = Operator::start(&ns.client, ns.name(), &[&text]);
+    delete_parent(&app.api(&ns), "eps").await;
+    operator.stop().await;
 }
