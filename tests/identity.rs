@@ -627,3 +627,63 @@ async fn require_service_account_rejects_a_rule_without_one_while_the_others_run
     assert_absent(&ns.api::<ConfigMap>(), "p-without", "its rule is rejected").await;
     operator.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_dry_runs_each_childs_write_as_the_rules_account() {
+    use trellis::diff::ChildChange;
+    use trellis::diff::live::{Target, diff_as};
+    let ns = support::namespace().await;
+    let other = support::namespace_for("identity-diff-other").await;
+    let (kind, mut cleanup) = install_kind(&ns, "Dry").await;
+    let set = rule_set(&[&rule_with(&kind, "dry", Some("writer"), true)]);
+    set_up(&ns, &set, &["writer"], &mut cleanup).await;
+    kind.create(&ns, "far", json!({"elsewhere": other.name()}), &[])
+        .await;
+    let manifest = json!({
+        "apiVersion": kind.api_version(),
+        "kind": kind.kind,
+        "metadata": {"name": "far", "namespace": ns.name()},
+    });
+    let changes = |report: trellis::diff::live::Report| -> Vec<(String, ChildChange)> {
+        report.diffs[0]
+            .children
+            .iter()
+            .map(|c| (c.id.clone(), c.change.clone()))
+            .collect()
+    };
+    // As the account: its own namespace is writable, the other one is not.
+    let report = diff_as(&ns.client, &set, &Target::Parent(&manifest), ns.name())
+        .await
+        .expect("diff");
+    let as_account = changes(report);
+    let writer = format!("system:serviceaccount:{}:writer", ns.name());
+    for (id, change) in &as_account {
+        match (id.as_str(), change) {
+            ("config", ChildChange::Create { .. }) => {}
+            ("away", ChildChange::Refused { why }) => {
+                assert!(why.contains(&writer), "{why}");
+                assert!(why.contains(other.name()), "{why}");
+            }
+            other => panic!("unexpected {other:?} in {as_account:?}"),
+        }
+    }
+    assert_eq!(as_account.len(), 2, "{as_account:?}");
+    // The same rule without an account dry-runs with the caller's (admin)
+    // rights: the other namespace is writable then.
+    let plain = rule_set(&[&rule_with(&kind, "dry", None, true)]);
+    let report = diff_as(&ns.client, &plain, &Target::Parent(&manifest), ns.name())
+        .await
+        .expect("diff");
+    assert!(
+        changes(report)
+            .iter()
+            .all(|(_, c)| matches!(c, ChildChange::Create { .. })),
+        "without an account both children would be created"
+    );
+    assert_absent(
+        &other.api::<ConfigMap>(),
+        "far-dry-away",
+        "a diff writes nothing",
+    )
+    .await;
+}
