@@ -304,6 +304,15 @@ struct Manager {
     api_version: Option<String>,
 }
 
+/// Whether a `managedFields` text holds a string `"trellis/<a>/<b>..."`.
+fn mentions_patch_manager(raw: &str) -> bool {
+    raw.match_indices("\"trellis/").any(|(at, m)| {
+        let rest = &raw[at + m.len()..];
+        let end = rest.find('"').unwrap_or(rest.len());
+        rest[..end].contains('/')
+    })
+}
+
 /// Whether `name` is a patch manager: `trellis/<rule>/<parent uid>`.
 fn is_patch_manager(name: &str) -> bool {
     name.strip_prefix("trellis/")
@@ -316,7 +325,9 @@ fn is_patch_manager(name: &str) -> bool {
 /// parents contributed to an object; the rest (which mirror the object's
 /// depth) is dropped unparsed.
 pub(super) fn managers_of_patches(raw: &str) -> Option<Box<RawValue>> {
-    if !raw.contains("\"trellis/") {
+    // Every child carries `trellis/<rule>`: only a string with one more
+    // `/` is worth a parse (this runs on every event of every cache).
+    if !mentions_patch_manager(raw) {
         return None;
     }
     let entries: Vec<Manager> = serde_json::from_str(raw).ok()?;
@@ -353,6 +364,23 @@ mod tests {
         );
         assert!(managers_of_patches(r#"[{"manager": "kubectl"}]"#).is_none());
         assert!(managers_of_patches("not json \"trellis/a/b\"").is_none());
+        assert!(!mentions_patch_manager(
+            r#"[{"manager":"trellis/app","fieldsV1":{"f:data":{"f:a/b":{}}}}]"#
+        ));
+        assert!(mentions_patch_manager(r#"[{"manager":"trellis/app/u1"}]"#));
+    }
+
+    #[test]
+    fn a_patch_conflict_is_the_reason_of_a_pass_that_met_one() {
+        let conflict = Error::PatchConflict {
+            key: "Namespace a".into(),
+            message: "Apply failed with 1 conflict".into(),
+        };
+        assert_eq!(failure_reason(&[Error::Plan("x".into())]), "ApplyError");
+        assert_eq!(
+            failure_reason(&[Error::Plan("x".into()), conflict]),
+            "PatchConflict"
+        );
     }
 
     #[test]
