@@ -117,6 +117,9 @@ pub(super) struct Patched {
     pub outcome: BTreeMap<usize, Outcome>,
     /// `patches` in the evaluation context: each patch's observed targets.
     pub context: BTreeMap<String, minijinja::Value>,
+    /// Targets rendered so far: one target is contributed to once per rule
+    /// and parent (two bodies under one manager would undo each other).
+    pub keys: BTreeSet<ObjectKey>,
     /// A patch is held back (or failed) for a reason other than a missing
     /// target: what it contributed before cannot be told from what it
     /// dropped, so nothing is released in this pass.
@@ -205,6 +208,13 @@ fn targets(
     let mut waiting: Option<Pending> = None;
     let mut ready: Result<(), String> = Ok(());
     for ((mut obj, key), item) in rendered {
+        if !out.keys.insert(key.clone()) {
+            out.errors.push(format!(
+                "patch \"{id}\": {key} is patched twice in this rule (one body per target and parent)"
+            ));
+            out.holding = true;
+            continue;
+        }
         let read = RelatedRead {
             id: id.clone(),
             api_version: patch.gvk.api_version(),

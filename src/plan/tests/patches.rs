@@ -293,3 +293,21 @@ fn a_retained_child_is_labelled_and_released_instead_of_deleted() {
     assert_eq!(p.delete.len(), 1);
     assert!(p.retain.is_empty());
 }
+
+#[test]
+fn one_target_is_contributed_to_once_per_parent() {
+    let r = rule(&format!(
+        "{PARENT_KIND}  patches:\n    - id: twice\n      apiVersion: v1\n      kind: ConfigMap\n      forEach: \"[1, 2]\"\n      template: |\n        metadata: {{name: same, labels: {{n: {{{{ item | string }}}}}}}}\n"
+    ));
+    let target = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "same", "namespace": "ns", "uid": "u"}});
+    let p = run(&r, &parent(json!({})), vec![target]);
+    assert_eq!(p.patches.len(), 1);
+    assert!(
+        p.errors
+            .iter()
+            .any(|e| e.contains("ConfigMap ns/same is patched twice")),
+        "{:?}",
+        p.errors
+    );
+}
