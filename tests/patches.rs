@@ -746,3 +746,60 @@ async fn diff_shows_what_a_patch_would_put_back_and_writes_nothing() {
     delete_parent(&app.api(&ns), "eps").await;
     operator.stop().await;
 }
+
+/// A pass that finds its contribution in place sends nothing: the parent
+/// re-reconciled (an annotation edit) after the Namespace holds its label
+/// makes no new apply of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contribution_in_place_is_not_sent_again() {
+    let logs = support::logs::Logs::get().expect("the only global subscriber of this binary");
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "Quiet").await;
+    let rule = support::unique_name("quiet");
+    let operator = Operator::start(&ns.client, ns.name(), &[&team_rule(&app, &rule, "orphan")]);
+    let parent = app.create(&ns, "zeta", json!({"value": "z"}), &[]).await;
+    let uid = parent.uid().unwrap();
+    wait_for(
+        &app.api(&ns),
+        "zeta",
+        "zeta Ready",
+        |p| match condition_state(p, "Ready")? {
+            (s, _) if s == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    let count = |what: &str| {
+        logs.lines()
+            .iter()
+            .filter(|l| l.contains(what) && l.contains(&uid))
+            .count()
+    };
+    let passes = |logs: &support::logs::Logs| {
+        let field = format!("parent={}/zeta ", ns.name());
+        logs.lines()
+            .iter()
+            .filter(|l| l.contains("planned") && l.contains(&field))
+            .count()
+    };
+    let sent = count("contributed");
+    assert_eq!(sent, 1, "one apply made the contribution");
+    let before = passes(logs);
+    app.patch(
+        &ns,
+        "zeta",
+        json!({"metadata": {"annotations": {"poke": "1"}}}),
+    )
+    .await;
+    support::eventually("another pass of zeta", WAIT, || async {
+        (passes(logs) > before).then_some(()).ok_or("no pass yet")
+    })
+    .await;
+    assert_eq!(
+        count("contributed"),
+        sent,
+        "the pass sent the contribution again"
+    );
+    delete_parent(&app.api(&ns), "zeta").await;
+    operator.stop().await;
+}

@@ -157,7 +157,7 @@ pub(super) async fn send_all(
         match apply_patch(ctx, patch, &manager, parent_uid).await {
             Ok(Sent::Unchanged) | Ok(Sent::Gone) => {}
             Ok(Sent::Applied(target)) => {
-                info!(rule = %rule.name, patch = %patch.id, target = %patch.key, "contributed");
+                info!(rule = %rule.name, parent_uid, patch = %patch.id, target = %patch.key, "contributed");
                 ctx.shared.metrics.child_op(&rule.name, "patch");
                 observed.objects.insert(patch.key.clone(), target);
                 wrote = true;
