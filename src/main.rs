@@ -104,5 +104,19 @@ fn main() -> ExitCode {
             rule,
             output,
         } => cli::graph(&rules, rule.as_deref(), output),
+        Command::Rollout {
+            action,
+            operator_namespace,
+        } => cli::rollout(
+            match action {
+                cli::RolloutAction::Status { rule, output } => cli::RolloutDecision::Status {
+                    rule,
+                    json: matches!(output, cli::RolloutOutput::Json),
+                },
+                cli::RolloutAction::Promote { rule } => cli::RolloutDecision::Promote(rule),
+                cli::RolloutAction::Abort { rule } => cli::RolloutDecision::Abort(rule),
+            },
+            operator_namespace,
+        ),
     }
 }

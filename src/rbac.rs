@@ -24,6 +24,7 @@
 //! | `apiextensions.k8s.io` CRDs | get, list, watch | noticing parent CRDs being installed |
 //! | the same, by name (`--manage-crds`) | create, patch | applying the CRDs generated from rules |
 //! | `authorization.k8s.io` selfsubjectaccessreviews | create | the startup preflight |
+//! | `configmaps` (when a rule has `rollout:`) | get, list, create, patch, delete | the revision ConfigMaps of staged rollouts, in the operator's namespace (a Role there is enough) |
 //!
 //! A rule with `serviceAccountName:` splits this (see [`cluster_roles`]): the
 //! rule's writes and reads go to its own ClusterRole `<name>-rule-<rule>`,
@@ -188,6 +189,10 @@ pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value 
     operator_grants(&mut grants);
     for rule in &set.rules {
         operator_rule_grants(rule, &mut grants);
+        if rule.rollout.is_some() {
+            // Revision ConfigMaps (`rollout:`): read back, applied, pruned.
+            grants.allow("", "configmaps", &[Get, List, Create, Patch, Delete]);
+        }
         if manage_crds && rule.crd.is_some() {
             let crd = crate::crd::name(&rule.rule);
             for verb in [Get, Create, Patch] {

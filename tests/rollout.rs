@@ -161,10 +161,34 @@ async fn resource_versions(
     out
 }
 
-async fn decide(ns: &TestNamespace, rule: &str, what: &str) {
-    trellis::operator::versions::decide(&ns.client, ns.name(), rule, what)
+/// `trellis rollout <args> --operator-namespace <ns>`: exit code and stdout.
+async fn cli(ns: &TestNamespace, args: &[&str]) -> (Option<i32>, String) {
+    let kubeconfig = support::cluster()
+        .kubeconfig_path
+        .clone()
+        .expect("a kubeconfig file");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
+    command
+        .arg("rollout")
+        .args(args)
+        .args(["--operator-namespace", ns.name()])
+        .env("KUBECONFIG", &kubeconfig);
+    let out = tokio::task::spawn_blocking(move || command.output())
         .await
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        .expect("join")
+        .expect("run trellis rollout");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "trellis rollout {args:?}: {stderr}");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `trellis rollout promote|abort RULE`, as a person would.
+async fn decide(ns: &TestNamespace, rule: &str, what: &str) {
+    let (_, out) = cli(ns, &[what, rule]).await;
+    assert!(out.contains("recorded"), "{out}");
 }
 
 /// Events of `reason` on parents of `rule`'s kind, by parent name.
@@ -364,6 +388,38 @@ async fn a_restart_mid_rollout_moves_nobody_and_writes_nothing() {
     let after = resource_versions(&ns, &app, &rule).await;
     assert_eq!(before, after, "a restart wrote to a parent or child");
     assert_eq!(count(&versions(&cms, &rule).await, "v2"), 2);
+
+    // `trellis diff` diffs each parent against the version it is due to
+    // run: nothing to change, though 3 parents are not on the newest text.
+    let kubeconfig = support::cluster()
+        .kubeconfig_path
+        .clone()
+        .expect("a kubeconfig file");
+    let mut diff = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
+    diff.args([
+        "diff",
+        "--all",
+        "-n",
+        ns.name(),
+        "--rule",
+        &rule,
+        "--operator-namespace",
+        ns.name(),
+        "--rules",
+    ])
+    .arg(rules.path())
+    .env("KUBECONFIG", &kubeconfig);
+    let out = tokio::task::spawn_blocking(move || diff.output())
+        .await
+        .expect("join")
+        .expect("run trellis diff");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "diff during the rollout: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // abort returns everyone.
     decide(&ns, &rule, "abort").await;

@@ -364,6 +364,49 @@ pub enum Command {
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
     },
+    /// Staged rollouts of rule changes (`rollout:`), as kept in the cluster:
+    /// status, promote, abort
+    Rollout {
+        #[command(subcommand)]
+        action: RolloutAction,
+        /// Where the revision ConfigMaps live [default: as `trellis run` resolves it:
+        /// $POD_NAMESPACE, else the service account's namespace, else default]
+        #[arg(
+            long,
+            global = true,
+            value_name = "NS",
+            env = "TRELLIS_OPERATOR_NAMESPACE"
+        )]
+        operator_namespace: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutAction {
+    /// Each rule's rollout: from → to, step, moved/total, failed, state, next step
+    Status {
+        /// Only this rule [default: every rule with a rollout]
+        rule: Option<String>,
+        /// table for people, json for scripts
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: RolloutOutput,
+    },
+    /// End a manual pause, or resume a halted rollout
+    Promote {
+        /// The rule
+        rule: String,
+    },
+    /// Send every parent back to the previous version; the new one is marked failed
+    Abort {
+        /// The rule
+        rule: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RolloutOutput {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -22,9 +22,11 @@ mod args;
 mod check;
 mod commands;
 mod render;
+mod rollout;
 
 pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
+    RolloutAction, RolloutOutput,
 };
 pub use check::{Checked, Inputs, check, diagnostics, lsp};
 pub use commands::{crd, crd_documents, diff, graph, rbac, schema};
@@ -32,6 +34,7 @@ pub use render::{
     label_observed, offline_scope, offline_scope_with, render, render_document,
     render_document_with, rule_for,
 };
+pub use rollout::{Action as RolloutDecision, rollout};
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).
 pub fn init_logging(format: LogFormat) {

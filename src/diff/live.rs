@@ -157,6 +157,8 @@ pub async fn diff_as(
             }
             for rule in rules {
                 let kinds = Kinds::of(client, rule).await?;
+                let versions =
+                    versions_of(client, operator_namespace, rule, &mut report.notes).await;
                 let namespace = s("/metadata/namespace");
                 let live = api(client, &kinds.parent, namespace)
                     .get_opt(name)
@@ -169,9 +171,17 @@ pub async fn diff_as(
                         )
                     })?;
                 let live = to_value(live, &kinds.parent);
-                report
-                    .diffs
-                    .push(diff_parent(client, &writer(rule), rule, &kinds, &live).await?);
+                report.diffs.push(
+                    diff_parent(
+                        client,
+                        &writer(rule),
+                        rule,
+                        versions.as_ref(),
+                        &kinds,
+                        &live,
+                    )
+                    .await?,
+                );
             }
         }
         Target::All { namespace, rule } => {
@@ -202,11 +212,12 @@ pub async fn diff_as(
                     .collect();
                 parents.sort_by_key(|p| ObjectKey::of(p).map(|k| (k.namespace, k.name)));
                 let writer = writer(r);
+                let versions = versions_of(client, operator_namespace, r, &mut report.notes).await;
                 for p in &parents {
                     if plan::parent_matches(r, p) {
-                        report
-                            .diffs
-                            .push(diff_parent(client, &writer, r, &kinds, p).await?);
+                        report.diffs.push(
+                            diff_parent(client, &writer, r, versions.as_ref(), &kinds, p).await?,
+                        );
                     }
                 }
             }
@@ -215,15 +226,43 @@ pub async fn diff_as(
     Ok(report)
 }
 
+/// For a rule with `rollout:`, its versions as the cluster keeps them (so
+/// each parent is diffed against the version it is due to run).
+async fn versions_of(
+    client: &Client,
+    operator_namespace: &str,
+    rule: &std::sync::Arc<CompiledRule>,
+    notes: &mut Vec<String>,
+) -> Option<crate::operator::versions::Versions> {
+    rule.rollout.as_ref()?;
+    match crate::operator::versions::list(client, operator_namespace, &rule.name).await {
+        Ok(stored) => {
+            let versions = crate::operator::versions::Versions::default();
+            versions.absorb(&stored, rule, crate::render::Limits::default());
+            Some(versions)
+        }
+        Err(e) => {
+            notes.push(format!(
+                "rule {}: cannot read its rollout in namespace {operator_namespace} ({e}): every parent is diffed against the newest version",
+                rule.name
+            ));
+            None
+        }
+    }
+}
+
 /// One parent under one rule: the pass the operator would run, dry; the
 /// children's writes on `writer` (the rule's account's client, or `client`).
+/// During a staged rollout, the version the parent is due to run renders it.
 async fn diff_parent(
     client: &Client,
     writer: &Client,
-    rule: &CompiledRule,
+    newest: &std::sync::Arc<CompiledRule>,
+    versions: Option<&crate::operator::versions::Versions>,
     kinds: &Kinds,
     parent: &Value,
 ) -> Result<ParentDiff, String> {
+    let rule: &CompiledRule = newest;
     let s = |p: &str| parent.pointer(p).and_then(Value::as_str);
     let (name, namespace) = (
         s("/metadata/name").unwrap_or_default(),
@@ -276,6 +315,19 @@ async fn diff_parent(
         );
     }
     let mut objects: Vec<Value> = objects.into_iter().map(|(_, v)| v).collect();
+    let due = versions.map(|v| {
+        let on = parent
+            .pointer("/status/ruleRevision")
+            .or_else(|| {
+                objects.iter().find_map(|o| {
+                    o.pointer("/metadata/labels")?
+                        .get(crate::plan::LABEL_REVISION)
+                })
+            })
+            .and_then(Value::as_str);
+        v.rule_for(newest, uid, on)
+    });
+    let rule: &CompiledRule = due.as_deref().unwrap_or(rule);
 
     // Plan, fetch what the related entries read, plan again until the
     // reads stop changing (a related name may come from a var).

@@ -552,3 +552,18 @@ fn patch_targets_get_read_and_patch_never_create_or_delete_and_retained_children
         "its parents carry the cleanup finalizer"
     );
 }
+
+#[test]
+fn a_rule_with_rollout_lets_the_operator_keep_its_revision_configmaps() {
+    let rule = |extra: &str| {
+        format!(
+            "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n  children:\n    - id: d\n      apiVersion: apps/v1\n      kind: Deployment\n      template: 'metadata: {{name: x}}'\n{extra}"
+        )
+    };
+    assert!(verbs(&role_for(&rule("")), "", "configmaps").is_empty());
+    let staged = role_for(&rule("  rollout:\n    steps: [{percent: 50}]\n"));
+    assert_eq!(
+        verbs(&staged, "", "configmaps"),
+        ["get", "list", "create", "patch", "delete"]
+    );
+}
