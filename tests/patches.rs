@@ -803,3 +803,39 @@ async fn a_contribution_in_place_is_not_sent_again() {
     delete_parent(&app.api(&ns), "zeta").await;
     operator.stop().await;
 }
+
+/// A rule removed from the set releases its retained children, whatever
+/// `onRuleRemoved` says: with `orphan` they would otherwise keep an
+/// ownerReference to a parent whose deletion would take them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_rule_releases_its_retained_children() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "Holder").await;
+    let text = app
+        .rule(RETAIN_RULE)
+        .replace("name: keeper", "name: holder");
+    let mut rules = ConfigMapDir::new(&[("r.yaml", &text)]);
+    let operator = Reloading::start(&ns.client, ns.name(), &rules);
+    app.create(&ns, "h", json!({"volumes": ["a"]}), &[]).await;
+    let cms: Api<ConfigMap> = ns.api();
+    support::operator::wait_exists(&cms, "h-a").await;
+    support::operator::wait_exists(&cms, "h-scratch").await;
+    rules.update(&[]);
+    wait_for(&cms, "h-a", "h-a released", |cm| nothing_of_trellis(cm)).await;
+    // The plain child is orphaned as it was: still owned by its parent.
+    let scratch = cms.get("h-scratch").await.expect("h-scratch stays");
+    assert!(!scratch.owner_references().is_empty());
+    // The parent goes: the garbage collector takes the owned child, not the
+    // released one.
+    app.api(&ns)
+        .delete("h", &DeleteParams::default())
+        .await
+        .expect("delete the parent");
+    wait_gone(&app.api(&ns), "h", WAIT).await;
+    wait_gone(&cms, "h-scratch", WAIT).await;
+    assert!(
+        cms.get_opt("h-a").await.unwrap().is_some(),
+        "the retained child stays"
+    );
+    operator.stop().await;
+}
