@@ -821,7 +821,7 @@ async fn a_removed_rule_releases_its_retained_children() {
     support::operator::wait_exists(&cms, "h-a").await;
     support::operator::wait_exists(&cms, "h-scratch").await;
     rules.update(&[]);
-    wait_for(&cms, "h-a", "h-a released", |cm| nothing_of_trellis(cm)).await;
+    wait_for(&cms, "h-a", "h-a released", nothing_of_trellis).await;
     // The plain child is orphaned as it was: still owned by its parent.
     let scratch = cms.get("h-scratch").await.expect("h-scratch stays");
     assert!(!scratch.owner_references().is_empty());
