@@ -475,3 +475,78 @@ async fn an_edit_mid_rollout_restarts_toward_the_newest_version() {
         .await;
     running.operator.stop().await;
 }
+
+/// Short Lease timings, so a takeover does not wait out a long lease.
+const FAST: &[&str] = &[
+    "--leader-elect",
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=3s",
+    "--leader-elect-retry-period=1s",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_takes_over_mid_rollout_continues_where_the_leader_was() {
+    use support::process::Replica;
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("takeover");
+    let cms: Api<ConfigMap> = ns.api();
+    let rollout = "    steps:\n      - percent: 50\n        pause: manual\n";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    let write = |version: &str| {
+        std::fs::write(
+            rules.join("app.yaml"),
+            rollout_rule(&app, &rule, version, rollout),
+        )
+        .expect("rule file")
+    };
+    write("v1");
+    // Two replicas of `trellis run`, processes, their namespace the test's.
+    let mut a = Replica::start("replica-a", &ns, dir.path(), FAST);
+    a.wait_role(true).await;
+    let b = Replica::start("replica-b", &ns, dir.path(), FAST);
+    b.wait_role(false).await;
+    parents(&ns, &app, &rule, 4, "v1").await;
+    on(&a, &rule, "Complete").await;
+
+    write("v2");
+    let paused = on(&a, &rule, "Paused").await;
+    assert_eq!(paused["moved"], 2, "{paused}");
+    wait_on(&cms, &rule, "v2", 2, 4).await;
+    // The standby reads the rollout back as the leader keeps it.
+    let seen = on(&b, &rule, "Paused").await;
+    assert_eq!(
+        (seen["to"].clone(), seen["moved"].clone()),
+        (paused["to"].clone(), json!(2)),
+        "{seen}"
+    );
+
+    a.signal("-TERM");
+    b.wait_role(true).await;
+    a.exited(Duration::from_secs(10)).await;
+    // The new leader moves nobody by itself.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(count(&versions(&cms, &rule).await, "v2"), 2);
+    let taken = on(&b, &rule, "Paused").await;
+    assert_eq!(taken["moved"], 2, "{taken}");
+
+    decide(&ns, &rule, "promote").await;
+    wait_on(&cms, &rule, "v2", 4, 4).await;
+    on(&b, &rule, "Complete").await;
+}
+
+/// `rules.<rule>.rollout` of a replica's `/status`, once in `state`.
+async fn on(replica: &support::process::Replica, rule: &str, state: &str) -> Value {
+    support::eventually(&format!("{state} on a replica"), WAIT, || async {
+        let status = replica.status().await?;
+        let r = status["rules"][rule]["rollout"].clone();
+        if r["state"] == state {
+            Ok(r)
+        } else {
+            Err(r.to_string())
+        }
+    })
+    .await
+}
