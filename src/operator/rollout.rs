@@ -412,3 +412,55 @@ fn publish(ctx: &RuleCtx, settings: Option<&Settings>, record: Option<&Record>) 
     });
     super::lock(&ctx.shared.rollouts).insert(rule, entry);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(conditions: Value) -> Value {
+        json!({"observedGeneration": 2, "ruleRevision": "b", "conditions": conditions})
+    }
+
+    #[test]
+    fn healthy_means_the_condition_true_at_the_current_generation() {
+        let ready = status(json!([{"type": "Ready", "status": "True", "observedGeneration": 2}]));
+        assert_eq!(
+            health(Some(&ready), Some(2), "Ready", true),
+            Health::Healthy
+        );
+        assert_eq!(
+            health(Some(&ready), Some(3), "Ready", true),
+            Health::NotYet,
+            "True for an older generation says nothing of this one"
+        );
+        assert_eq!(
+            health(Some(&ready), Some(2), "Serving", true),
+            Health::NotYet
+        );
+        assert_eq!(health(None, Some(2), "Ready", true), Health::NotYet);
+    }
+
+    #[test]
+    fn a_failed_pass_on_the_new_version_is_a_failure_and_waiting_is_not() {
+        let failed = status(json!([
+            {"type": "Ready", "status": "False", "observedGeneration": 2},
+            {"type": "Synced", "status": "False", "reason": "RenderError", "message": "boom", "observedGeneration": 2},
+        ]));
+        assert_eq!(
+            health(Some(&failed), Some(2), "Ready", true),
+            Health::Failed("RenderError: boom".into())
+        );
+        assert_eq!(
+            health(Some(&failed), Some(2), "Ready", false),
+            Health::NotYet,
+            "a failure on the old version is not the new version's"
+        );
+        let waiting = status(json!([
+            {"type": "Synced", "status": "False", "reason": "DependencyNotReady", "observedGeneration": 2},
+        ]));
+        assert_eq!(
+            health(Some(&waiting), Some(2), "Ready", true),
+            Health::NotYet
+        );
+    }
+}
