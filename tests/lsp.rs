@@ -322,3 +322,30 @@ fn hover_describes_a_rule_field_and_completion_offers_its_siblings() {
     );
     client.shut_down();
 }
+
+#[test]
+fn an_unsaved_template_file_is_checked_with_its_rule() {
+    let rule = GOOD.replace(
+        "      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n        data:\n          replicas: \"{{ spec.replicas }}\"\n",
+        "      templateFile: templates/config.yaml.j2\n",
+    );
+    assert!(rule.contains("templateFile"), "{rule}");
+    let template = "metadata:\n  name: {{ parent.metadata.name }}\ndata:\n  replicas: \"{{ spec.replicas }}\"\n";
+    let (_dir, root) = workspace(&[
+        ("rules/app.yaml", &rule),
+        ("rules/templates/config.yaml.j2", template),
+    ]);
+    let file = root.join("rules/templates/config.yaml.j2");
+    let mut client = Client::start(&root);
+    client.open(&file, &template.replace("\ndata:", "\ndat:"));
+    let diags = client.diagnostics_for(&file);
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(diags[0]["range"]["start"]["line"], 2, "{diags:?}");
+    // Closed without saving: the file on disk counts again, and it is clean.
+    client.notify(
+        "textDocument/didClose",
+        json!({"textDocument": {"uri": uri(&file)}}),
+    );
+    assert_eq!(client.diagnostics_for(&file), Vec::<Value>::new());
+    client.shut_down();
+}

@@ -109,23 +109,31 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
         }
     }
     let Some(sample) = rendered else {
-        let whose = if given.is_some() {
-            "the parent given with --observed"
+        let why = if given.is_some() {
+            "the parent given with --observed is refused".to_owned()
         } else {
-            "the sample parent built from `schema` and `defaults`"
+            "the sample parent built from `schema` and `defaults` is refused; give one with \
+             --observed"
+                .to_owned()
         };
         return vec![Diagnostic::warning(
             &rule.file,
             rule.lines.line_of("spec.schema"),
             "spec.schema",
             format!(
-                "children not checked against their kinds' schemas: {whose} is refused ({}); \
-                 give a parent with --observed",
+                "children not checked against their kinds' schemas: {why}: {}",
                 refusals.join("; ")
             ),
         )];
     };
     let mut out = Vec::new();
+    for (i, sampled) in &sample.children {
+        if let Sampled::Failed(why) = sampled
+            && SHAPE_ERRORS.iter().any(|e| why.contains(e))
+        {
+            out.push(unrenderable(rule, *i, why, cx));
+        }
+    }
     let rendered = sample
         .children
         .into_iter()
@@ -176,6 +184,30 @@ impl Entry {
             Entry::Patch(i) => format!("patches[{i}]"),
         }
     }
+}
+
+/// Render failures that say the template's YAML is broken or has the
+/// wrong shape (`metadat:` for `metadata:`): values are printed as JSON,
+/// so no sample value causes them, and they are worth a warning. Any other failure may come from the sample (a value it lacks,
+/// a string a filter cannot decode) and is not reported.
+const SHAPE_ERRORS: &[&str] = &[
+    "rendered text is not valid YAML",
+    "must render a YAML mapping",
+    "metadata must be a mapping",
+    "metadata.name must be set",
+];
+
+/// A child whose rendered YAML cannot be an object, on its template's
+/// first line.
+fn unrenderable(rule: &CompiledRule, i: usize, why: &str, cx: &Context) -> Diagnostic {
+    let finding = Finding {
+        path: String::new(),
+        keys: Vec::new(),
+        message: String::new(),
+    };
+    let mut d = diagnostic(rule, Entry::Child(i), &finding, cx);
+    d.message = format!("cannot be applied as it renders for the sample parent: {why}");
+    d
 }
 
 /// The schema of a child's kind, and whether it is a CRD's.

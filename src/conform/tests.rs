@@ -396,3 +396,30 @@ spec:
         ]
     );
 }
+
+#[test]
+fn a_child_that_cannot_be_an_object_is_a_warning_but_a_value_the_sample_lacks_is_not() {
+    let children = "    - id: web
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadat:
+          name: {{ parent.metadata.name }}
+";
+    let dir = Dir::new(&[("app.yaml", &rule(children))]);
+    let found = dir.check();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(
+            "warning: children[0] (web) ConfigMap: cannot be applied as it renders for the \
+             sample parent: template of child \"web\": metadata.name must be set"
+        ),
+        "{found:?}"
+    );
+    // A name from a value the sample lacks fails too, and is not reported.
+    let lacking = children
+        .replace("metadat:", "metadata:")
+        .replace("parent.metadata.name", "parent.metadata.annotations.owner");
+    let dir = Dir::new(&[("app.yaml", &rule(&lacking))]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+}
