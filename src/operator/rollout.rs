@@ -75,6 +75,12 @@ async fn once(
         publish(ctx, None, None);
         return Ok(());
     };
+    // On a half-listed cache the order and N would be wrong, and a restart
+    // could move parents that are not due: wait for the first full list.
+    use futures::FutureExt;
+    if !*ctx.caches_ready.borrow() || ctx.parents.wait_until_ready().now_or_never().is_none() {
+        return Ok(());
+    }
     let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
     let stored = versions::list(client, ns, &newest.name).await?;
     ctx.versions.absorb(&stored, &newest, ctx.shared.limits);

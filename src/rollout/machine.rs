@@ -261,6 +261,10 @@ impl State {
         for _ in 0..=settings.steps.len() {
             match self.phase {
                 Phase::Paused => {
+                    // Parents created during the pause take their place.
+                    if let Some(step) = settings.steps.get(self.step) {
+                        self.top_up(step.percent, rule, now, parents, &mut effects);
+                    }
                     match self.resume_at(settings) {
                         Some(at) if now >= at => self.advance(settings, now, &mut effects),
                         _ => return effects,
@@ -274,15 +278,7 @@ impl State {
                 self.phase = Phase::Complete;
                 return effects;
             };
-            let keyed: Vec<(String, bool)> =
-                parents.iter().map(|p| (p.uid.clone(), p.canary)).collect();
-            let due = step_count(step.percent, parents.len());
-            for uid in order(rule, &keyed).into_iter().take(due) {
-                if !self.moved.contains_key(&uid) {
-                    self.moved.insert(uid.clone(), now);
-                    effects.push(Effect::Moved(uid));
-                }
-            }
+            self.top_up(step.percent, rule, now, parents, &mut effects);
             if !self.reached(parents) {
                 return effects;
             }
@@ -299,6 +295,27 @@ impl State {
             }
         }
         effects
+    }
+
+    /// Moves the first ⌈percent·N/100⌉ parents of the order that are not
+    /// moved yet (N: the parents now, so newcomers take their place).
+    fn top_up(
+        &mut self,
+        percent: u32,
+        rule: &str,
+        now: u64,
+        parents: &[ParentView],
+        effects: &mut Vec<Effect>,
+    ) {
+        let keyed: Vec<(String, bool)> =
+            parents.iter().map(|p| (p.uid.clone(), p.canary)).collect();
+        let due = step_count(percent, parents.len());
+        for uid in order(rule, &keyed).into_iter().take(due) {
+            if !self.moved.contains_key(&uid) {
+                self.moved.insert(uid.clone(), now);
+                effects.push(Effect::Moved(uid));
+            }
+        }
     }
 
     /// Every moved parent the caller sees is on `to` and healthy (or has

@@ -313,8 +313,10 @@ fn a_parent_created_mid_rollout_takes_its_place() {
         "a",
         "new parents start on the old version"
     );
-    state.phase = Phase::Progressing;
+    assert_eq!(state.phase, Phase::Paused);
+    // Even during a manual pause: at 50% of 6, 3 are on the new version.
     state.step(&s, "web", 2, &world.parents, Input::Tick);
+    assert_eq!(state.phase, Phase::Paused);
     assert_eq!(state.total, 6);
     // The first three of the order are on it; a parent moved before keeps
     // the new version even when a newcomer took its place in the order.
