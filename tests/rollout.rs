@@ -470,9 +470,22 @@ async fn an_edit_mid_rollout_restarts_toward_the_newest_version() {
     assert_eq!(count(&seen, "v1"), 2, "{seen:?}");
     decide(&ns, &rule, "promote").await;
     wait_on(&cms, &rule, "v3", 4, 4).await;
-    running
+    let done = running
         .wait_rollout(&rule, "complete", |r| r["state"] == "Complete")
         .await;
+    // Parents are counted per live version; the interrupted one has no series left.
+    let metrics = running.metrics().await;
+    let series = |rev: &Value| {
+        format!(
+            "trellis_rollout_parents{{rule=\"{rule}\",revision=\"{}\"}}",
+            rev.as_str().unwrap_or("?")
+        )
+    };
+    assert!(
+        metrics.contains(&format!("{} 4", series(&done["to"]))),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(&series(&to_v2["to"])), "{metrics}");
     running.operator.stop().await;
 }
 

@@ -170,6 +170,19 @@ async fn once(
         carry_out(ctx, &settings, &record.state, &parents, &effects, wake).await;
     }
     let live = record.state.live();
+    // A version no longer live has no parents to count: no series.
+    for gone in stored
+        .iter()
+        .filter(|s| !live.contains(&s.revision.as_str()))
+    {
+        ctx.shared
+            .metrics
+            .rollout_parents
+            .remove(&crate::telemetry::RevisionLabel {
+                rule: newest.name.clone(),
+                revision: gone.revision.clone(),
+            });
+    }
     versions::prune(client, ns, &newest.name, &stored, &live).await;
     publish(ctx, Some(&settings), Some(&record));
     Ok(())
@@ -381,15 +394,12 @@ fn publish(ctx: &RuleCtx, settings: Option<&Settings>, record: Option<&Record>) 
             *on.entry(rev).or_default() += 1;
         }
     }
-    for rev in [&state.from, &state.to]
-        .into_iter()
-        .chain(state.between.iter())
-    {
+    for rev in state.live() {
         metrics
             .rollout_parents
             .get_or_create(&crate::telemetry::RevisionLabel {
                 rule: rule.clone(),
-                revision: rev.clone(),
+                revision: rev.to_owned(),
             })
             .set(on.get(rev).copied().unwrap_or(0));
     }
