@@ -586,3 +586,53 @@ fn each_value_reaches_its_place() {
     let err = template(json!({"leaderElection": {"enabled": false}})).unwrap_err();
     assert!(err.contains("leaderElection"), "{err}");
 }
+
+/// `charts/regenerate`, run as a user runs it after a rule change, in a copy
+/// of the files it reads and writes: what it writes is exactly what is
+/// committed (so the command the freshness tests name really mends them).
+#[test]
+fn charts_regenerate_rewrites_exactly_the_committed_generated_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path();
+    for part in [
+        "rules",
+        "deploy/monitoring",
+        "charts",
+        "examples/deploy",
+        "examples/deploy-per-rule-accounts",
+    ] {
+        let to = copy.join(part);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let status = Command::new("cp")
+            .arg("-R")
+            .arg(repo().join(part))
+            .arg(&to)
+            .status()
+            .unwrap();
+        assert!(status.success(), "copying {part}");
+    }
+    // Stale outputs first, so a file the script no longer writes shows.
+    std::fs::write(copy.join("examples/deploy/clusterrole.yaml"), "stale").unwrap();
+    std::fs::write(copy.join("charts/trellis/files/rbac.yaml"), "stale").unwrap();
+    std::fs::remove_dir_all(copy.join("charts/trellis/files/rules")).unwrap();
+    let out = Command::new(copy.join("charts/regenerate"))
+        .arg(env!("CARGO_BIN_EXE_trellis"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "charts/regenerate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for part in [
+        "charts/trellis",
+        "examples/deploy",
+        "examples/deploy-per-rule-accounts",
+    ] {
+        assert_eq!(
+            files_under(&copy.join(part)),
+            files_under(&repo().join(part)),
+            "charts/regenerate wrote {part} differently from what is committed"
+        );
+    }
+}
