@@ -32,6 +32,7 @@ fn main() -> ExitCode {
                 metrics_addr: metrics_addr.0,
                 reload_poll,
                 manage_crds,
+                shards: leader.shards,
                 operator_namespace: trellis::operator::home::operator_namespace(
                     operator_namespace.as_deref(),
                 ),

@@ -60,6 +60,12 @@ pub struct Metrics {
     pub rules_running: Gauge,
     /// 1 while this replica may write (always, without leader election).
     pub leader: Gauge,
+    /// `--shards`: buckets whose parents this replica writes now.
+    pub shard_buckets: Gauge,
+    /// `--shards`: the assignment generation this replica has applied.
+    pub shard_generation: Gauge,
+    /// `--shards`: live members of the ring, as this replica sees them.
+    pub shard_members: Gauge,
     pub parents_in_backoff: Family<RuleLabel, Gauge>,
     pub api_errors: Family<ApiErrorLabel, Counter>,
     pub undecodable: Family<KindLabel, Counter>,
@@ -180,6 +186,24 @@ impl Default for Metrics {
             leader.clone(),
         );
         leader.set(1);
+        let shard_buckets = Gauge::default();
+        registry.register(
+            "shard_buckets",
+            "With --shards: the buckets (of 256) whose parents this replica writes now",
+            shard_buckets.clone(),
+        );
+        let shard_generation = Gauge::default();
+        registry.register(
+            "shard_generation",
+            "With --shards: the generation of the bucket assignment this replica has applied",
+            shard_generation.clone(),
+        );
+        let shard_members = Gauge::default();
+        registry.register(
+            "shard_members",
+            "With --shards: live members of the ring, as this replica sees them",
+            shard_members.clone(),
+        );
         let parents_in_backoff = Family::<RuleLabel, Gauge>::default();
         registry.register(
             "parents_in_backoff",
@@ -260,6 +284,9 @@ impl Default for Metrics {
             reload_ok,
             rules_running,
             leader,
+            shard_buckets,
+            shard_generation,
+            shard_members,
         }
     }
 }
@@ -373,6 +400,8 @@ pub struct Snapshot {
     pub leader: LeaderStatus,
     /// Rule → its rollout (`rules.<name>.rollout`), for rules with `rollout:`.
     pub rollouts: BTreeMap<String, serde_json::Value>,
+    /// `shard` under `--shards`: member, generation, buckets, members.
+    pub shard: Option<serde_json::Value>,
 }
 
 /// What the endpoints read: the metrics, and a way to take a [`Snapshot`]
@@ -407,6 +436,9 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
         if let Some(entry) = out["rules"].get_mut(&rule) {
             entry["rollout"] = rollout;
         }
+    }
+    if let Some(shard) = now.shard {
+        out["shard"] = shard;
     }
     axum::Json(out)
 }

@@ -92,6 +92,13 @@ pub struct LeaderElection {
     /// How often the leader renews, and a failed attempt is retried (whole seconds)
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub leader_elect_retry_period: std::time::Duration,
+    /// Every replica works: parents are cut into 256 buckets by uid, the leader assigns
+    /// them to the live replicas (each holds a member Lease, `<lease>-member-…`), and each
+    /// replica reconciles, writes and caches the children of its own buckets only; the
+    /// leader keeps the cluster-wide duties (CRDs, a removed rule's cleanup, rollout
+    /// decisions). Needs --leader-elect [default: off]
+    #[arg(long, requires = "leader_elect", env = "TRELLIS_SHARDS")]
+    pub shards: bool,
 }
 
 impl LeaderElection {

@@ -123,7 +123,7 @@ pub(super) async fn apply_child(
         // Made as every new child is made (the create-only apply below), but
         // never forced nor applied again: should the object exist it is
         // kept as it is (a `rand_alnum` secret is never re-rolled).
-        ctx.shared.gate.check()?;
+        ctx.check_write(parent_uid)?;
         return match create_only(&api, apply, &manager).await {
             Ok(made) => {
                 ctx.remember_created(&apply.key, parent_uid, &apply.hash);
@@ -155,7 +155,7 @@ pub(super) async fn apply_child(
                 propagation_policy: Some(PropagationPolicy::Background),
                 ..DeleteParams::default()
             };
-            ctx.shared.gate.check()?;
+            ctx.check_write(parent_uid)?;
             api.delete(&apply.key.name, &params)
                 .await
                 .map_err(|source| Error::Delete {
@@ -181,7 +181,7 @@ pub(super) async fn apply_child(
         return Ok(Applied::unchanged());
     }
 
-    ctx.shared.gate.check()?;
+    ctx.check_write(parent_uid)?;
     if ours {
         let params = PatchParams::apply(&manager).force();
         let written = api

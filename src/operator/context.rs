@@ -74,6 +74,8 @@ pub struct ChildCache {
     pub kind: Resolved,
     pub store: Store<CompactObject>,
     pub by_parent: Arc<ByParent>,
+    /// The buckets whose children the store holds in full.
+    pub listed: watch::Receiver<crate::shard::BucketSet>,
 }
 
 impl ChildCache {
@@ -459,9 +461,54 @@ impl RuleCtx {
         reason: &str,
         note: String,
     ) {
-        if !self.shared.gate.may_write() {
+        let uid = parent.uid().unwrap_or_default();
+        if self.check_write(&uid).is_err() {
             return;
         }
+        self.publish_event(parent, type_, reason, note).await;
+    }
+
+    /// An Event the leader writes about a parent whatever its bucket (a
+    /// rollout's decisions are the leader's).
+    pub(super) async fn leader_event(
+        &self,
+        parent: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        if self.shared.gate.may_write() {
+            self.publish_event(parent, type_, reason, note).await;
+        }
+    }
+
+    /// Whether this replica may write for the parent with `parent_uid` now:
+    /// the leader, or under `--shards` the writer of the parent's bucket.
+    pub(super) fn check_write(&self, parent_uid: &str) -> Result<(), super::leader::NotLeader> {
+        match &self.shared.shards {
+            None => self.shared.gate.check(),
+            Some(shards) if shards.may_write(parent_uid) => Ok(()),
+            Some(_) => Err(super::leader::NotLeader),
+        }
+    }
+
+    /// The buckets whose children every child cache holds (all without
+    /// `--shards`, once listed).
+    pub(super) fn listed_buckets(&self) -> crate::shard::BucketSet {
+        self.children
+            .iter()
+            .fold(crate::shard::BucketSet::all(), |all, c| {
+                all.intersection(&c.listed.borrow())
+            })
+    }
+
+    async fn publish_event(
+        &self,
+        parent: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let reference = parent.object_ref(&self.kinds.parent.resource);
         let event = Event {
             type_,

@@ -15,9 +15,9 @@ use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::authorization::v1::{SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Config, Controller};
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -35,9 +35,10 @@ use super::reconcile;
 use super::related;
 use super::retry::{Failures, Outage, WatchBackoff};
 use super::versions::Versions;
+use super::watches::{self, cached_watch, own_errors, selector_string, trim};
 use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
-use crate::rules::model::{LabelSelector, SelectorOperator};
+use crate::shard::{BucketSet, bucket_of};
 use crate::telemetry::RuleState;
 
 /// Runs one rule until `shutdown`; a new value on `rules` (same parent and
@@ -309,181 +310,6 @@ async fn stop_when_kinds_change(
     }
 }
 
-/// `matchLabels`/`matchExpressions` as a label selector string.
-pub fn selector_string(selector: &LabelSelector) -> String {
-    let mut parts: Vec<String> = selector
-        .match_labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    for req in &selector.match_expressions {
-        let values = req.values.join(",");
-        parts.push(match req.operator {
-            SelectorOperator::In => format!("{} in ({values})", req.key),
-            SelectorOperator::NotIn => format!("{} notin ({values})", req.key),
-            SelectorOperator::Exists => req.key.clone(),
-            SelectorOperator::DoesNotExist => format!("!{}", req.key),
-        });
-    }
-    parts.join(",")
-}
-
-/// Drops what the planner never reads before it reaches a cache, and fills
-/// in apiVersion/kind, which list responses leave out of their items.
-pub(super) fn trim(
-    resource: &kube::discovery::ApiResource,
-) -> impl FnMut(&mut CompactObject) + Send + 'static {
-    let types = kube::core::TypeMeta {
-        api_version: resource.api_version.clone(),
-        kind: resource.kind.clone(),
-    };
-    move |obj: &mut CompactObject| {
-        obj.metadata.managed_fields = None;
-        if let Some(a) = obj.metadata.annotations.as_mut() {
-            a.remove("kubectl.kubernetes.io/last-applied-configuration");
-        }
-        obj.types = Some(types.clone());
-    }
-}
-
-/// A cache of one kind: a watch (one namespace, or all and filtered) feeding a store.
-fn cached_watch<K>(
-    client: &Client,
-    kind: &Resolved,
-    namespaces: &[String],
-    config: watcher::Config,
-    relisted: tokio::sync::mpsc::UnboundedSender<()>,
-    trim: impl FnMut(&mut K) + Send + 'static,
-    observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
-) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource<
-            DynamicType = super::decode::SharedResource,
-            Scope = kube::core::DynamicResourceScope,
-        > + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let writer = Writer::new(kind.resource.clone());
-    let store = writer.as_reader();
-    let stream = observed_then_stored(
-        watch_stream(client, kind, namespaces, config, trim),
-        writer,
-        observe,
-    )
-    .inspect(relist_signal(relisted));
-    (store, stream)
-}
-
-/// Feeds each event to `observe` (an index of the store) before the store
-/// takes it: the store's readiness wakes the reconciles, on other threads,
-/// and an index still swapping in its first list would tell them a listed
-/// child does not exist (a restart that found everything in place flapped
-/// Ready to False and back).
-fn observed_then_stored<K, S>(
-    stream: S,
-    writer: Writer<K>,
-    mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
-) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    stream
-        .inspect(move |event| {
-            if let Ok(event) = event {
-                observe(event);
-            }
-        })
-        .reflect(writer)
-}
-
-/// A watch of one kind (one namespace, or all and filtered to `namespaces`),
-/// with its own backoff and `trim` applied to every object.
-pub(super) fn watch_stream<K>(
-    client: &Client,
-    kind: &Resolved,
-    namespaces: &[String],
-    config: watcher::Config,
-    trim: impl FnMut(&mut K) + Send + 'static,
-) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
-where
-    K: Resource<
-            DynamicType = super::decode::SharedResource,
-            Scope = kube::core::DynamicResourceScope,
-        > + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = match (kind.namespaced, namespaces) {
-        (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
-        _ => Api::all_with(client.clone(), &kind.resource),
-    };
-    let keep: Option<BTreeSet<String>> =
-        (kind.namespaced && namespaces.len() > 1).then(|| namespaces.iter().cloned().collect());
-    watcher(api, config)
-        .backoff(WatchBackoff::default())
-        .modify(trim)
-        .filter(move |event| {
-            let pass = match (&keep, event) {
-                (
-                    Some(keep),
-                    Ok(
-                        watcher::Event::Apply(o)
-                        | watcher::Event::InitApply(o)
-                        | watcher::Event::Delete(o),
-                    ),
-                ) => o.namespace().is_some_and(|ns| keep.contains(&ns)),
-                _ => true,
-            };
-            future::ready(pass)
-        })
-}
-
-/// Signals every relist after the first. A relist (after a 410 Gone, say)
-/// replaces the cache but reports no deletions, so a child deleted while the
-/// watch was down would only come back at the next resync: the rule's
-/// parents are all re-reconciled instead.
-fn relist_signal<K, E>(
-    relisted: tokio::sync::mpsc::UnboundedSender<()>,
-) -> impl FnMut(&Result<watcher::Event<K>, E>) {
-    let mut listed_before = false;
-    move |event| {
-        if let Ok(watcher::Event::InitDone) = event {
-            if listed_before {
-                let _ = relisted.send(());
-            }
-            listed_before = true;
-        }
-    }
-}
-
-/// A watch's errors stay with that watch: logged here, and retried by its
-/// own backoff ([`WatchBackoff`]). Passed on, they would reach the
-/// controller's trigger stream, whose one backoff pauses *every* watch of
-/// the rule, growing to 30 s, on any one watch's error.
-pub(super) fn own_errors<K: Send + 'static>(
-    what: String,
-    stream: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
-    stream.filter(move |item| {
-        if let Err(err) = item {
-            warn!(watch = %what, "watch failed, retrying: {err}");
-        }
-        future::ready(item.is_ok())
-    })
-}
-
 /// What makes a parent worth a pass: anything but its status (and the
 /// bookkeeping that changes with it). trellis's own status writes must not
 /// wake the parent they were written for.
@@ -609,7 +435,8 @@ async fn run_controller(
             }
         }
     };
-    let child_config = watcher::Config::default().labels(&format!("{LABEL_RULE}={}", rule.name));
+    let child_labels = format!("{LABEL_RULE}={}", rule.name);
+    let owned = shared.shards.as_ref().map(|s| s.owned());
     let mut child_stores = Vec::new();
     let mut controller = Controller::for_stream_with(
         own_errors(
@@ -631,13 +458,17 @@ async fn run_controller(
             .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
         let scope: &[String] = if anywhere { &[] } else { &namespaces };
         let by_parent = Arc::new(ByParent::default());
-        let (store, stream) = cached_watch(
+        let watches::ChildWatch {
+            store,
+            stream,
+            listed,
+        } = watches::cached_child_watch(
             &shared.client,
             kind,
             scope,
-            child_config.clone(),
+            child_labels.clone(),
+            owned.clone(),
             relisted_tx.clone(),
-            trim(&kind.resource),
             {
                 let by_parent = by_parent.clone();
                 move |event: &watcher::Event<CompactObject>| by_parent.observe(event)
@@ -647,6 +478,7 @@ async fn run_controller(
             kind: kind.clone(),
             store,
             by_parent,
+            listed,
         });
         let mapper = parent_of(parents_by_uid.clone(), parent_kind.clone());
         let objects = own_errors(
@@ -693,7 +525,10 @@ async fn run_controller(
         patches: Default::default(),
         versions,
     });
-    let controller = controller.reconcile_on(recovered(ctx.clone()));
+    let mut controller = controller.reconcile_on(recovered(ctx.clone()));
+    if let Some(shards) = &shared.shards {
+        controller = controller.reconcile_on(opened_parents(ctx.clone(), shards.writable()));
+    }
     // The rollout's moves (and, on the leader, its decisions).
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::unbounded_channel();
     let rollout_task = tokio::spawn(super::rollout::run(ctx.clone(), wake_tx));
@@ -778,6 +613,58 @@ fn parent_of(
     }
 }
 
+/// Under `--shards`: the parents of each bucket that becomes ready for a
+/// pass here, writable and its children listed (a bucket gained in a
+/// handover, or listed after it opened).
+fn opened_parents(
+    ctx: Arc<RuleCtx>,
+    writable: watch::Receiver<BucketSet>,
+) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
+    let listed: Vec<_> = ctx.children.iter().map(|c| c.listed.clone()).collect();
+    let changes = futures::stream::select_all(
+        std::iter::once(changes_of(writable)).chain(listed.into_iter().map(changes_of)),
+    );
+    let mut ready = BucketSet::empty();
+    changes.flat_map(move |()| {
+        let shards = ctx.shared.shards.as_ref();
+        let now = shards
+            .map_or(BucketSet::empty(), |s| *s.writable().borrow())
+            .intersection(&ctx.listed_buckets());
+        let gained = now.minus(&ready);
+        ready = now;
+        let parents: Vec<ObjectRef<ParentObject>> = if gained.is_empty() {
+            Vec::new()
+        } else {
+            ctx.parents
+                .state()
+                .iter()
+                .filter(|p| {
+                    p.object
+                        .metadata
+                        .uid
+                        .as_deref()
+                        .is_some_and(|uid| gained.contains(bucket_of(uid)))
+                })
+                .map(|p| ObjectRef::from_obj_with(p.as_ref(), ctx.kinds.parent.resource.clone()))
+                .collect()
+        };
+        futures::stream::iter(parents)
+    })
+}
+
+/// Yields once at once, then on every change of `rx`.
+fn changes_of<T: Send + Sync + 'static>(
+    rx: watch::Receiver<T>,
+) -> futures::stream::BoxStream<'static, ()> {
+    let later = futures::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    });
+    futures::stream::once(future::ready(()))
+        .chain(later)
+        .boxed()
+}
+
 /// Parents whose pass failed while the API server could not serve,
 /// handed back with their holds lifted as soon as it serves again (see
 /// [`Outage`]): a watch that resumes after the outage brings them nothing.
@@ -831,83 +718,4 @@ fn error_policy(parent: Arc<ParentObject>, err: &context::Error, ctx: Arc<RuleCt
     ctx.report_backoff();
     warn!(rule = %ctx.rule().name, parent = %key, retry_in = ?delay, "reconcile failed: {err}");
     Action::requeue(delay)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rules::model::LabelSelectorRequirement;
-
-    #[test]
-    fn builds_label_selector_strings() {
-        let selector = LabelSelector {
-            match_labels: [("tier".to_owned(), "web".to_owned())].into(),
-            match_expressions: vec![
-                LabelSelectorRequirement {
-                    key: "env".into(),
-                    operator: SelectorOperator::In,
-                    values: vec!["a".into(), "b".into()],
-                },
-                LabelSelectorRequirement {
-                    key: "legacy".into(),
-                    operator: SelectorOperator::DoesNotExist,
-                    values: vec![],
-                },
-            ],
-        };
-        assert_eq!(selector_string(&selector), "tier=web,env in (a,b),!legacy");
-    }
-
-    /// What a pass woken by the store's readiness reads of the index: the
-    /// waker runs inside the store's `InitDone`, as a reconcile on another
-    /// thread may.
-    struct WokenReader {
-        index: Arc<ByParent>,
-        seen: Mutex<Option<Vec<super::super::compact::ChildName>>>,
-    }
-
-    impl futures::task::ArcWake for WokenReader {
-        fn wake_by_ref(me: &Arc<Self>) {
-            *super::super::lock(&me.seen) = Some(me.index.of("p1"));
-        }
-    }
-
-    #[test]
-    fn the_children_index_holds_the_first_list_when_the_store_wakes_its_readers() {
-        let resource =
-            kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
-        let writer = Writer::<CompactObject>::new(resource.into());
-        let store = writer.as_reader();
-        let reader = Arc::new(WokenReader {
-            index: Arc::new(ByParent::default()),
-            seen: Mutex::new(None),
-        });
-        let mut ready = Box::pin(store.wait_until_ready());
-        let waker = futures::task::waker(reader.clone());
-        let mut cx = std::task::Context::from_waker(&waker);
-        assert!(ready.as_mut().poll(&mut cx).is_pending());
-
-        let child = CompactObject::from_json(
-            r#"{"metadata":{"name":"p-config","namespace":"a",
-                "labels":{"trellis.dev/parent-uid":"p1"}}}"#,
-        )
-        .expect("decodes");
-        let events = futures::stream::iter([
-            Ok(watcher::Event::Init),
-            Ok(watcher::Event::InitApply(child)),
-            Ok(watcher::Event::InitDone),
-        ]);
-        let index = reader.index.clone();
-        let stream = observed_then_stored(events, writer, move |e: &watcher::Event<_>| {
-            index.observe(e)
-        });
-        futures::executor::block_on(stream.for_each(|_| future::ready(())));
-
-        assert!(ready.as_mut().poll(&mut cx).is_ready());
-        assert_eq!(
-            *super::super::lock(&reader.seen),
-            Some(vec![(Some("a".to_owned()), "p-config".to_owned())]),
-            "a pass woken by the store's readiness must find the listed child in the index"
-        );
-    }
 }

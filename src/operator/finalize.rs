@@ -23,7 +23,7 @@ pub(super) async fn set_finalizers(
     parent: &DynamicObject,
     finalizers: Vec<String>,
 ) -> Result<(), Error> {
-    ctx.shared.gate.check()?;
+    ctx.check_write(&parent.uid().unwrap_or_default())?;
     // resourceVersion makes this a compare-and-swap: other finalizers are never lost.
     let patch = json!({
         "metadata": {
@@ -145,7 +145,7 @@ pub(super) async fn finalize(
                 .and_then(|id| rule.child(&id))
                 .is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Retain);
         if retained {
-            ctx.shared.gate.check()?;
+            ctx.check_write(uid)?;
             match super::release::release_child(&api, &key.name).await {
                 Ok(_) => {
                     info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "released (deletionPolicy: retain; parent is being deleted)")
@@ -170,7 +170,7 @@ pub(super) async fn finalize(
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
-        ctx.shared.gate.check()?;
+        ctx.check_write(uid)?;
         match api.delete(&key.name, &params).await {
             Ok(_) => {
                 info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)")

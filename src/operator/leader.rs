@@ -60,7 +60,9 @@ pub struct Gate {
 
 /// A write refused because this replica does not hold the Lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("not the leader: writes are left to the replica that holds the Lease")]
+#[error(
+    "not this replica's to write: writes are left to the replica that holds the Lease (or, under --shards, the parent's bucket)"
+)]
 pub struct NotLeader;
 
 impl Gate {

@@ -38,10 +38,12 @@ mod relisted;
 mod requests;
 mod retry;
 mod rollout;
+pub mod shards;
 mod status_write;
 mod summary;
 mod supervisor;
 pub mod versions;
+mod watches;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -92,6 +94,9 @@ pub struct Options {
     pub leader_election: Option<leader::Settings>,
     /// Apply the CRDs generated from rules (`crd:`) at start and on reload.
     pub manage_crds: bool,
+    /// `--shards` (with leader election): every replica writes the parents
+    /// of its buckets.
+    pub shards: bool,
     /// The operator's own namespace ([`home::operator_namespace`]).
     pub operator_namespace: String,
     /// `--require-service-account`: a rule without `serviceAccountName` is
@@ -116,6 +121,7 @@ impl Options {
             metrics_addr: None,
             leader_election: None,
             manage_crds: false,
+            shards: false,
             operator_namespace: "default".into(),
             require_service_account: false,
             account_recheck: Duration::from_secs(600),
@@ -137,8 +143,11 @@ pub struct Shared {
     /// Each rule's state, for `/status`.
     pub rule_states: Arc<std::sync::Mutex<std::collections::BTreeMap<String, RuleState>>>,
     pub metrics: Arc<crate::telemetry::Metrics>,
-    /// Whether this replica may write (always, without leader election).
+    /// Whether this replica may write (always, without leader election);
+    /// under `--shards`, whether it does the leader's cluster-wide duties.
     pub gate: leader::Gate,
+    /// `--shards`: the buckets whose parents this replica writes.
+    pub shards: Option<Arc<shards::Shards>>,
     /// With `--manage-crds`: where each rule set going into force is sent.
     pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
     /// The operator's own namespace: revision ConfigMaps, rules' accounts.
@@ -236,6 +245,13 @@ pub async fn run_with(
     if let Some(settings) = &options.leader_election {
         settings.validate().map_err(|e| anyhow::anyhow!(e))?;
     }
+    let shard_settings = match (&options.leader_election, options.shards) {
+        (Some(settings), true) => Some(settings.clone()),
+        (None, true) => {
+            anyhow::bail!("--shards needs --leader-elect: the leader assigns the buckets")
+        }
+        (_, false) => None,
+    };
     // Bound before anything starts: an address in use is a startup error.
     let listener = match options.metrics_addr {
         Some(addr) => Some(crate::telemetry::bind(addr).await?),
@@ -257,6 +273,9 @@ pub async fn run_with(
         limits: options.limits,
         metrics,
         gate: gate.clone(),
+        shards: shard_settings
+            .as_ref()
+            .map(|s| shards::Shards::new(&s.identity)),
         crds: options
             .manage_crds
             .then(|| crds::spawn(client.clone(), gate.clone(), shutdown.clone())),
@@ -275,12 +294,26 @@ pub async fn run_with(
             shutdown.clone(),
         )
     });
+    let membership = shard_settings.map(|settings| {
+        shards::Membership::start(
+            client.clone(),
+            settings,
+            shared
+                .shards
+                .clone()
+                .expect("shards are set with their settings"),
+            gate.clone(),
+            shared.metrics.clone(),
+            shutdown.clone(),
+        )
+    });
     if let Some(listener) = listener {
-        let (reload, rules, leader, rollouts) = (
+        let (reload, rules, leader, rollouts, shard) = (
             shared.reload.clone(),
             shared.rule_states.clone(),
             leader_status.clone(),
             shared.rollouts.clone(),
+            shared.shards.clone(),
         );
         let obs = Arc::new(crate::telemetry::Observability {
             metrics: shared.metrics.clone(),
@@ -289,6 +322,7 @@ pub async fn run_with(
                 rules: lock(&rules).clone(),
                 leader: lock(&leader).clone(),
                 rollouts: lock(&rollouts).clone(),
+                shard: shard.as_ref().map(|s| s.status_json()),
             }),
         });
         tokio::spawn(crate::telemetry::serve(listener, obs, shutdown.clone()));
@@ -302,6 +336,7 @@ pub async fn run_with(
         },
         concurrency = options.concurrency,
         leader_election = options.leader_election.is_some(),
+        shards = options.shards,
         operator_namespace = %options.operator_namespace,
         "trellis starting"
     );
@@ -329,6 +364,9 @@ pub async fn run_with(
                 warn!("a rule task ended abnormally");
             }
         }
+    }
+    if let Some(membership) = membership {
+        membership.release().await;
     }
     crd_task.abort();
     info!("trellis stopped");

@@ -109,7 +109,7 @@ pub(super) async fn apply_patch(
     if patch.force {
         params = params.force();
     }
-    ctx.shared.gate.check()?;
+    ctx.check_write(parent_uid)?;
     match api
         .patch(&patch.key.name, &params, &Patch::Apply(&patch.object))
         .await
@@ -283,7 +283,7 @@ pub(super) async fn release_in(
         )));
     };
     let api = ctx.api_for(kind, release_of.key.namespace.as_deref());
-    ctx.shared.gate.check()?;
+    ctx.check_write(parent_uid)?;
     release(&api, release_of, manager).await?;
     ctx.patches.forget(parent_uid, &release_of.key);
     Ok(())

@@ -57,7 +57,16 @@ pub async fn reconcile_measured(
 }
 
 pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
-    ctx.shared.gate.check()?;
+    let parent_uid = parent.object.metadata.uid.as_deref().unwrap_or_default();
+    // Under --shards a pass runs only in a bucket this replica writes, and
+    // counts as running until it ends: the handover waits for it.
+    let _pass = match &ctx.shared.shards {
+        None => {
+            ctx.shared.gate.check()?;
+            None
+        }
+        Some(shards) => Some(shards.begin(parent_uid).ok_or(super::leader::NotLeader)?),
+    };
     // Planning on a half-filled cache would re-create what exists (and
     // re-roll `createOnly` secrets): wait until every child kind is listed,
     // but never past the rule's stop, so shutdown is never held up.
@@ -67,6 +76,15 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             return Err(Error::Plan("child cache was dropped".into()));
         },
         _ = ctx.stop.cancelled() => return Ok(Action::await_change()),
+    }
+    // A bucket just gained may still be listing its children: planning now
+    // would re-create them. Its listing wakes the parent again.
+    if ctx.shared.shards.is_some()
+        && !ctx
+            .listed_buckets()
+            .contains(crate::shard::bucket_of(parent_uid))
+    {
+        return Ok(Action::await_change());
     }
     let _permit = tokio::select! {
         permit = ctx.shared.permits.acquire() => permit,
@@ -263,7 +281,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 propagation_policy: Some(PropagationPolicy::Background),
                 ..DeleteParams::default()
             };
-            ctx.shared.gate.check()?;
+            ctx.check_write(&uid)?;
             match api.delete(&delete.key.name, &params).await {
                 Ok(_) => {
                     ctx.shared.metrics.child_op(&rule.name, "delete");
@@ -279,7 +297,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         }
         // Contributions and retained children no longer rendered.
         super::patch::release_all(&ctx, rule, &plan.release, &uid, &mut apply_errors).await?;
-        super::release::retain_all(&ctx, rule, &plan.retain, &mut apply_errors).await?;
+        super::release::retain_all(&ctx, rule, &plan.retain, &uid, &mut apply_errors).await?;
     }
 
     if !plan.errors.is_empty() {

@@ -33,9 +33,9 @@ use kube::runtime::watcher;
 use serde_json::Value;
 use tracing::warn;
 
-use super::controller::{own_errors, selector_string, trim, watch_stream};
 use super::decode::ParentObject;
 use super::discovery::Resolved;
+use super::watches::{own_errors, selector_string, trim, watch_stream};
 use crate::kinds::Gvk;
 use crate::plan::{ObjectKey, RelatedRead, RelatedSource, RelatedTarget, Unreadable};
 use crate::rules::CompiledRule;

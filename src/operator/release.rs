@@ -133,6 +133,7 @@ pub(super) async fn retain_all(
     ctx: &RuleCtx,
     rule: &crate::rules::CompiledRule,
     retain: &[crate::plan::Delete],
+    parent_uid: &str,
     errors: &mut Vec<Error>,
 ) -> Result<(), Error> {
     for child in retain {
@@ -140,7 +141,7 @@ pub(super) async fn retain_all(
             continue;
         };
         let api = ctx.api_for(kind, child.key.namespace.as_deref());
-        ctx.shared.gate.check()?;
+        ctx.check_write(parent_uid)?;
         match release_child(&api, &child.key.name).await {
             Ok(true) => {
                 info!(rule = %rule.name, child = %child.id, object = %child.key, "released (deletionPolicy: retain)");

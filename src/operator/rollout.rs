@@ -83,9 +83,17 @@ async fn once(
     }
     let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
     let stored = versions::list(client, ns, &newest.name).await?;
+    let before = ctx.versions.record();
     ctx.versions.absorb(&stored, &newest, ctx.shared.limits);
     if !ctx.shared.gate.may_write() {
-        publish(ctx, Some(&settings), ctx.versions.record().as_ref());
+        let record = ctx.versions.record();
+        // Under --shards the leader decides but each parent's owner moves
+        // it: a decision read back here wakes this replica's parents (those
+        // of other buckets end their pass at once).
+        if ctx.shared.shards.is_some() && before.is_some() && record != before {
+            wake_all(ctx, wake);
+        }
+        publish(ctx, Some(&settings), record.as_ref());
         return Ok(());
     }
     let now = unix_now();
@@ -314,7 +322,7 @@ async fn carry_out(
                         "moves to rule {rule} revision {} (from {}; step {step})",
                         state.to, state.from
                     );
-                    ctx.event(&p.to_object(), EventType::Normal, "Upgraded", note)
+                    ctx.leader_event(&p.to_object(), EventType::Normal, "Upgraded", note)
                         .await;
                     wake_one(ctx, p, wake);
                 }
@@ -323,7 +331,7 @@ async fn carry_out(
                 warn!(rule = %rule, parent = %uid, revision = %state.to, "rollout: a moved parent failed: {why}");
                 if let Some(p) = by_uid.get(uid) {
                     let note = format!("on rule {rule} revision {}: {why}", state.to);
-                    ctx.event(&p.to_object(), EventType::Warning, "RolloutFailed", note)
+                    ctx.leader_event(&p.to_object(), EventType::Warning, "RolloutFailed", note)
                         .await;
                 }
             }
@@ -335,7 +343,7 @@ async fn carry_out(
                             "back to rule {rule} revision {} (revision {} failed or was aborted)",
                             state.from, state.to
                         );
-                        ctx.event(&p.to_object(), EventType::Normal, "RolledBack", note)
+                        ctx.leader_event(&p.to_object(), EventType::Normal, "RolledBack", note)
                             .await;
                         wake_one(ctx, p, wake);
                     }

@@ -242,7 +242,7 @@ pub(super) async fn write_status(
     }
     let api = ctx.parent_api(parent);
     let name = parent.name_any();
-    ctx.shared.gate.check()?;
+    ctx.check_write(&parent.uid().unwrap_or_default())?;
     let result = if ctx.kinds.parent.status_subresource {
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -55,6 +55,12 @@ pub(super) fn finish_object(
     labels.insert(LABEL_CHILD.into(), json!(child.spec.id));
     labels.insert(LABEL_PARENT_UID.into(), json!(info.uid));
     labels.insert(LABEL_REVISION.into(), json!(rule.revision));
+    // Always, so that turning `--shards` on costs no write: each replica
+    // selects its buckets' children by this label.
+    labels.insert(
+        crate::shard::LABEL_BUCKET.into(),
+        json!(crate::shard::bucket_of(&info.uid).to_string()),
+    );
     if child.spec.deletion_policy == DeletionPolicy::Retain {
         labels.insert(LABEL_DELETION_POLICY.into(), json!(RETAIN));
     }

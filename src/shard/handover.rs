@@ -146,6 +146,11 @@ impl Handover {
         }
     }
 
+    /// The generation last acknowledged (what the member Lease carries).
+    pub fn acknowledged(&self) -> u64 {
+        self.acked
+    }
+
     /// The generation to acknowledge now, if it is new: every pass in a
     /// bucket we do not own any more has ended.
     pub fn ack_due(&self) -> Option<u64> {

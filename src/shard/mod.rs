@@ -89,6 +89,10 @@ impl BucketSet {
         BucketSet(std::array::from_fn(|i| self.0[i] & !other.0[i]))
     }
 
+    pub fn intersection(&self, other: &BucketSet) -> BucketSet {
+        BucketSet(std::array::from_fn(|i| self.0[i] & other.0[i]))
+    }
+
     pub fn union(&self, other: &BucketSet) -> BucketSet {
         BucketSet(std::array::from_fn(|i| self.0[i] | other.0[i]))
     }
