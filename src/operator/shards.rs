@@ -132,13 +132,21 @@ impl Shards {
         })
     }
 
+    /// Tells the watches and the triggers what changed. A lapsed fence
+    /// counts as no bucket writable, so that renewing again wakes the
+    /// buckets' parents whose passes it refused meanwhile.
     fn publish(&self, metrics: &Metrics) {
         let h = super::lock(&self.handover);
+        let writable = if self.fenced() {
+            h.writable()
+        } else {
+            BucketSet::empty()
+        };
         self.owned
             .send_if_modified(|o| std::mem::replace(o, h.owned()) != h.owned());
         self.writable
-            .send_if_modified(|w| std::mem::replace(w, h.writable()) != h.writable());
-        metrics.shard_buckets.set(h.writable().len() as i64);
+            .send_if_modified(|w| std::mem::replace(w, writable) != writable);
+        metrics.shard_buckets.set(writable.len() as i64);
         metrics.shard_generation.set(h.generation() as i64);
         metrics
             .shard_members
