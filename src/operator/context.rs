@@ -14,7 +14,6 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::Value;
 use tokio::sync::watch;
-use tracing::debug;
 
 use super::Shared;
 use super::compact::{ByParent, CompactObject};
@@ -465,7 +464,10 @@ impl RuleCtx {
         if self.check_write(&uid).is_err() {
             return;
         }
-        self.publish_event(parent, type_, reason, note).await;
+        let shared = self.shared.clone();
+        let allowed = move || shared.check_parent_write(&uid).is_ok();
+        self.publish_event(parent, type_, reason, note, allowed)
+            .await;
     }
 
     /// An Event the leader writes about a parent whatever its bucket (a
@@ -478,18 +480,16 @@ impl RuleCtx {
         note: String,
     ) {
         if self.shared.gate.may_write() {
-            self.publish_event(parent, type_, reason, note).await;
+            let gate = self.shared.gate.clone();
+            self.publish_event(parent, type_, reason, note, move || gate.may_write())
+                .await;
         }
     }
 
     /// Whether this replica may write for the parent with `parent_uid` now:
     /// the leader, or under `--shards` the writer of the parent's bucket.
     pub(super) fn check_write(&self, parent_uid: &str) -> Result<(), super::leader::NotLeader> {
-        match &self.shared.shards {
-            None => self.shared.gate.check(),
-            Some(shards) if shards.may_write(parent_uid) => Ok(()),
-            Some(_) => Err(super::leader::NotLeader),
-        }
+        self.shared.check_parent_write(parent_uid)
     }
 
     /// The buckets whose children every child cache holds (all without
@@ -508,6 +508,7 @@ impl RuleCtx {
         type_: EventType,
         reason: &str,
         note: String,
+        allowed: impl Fn() -> bool + Send + 'static,
     ) {
         let reference = parent.object_ref(&self.kinds.parent.resource);
         let event = Event {
@@ -525,8 +526,9 @@ impl RuleCtx {
                 reason: reason.to_owned(),
             })
             .inc();
-        if let Err(err) = self.shared.recorder.publish(&event, &reference).await {
-            debug!("cannot publish event: {err}");
-        }
+        self.shared
+            .recorder
+            .enqueue(event, reference, allowed)
+            .await;
     }
 }

@@ -163,6 +163,16 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Whether this replica may write for the parent with `parent_uid` now:
+    /// the leader, or under `--shards` the writer of the parent's bucket.
+    pub fn check_parent_write(&self, parent_uid: &str) -> Result<(), leader::NotLeader> {
+        match &self.shards {
+            None => self.gate.check(),
+            Some(shards) if shards.may_write(parent_uid) => Ok(()),
+            Some(_) => Err(leader::NotLeader),
+        }
+    }
+
     /// Hands a rule set going into force to the CRD manager (`--manage-crds`).
     pub fn offer_crds(&self, set: &RuleSet) {
         if let Some(tx) = &self.crds {

@@ -4,12 +4,15 @@
 //! parents that is thousands of writes nobody reads. Failures are reported
 //! on their own (Warnings, deduplicated by the backoff).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::debug;
 
 /// Publishes Events through kube's `Recorder`, which keeps every Event it
 /// published for 6 minutes (to patch a repeat into a series) and scans all
@@ -17,30 +20,86 @@ use serde_json::Value;
 /// 20,000 cached Events (megabytes) and an O(N) scan per write. A fresh
 /// recorder after every [`ROTATE`] publishes bounds both; a repeat across a
 /// rotation is written as a new Event instead of a patch of the old one.
+///
+/// A pass does not wait for its Event: [`Publisher::enqueue`] hands it to a
+/// few background senders, so the Event (one request in five of a pass
+/// that creates three children) is off the critical path of convergence.
+/// The queue is bounded: when it is full the pass waits, so a flood of
+/// Events slows passes down instead of growing memory.
 pub struct Publisher {
+    queue: mpsc::Sender<Queued>,
+}
+
+struct Rotating {
     client: Client,
     reporter: Reporter,
     current: Mutex<(Recorder, usize)>,
 }
 
+/// An Event waiting to be sent, and whether it may still be sent then
+/// (the replica may have lost the Lease or the parent's bucket meanwhile).
+struct Queued {
+    event: Event,
+    reference: ObjectReference,
+    allowed: Box<dyn Fn() -> bool + Send>,
+}
+
 /// Publishes per recorder.
 const ROTATE: usize = 256;
+/// Events waiting to be sent before a pass has to wait.
+const QUEUE: usize = 512;
+/// Events in flight at once.
+const SENDERS: usize = 8;
 
 impl Publisher {
+    /// Starts the background senders (needs a Tokio runtime).
     pub fn new(client: Client, reporter: Reporter) -> Publisher {
         let recorder = Recorder::new(client.clone(), reporter.clone());
-        Publisher {
+        let inner = Arc::new(Rotating {
             client,
             reporter,
             current: Mutex::new((recorder, 0)),
-        }
+        });
+        let (queue, rx) = mpsc::channel::<Queued>(QUEUE);
+        let sender = inner;
+        let queued = futures::stream::unfold(rx, |mut rx| async move {
+            let next = rx.recv().await?;
+            Some((next, rx))
+        });
+        tokio::spawn(queued.for_each_concurrent(SENDERS, move |q| {
+            let sender = sender.clone();
+            async move {
+                if !(q.allowed)() {
+                    return;
+                }
+                if let Err(err) = sender.publish(&q.event, &q.reference).await {
+                    debug!("cannot publish event: {err}");
+                }
+            }
+        }));
+        Publisher { queue }
     }
 
-    pub async fn publish(
+    /// Sends the Event in the background, if `allowed` still says so then.
+    pub async fn enqueue(
         &self,
-        event: &Event,
-        reference: &ObjectReference,
-    ) -> Result<(), kube::Error> {
+        event: Event,
+        reference: ObjectReference,
+        allowed: impl Fn() -> bool + Send + 'static,
+    ) {
+        let queued = Queued {
+            event,
+            reference,
+            allowed: Box::new(allowed),
+        };
+        if self.queue.send(queued).await.is_err() {
+            debug!("the event senders have stopped; event dropped");
+        }
+    }
+}
+
+impl Rotating {
+    async fn publish(&self, event: &Event, reference: &ObjectReference) -> Result<(), kube::Error> {
         let recorder = {
             let mut current = super::lock(&self.current);
             if current.1 >= ROTATE {
