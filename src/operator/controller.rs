@@ -11,13 +11,13 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, future};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::authorization::v1::{SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -29,16 +29,16 @@ use super::by_uid::ByUid;
 use super::compact::{ByParent, CompactObject};
 use super::context::{self, ChildCache, RuleCtx};
 use super::decode::ParentObject;
-use super::discovery::{self, Resolved, RuleKinds};
+use super::discovery::{self, RuleKinds};
 use super::identity;
 use super::reconcile;
 use super::related;
-use super::retry::{Failures, Outage, WatchBackoff};
+use super::retry::{Failures, Outage};
+use super::triggers;
 use super::versions::Versions;
 use super::watches::{self, cached_watch, own_errors, selector_string, trim};
 use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
-use crate::shard::{BucketSet, bucket_of};
 use crate::telemetry::RuleState;
 
 /// Runs one rule until `shutdown`; a new value on `rules` (same parent and
@@ -480,7 +480,7 @@ async fn run_controller(
             by_parent,
             listed,
         });
-        let mapper = parent_of(parents_by_uid.clone(), parent_kind.clone());
+        let mapper = triggers::parent_of(parents_by_uid.clone(), parent_kind.clone());
         let objects = own_errors(
             format!("{} {}", rule.name, kind.gvk),
             stream.touched_objects(),
@@ -525,9 +525,10 @@ async fn run_controller(
         patches: Default::default(),
         versions,
     });
-    let mut controller = controller.reconcile_on(recovered(ctx.clone()));
+    let mut controller = controller.reconcile_on(triggers::recovered(ctx.clone()));
     if let Some(shards) = &shared.shards {
-        controller = controller.reconcile_on(opened_parents(ctx.clone(), shards.writable()));
+        controller =
+            controller.reconcile_on(triggers::opened_parents(ctx.clone(), shards.writable()));
     }
     // The rollout's moves (and, on the leader, its decisions).
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -581,123 +582,6 @@ async fn run_controller(
     }
     listing.abort();
     rollout_task.abort();
-}
-
-/// Maps a child event to its parent: the controller ownerReference when it
-/// points at the parent kind, else the `trellis.dev/parent-uid` label
-/// looked up in `by_uid` (kept only for a rule whose children may have
-/// no such ownerReference).
-fn parent_of(
-    by_uid: Option<Arc<ByUid>>,
-    parent: Resolved,
-) -> impl Fn(CompactObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
-    move |child: CompactObject| {
-        let owner = child.owner_references().iter().find(|r| {
-            r.controller == Some(true)
-                && r.kind == parent.gvk.kind
-                && r.api_version == parent.gvk.api_version()
-        });
-        if let Some(owner) = owner {
-            let r = ObjectRef::new_with(&owner.name, parent.resource.clone());
-            return Some(match (parent.namespaced, child.namespace()) {
-                (true, Some(ns)) => r.within(&ns),
-                _ => r,
-            });
-        }
-        let (namespace, name) = by_uid.as_ref()?.get(child.parent_uid()?)?;
-        let r = ObjectRef::new_with(&name, parent.resource.clone());
-        Some(match namespace {
-            Some(ns) => r.within(&ns),
-            None => r,
-        })
-    }
-}
-
-/// Under `--shards`: the parents of each bucket that becomes ready for a
-/// pass here, writable and its children listed (a bucket gained in a
-/// handover, or listed after it opened).
-fn opened_parents(
-    ctx: Arc<RuleCtx>,
-    writable: watch::Receiver<BucketSet>,
-) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
-    let listed: Vec<_> = ctx.children.iter().map(|c| c.listed.clone()).collect();
-    let changes = futures::stream::select_all(
-        std::iter::once(changes_of(writable)).chain(listed.into_iter().map(changes_of)),
-    );
-    let mut ready = BucketSet::empty();
-    changes.flat_map(move |()| {
-        let shards = ctx.shared.shards.as_ref();
-        let now = shards
-            .map_or(BucketSet::empty(), |s| *s.writable().borrow())
-            .intersection(&ctx.listed_buckets());
-        let gained = now.minus(&ready);
-        ready = now;
-        let parents: Vec<ObjectRef<ParentObject>> = if gained.is_empty() {
-            Vec::new()
-        } else {
-            ctx.parents
-                .state()
-                .iter()
-                .filter(|p| {
-                    p.object
-                        .metadata
-                        .uid
-                        .as_deref()
-                        .is_some_and(|uid| gained.contains(bucket_of(uid)))
-                })
-                .map(|p| ObjectRef::from_obj_with(p.as_ref(), ctx.kinds.parent.resource.clone()))
-                .collect()
-        };
-        futures::stream::iter(parents)
-    })
-}
-
-/// Yields once at once, then on every change of `rx`.
-fn changes_of<T: Send + Sync + 'static>(
-    rx: watch::Receiver<T>,
-) -> futures::stream::BoxStream<'static, ()> {
-    let later = futures::stream::unfold(rx, |mut rx| async move {
-        rx.changed().await.ok()?;
-        Some(((), rx))
-    });
-    futures::stream::once(future::ready(()))
-        .chain(later)
-        .boxed()
-}
-
-/// Parents whose pass failed while the API server could not serve,
-/// handed back with their holds lifted as soon as it serves again (see
-/// [`Outage`]): a watch that resumes after the outage brings them nothing.
-fn recovered(ctx: Arc<RuleCtx>) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
-    futures::stream::unfold(ctx, |ctx| async move {
-        let client = ctx.shared.client.clone();
-        let failed = ctx
-            .outage
-            .recovered(WatchBackoff::default, || serving(client.clone()))
-            .await;
-        info!(rule = %ctx.rule().name, parents = failed.len(), "the API server serves again: retrying the parents that failed meanwhile");
-        for (key, _) in &failed {
-            ctx.failures.release(key);
-        }
-        ctx.report_backoff();
-        let parents: Vec<_> = failed.into_iter().map(|(_, at)| at).collect();
-        Some((futures::stream::iter(parents), ctx))
-    })
-    .flatten()
-}
-
-/// Whether the API server serves: `/readyz` answers (it checks etcd). Any
-/// other answer that is not the server's failure (a 403 where `/readyz` is
-/// not granted) counts as serving too: it was reached.
-async fn serving(client: Client) -> bool {
-    let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
-        return false;
-    };
-    match client.request_text(request).await {
-        Ok(_) => true,
-        Err(kube::Error::Api(status)) => status.code < 500 && status.code != 429,
-        Err(_) => false,
-    }
 }
 
 fn error_policy(parent: Arc<ParentObject>, err: &context::Error, ctx: Arc<RuleCtx>) -> Action {

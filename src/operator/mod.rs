@@ -42,6 +42,7 @@ pub mod shards;
 mod status_write;
 mod summary;
 mod supervisor;
+mod triggers;
 pub mod versions;
 mod watches;
 
