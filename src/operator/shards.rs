@@ -532,3 +532,112 @@ fn epoch_millis(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use kube::api::ObjectMeta;
+
+    fn lease(holder: Option<&str>, member: Option<&str>, ack: &str, renewed_ago: u64) -> Lease {
+        let renewed = SystemTime::now() - Duration::from_secs(renewed_ago);
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("trellis-member-x".into()),
+                annotations: Some(
+                    [
+                        (ANNOTATION_ACK.to_owned(), ack.to_owned()),
+                        (
+                            ANNOTATION_MEMBER.to_owned(),
+                            member.unwrap_or_default().to_owned(),
+                        ),
+                    ]
+                    .into_iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(4),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::try_from(renewed).expect("a valid time"),
+                )),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn member_lease_names_are_dns_subdomains() {
+        assert_eq!(
+            member_lease_name("trellis", "trellis-7d9f_0a1b2c3d"),
+            "trellis-member-trellis-7d9f-0a1b2c3d"
+        );
+        assert_eq!(member_lease_name("t", "_Host.Name_"), "t-member-host.name");
+        assert!(member_lease_name("t", &"x".repeat(400)).len() <= 253);
+    }
+
+    #[test]
+    fn a_member_lease_reads_as_its_identity_ack_renewal_and_release() {
+        let live = member_of(
+            &lease(Some("a_1"), Some("a_1"), "7", 1),
+            Duration::from_secs(15),
+        )
+        .expect("a member");
+        assert_eq!(live.name, "a_1");
+        assert_eq!(live.acked, 7);
+        assert_eq!(
+            live.lease_duration,
+            Duration::from_secs(4),
+            "its own duration"
+        );
+        assert!(!live.released);
+        assert!(is_live(&live, SystemTime::now()));
+
+        // Released on SIGTERM: holderIdentity cleared, the identity kept.
+        let gone = member_of(&lease(None, Some("a_1"), "7", 1), Duration::from_secs(15))
+            .expect("a member");
+        assert_eq!(gone.name, "a_1");
+        assert!(gone.released && !is_live(&gone, SystemTime::now()));
+
+        // Not renewed for longer than its duration: not live any more.
+        let silent = member_of(&lease(Some("b_2"), None, "x", 5), Duration::from_secs(15))
+            .expect("named by its holder");
+        assert_eq!((silent.name.as_str(), silent.acked), ("b_2", 0));
+        assert!(!is_live(&silent, SystemTime::now()));
+
+        // Neither a holder nor a member annotation: not a member at all.
+        assert!(member_of(&lease(None, None, "1", 0), Duration::from_secs(15)).is_none());
+    }
+
+    #[test]
+    fn a_pass_counts_until_dropped_and_only_in_a_writable_bucket_while_fenced() {
+        let shards = Shards::new("a");
+        let uid = "some-uid";
+        assert!(shards.begin(uid).is_none(), "nothing assigned yet");
+        {
+            let mut h = lock_handover(&shards);
+            h.assign(&Assignment::new(1, vec!["a".to_owned()]));
+            h.clear(&[], SystemTime::now());
+        }
+        assert!(shards.begin(uid).is_none(), "fence not yet renewed");
+        assert!(!shards.may_write(uid));
+        shards.fence_until.store(
+            epoch_millis(SystemTime::now() + Duration::from_secs(60)),
+            Ordering::Release,
+        );
+        assert!(shards.may_write(uid));
+        let pass = shards.begin(uid).expect("writable and fenced");
+        lock_handover(&shards).assign(&Assignment::new(2, vec!["b".to_owned()]));
+        assert!(!shards.may_write(uid), "a lost bucket stops writes at once");
+        assert_eq!(lock_handover(&shards).ack_due(), None, "a pass is running");
+        drop(pass);
+        assert_eq!(lock_handover(&shards).ack_due(), Some(2));
+    }
+
+    fn lock_handover(shards: &Shards) -> std::sync::MutexGuard<'_, Handover> {
+        super::super::lock(&shards.handover)
+    }
+}
