@@ -20,7 +20,16 @@ use crate::render::parse_quantity as quantity;
 
 /// True when `live` no longer holds every field of `rendered`.
 pub fn drifted(rendered: &Value, live: &Value) -> bool {
-    let rendered = secret_string_data_as_data(rendered);
+    let mut rendered = secret_string_data_as_data(rendered);
+    // Which version last wrote the child is bookkeeping, not its content:
+    // a rule edit that leaves a child's rendering as it was writes nothing
+    // to it (the parent's `status.ruleRevision` says which version it runs).
+    if let Some(labels) = rendered
+        .pointer_mut("/metadata/labels")
+        .and_then(Value::as_object_mut)
+    {
+        labels.shift_remove(crate::plan::LABEL_REVISION);
+    }
     !holds(live, &rendered)
 }
 

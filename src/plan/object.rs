@@ -54,7 +54,6 @@ pub(super) fn finish_object(
     labels.insert(LABEL_RULE.into(), json!(rule.name));
     labels.insert(LABEL_CHILD.into(), json!(child.spec.id));
     labels.insert(LABEL_PARENT_UID.into(), json!(info.uid));
-    labels.insert(LABEL_REVISION.into(), json!(rule.revision));
     // Always, so that turning `--shards` on costs no write: each replica
     // selects its buckets' children by this label.
     labels.insert(
@@ -97,7 +96,18 @@ pub(super) fn finish_object(
         namespace,
         name,
     };
+    // The hash of the content, without the revision that rendered it
+    // (labelled below): a rule edit that leaves this child's rendering as it
+    // was must neither re-apply it nor (`recreate`) replace it.
     let hash = object_hash(&obj);
+    if let Some(labels) = obj
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .and_then(|m| m.get_mut("labels"))
+        .and_then(Value::as_object_mut)
+    {
+        labels.insert(LABEL_REVISION.into(), json!(rule.revision));
+    }
     // A createOnly child is never updated (and its rendering may hold a
     // random secret): it needs no record of its rendering.
     if child.spec.policy != Policy::CreateOnly {

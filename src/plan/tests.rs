@@ -96,6 +96,45 @@ fn renders_child_with_labels_owner_and_parent_namespace() {
 }
 
 #[test]
+fn an_edit_of_one_child_leaves_the_others_hash_and_writes_only_the_revision_label() {
+    let other = "    - id: other\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: other\n        data:\n          w: {{ 'one' }}\n";
+    let before = rule(&format!("{PARENT_KIND}  children:\n{CM}{other}"));
+    let after = rule(&format!(
+        "{PARENT_KIND}  children:\n{CM}{}",
+        other.replace("'one'", "'two'")
+    ));
+    assert_ne!(before.revision, after.revision, "an edit is a new revision");
+    let p = parent(json!({"v": "1"}));
+    let (old, new) = (run(&before, &p, vec![]), run(&after, &p, vec![]));
+    let cm = |plan: &Plan| {
+        plan.apply
+            .iter()
+            .find(|a| a.id == "cm")
+            .cloned()
+            .expect("cm rendered")
+    };
+    let (old_cm, new_cm) = (cm(&old), cm(&new));
+    assert_eq!(old_cm.hash, new_cm.hash, "cm's rendering did not change");
+    assert_eq!(
+        new_cm.object["metadata"]["labels"][LABEL_REVISION],
+        after.revision.as_str()
+    );
+    // As the cluster holds cm written by the old version: nothing drifted.
+    assert!(!crate::drift::drifted(&new_cm.object, &old_cm.object));
+    let other_hash = |plan: &Plan| {
+        plan.apply
+            .iter()
+            .find(|a| a.id == "other")
+            .map(|a| a.hash.clone())
+    };
+    assert_ne!(
+        other_hash(&old),
+        other_hash(&new),
+        "the edited child changed"
+    );
+}
+
+#[test]
 fn template_cannot_change_kind() {
     let r = rule(&format!(
         "{PARENT_KIND}  children:\n{}",
