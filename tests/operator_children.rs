@@ -252,6 +252,52 @@ async fn a_create_only_child_is_created_once_and_never_updated() {
     operator.stop().await;
 }
 
+/// A createOnly child made before children carried `trellis.dev/bucket`
+/// (an upgrade from an earlier trellis) is never applied again, so it gets
+/// the label alone, once, and keeps what it was made with: without the
+/// label, a replica under `--shards` would never see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_only_child_without_its_bucket_label_gets_the_label_alone_once() {
+    let ns = support::namespace().await;
+    let (app, _cleanup, operator) = start_with_new_kind(&ns, "Db", CREATE_ONLY_RULE).await;
+    let parent = app
+        .create(&ns, "legacy", json!({"user": "alice"}), &[])
+        .await;
+    let secrets: Api<Secret> = ns.api();
+    let created = wait_exists(&secrets, "legacy-password").await;
+    let bucket = trellis::shard::bucket_of(&parent.uid().expect("uid")).to_string();
+    assert_eq!(
+        created.labels().get("trellis.dev/bucket"),
+        Some(&bucket),
+        "made with its bucket"
+    );
+    // As an earlier trellis left it: no bucket label.
+    secrets
+        .patch(
+            "legacy-password",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"trellis.dev/bucket": null}}})),
+        )
+        .await
+        .expect("remove the label");
+    // The label's removal is an event of the child: its pass labels it.
+    let labelled = wait_for(&secrets, "legacy-password", "the bucket label back", |s| {
+        (s.labels().get("trellis.dev/bucket") == Some(&bucket))
+            .then(|| s.clone())
+            .ok_or_else(|| format!("labels {:?}", s.labels()))
+    })
+    .await;
+    assert_eq!(labelled.data, created.data, "nothing else written");
+    tokio::time::sleep(QUIET).await;
+    let after = secrets.get("legacy-password").await.expect("secret");
+    assert_eq!(
+        after.resource_version(),
+        labelled.resource_version(),
+        "labelled once, then left alone"
+    );
+    operator.stop().await;
+}
+
 const RECREATE_RULE: &str = r#"
 apiVersion: trellis.dev/v1alpha1
 kind: Rule

@@ -135,6 +135,11 @@ pub(super) async fn apply_child(
                 // later event (a restart over a killed process's last
                 // creates hit it).
                 let (existing, _) = whose(&api, apply, adopt, e).await?;
+                if let Some(labelled) =
+                    label_bucket(ctx, &api, apply, &existing, &manager, parent_uid).await?
+                {
+                    return Ok(Applied::written(Outcome::Updated, labelled));
+                }
                 Ok(Applied {
                     outcome: Outcome::Unchanged,
                     object: Some(existing),
@@ -144,7 +149,14 @@ pub(super) async fn apply_child(
         };
     }
     match (apply.policy, live) {
-        (Policy::CreateOnly, Some(_)) => return Ok(Applied::unchanged()),
+        (Policy::CreateOnly, Some(live)) => {
+            return Ok(
+                match label_bucket(ctx, &api, apply, live, &manager, parent_uid).await? {
+                    Some(labelled) => Applied::written(Outcome::Updated, labelled),
+                    None => Applied::unchanged(),
+                },
+            );
+        }
         (Policy::Recreate, Some(live)) if live_render_hash(live) != Some(apply.hash.as_str()) => {
             let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
             let params = DeleteParams {
@@ -223,6 +235,46 @@ pub(super) async fn apply_child(
         }
         Err(source) => Err(fail(source)),
     }
+}
+
+/// A `createOnly` child is never applied again, so one made before children
+/// carried `trellis.dev/bucket` gets that label alone, once (a merge patch:
+/// an apply of the label alone would drop every field it made). Without
+/// it, a replica under `--shards` would never see the child.
+async fn label_bucket(
+    ctx: &RuleCtx,
+    api: &kube::Api<DynamicObject>,
+    apply: &Apply,
+    live: &Value,
+    manager: &str,
+    parent_uid: &str,
+) -> Result<Option<DynamicObject>, Error> {
+    let label = |o: &Value| {
+        o.pointer("/metadata/labels")
+            .and_then(|l| l.get(crate::shard::LABEL_BUCKET))
+            .cloned()
+    };
+    let Some(want) = label(&apply.object) else {
+        return Ok(None);
+    };
+    if label(live).as_ref() == Some(&want) {
+        return Ok(None);
+    }
+    ctx.check_write(parent_uid)?;
+    let patch = serde_json::json!({"metadata": {"labels": {crate::shard::LABEL_BUCKET: want}}});
+    let params = PatchParams {
+        field_manager: Some(manager.to_owned()),
+        ..PatchParams::default()
+    };
+    let labelled = api
+        .patch(&apply.key.name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Apply {
+            key: apply.key.to_string(),
+            source,
+        })?;
+    info!(rule = %ctx.rule().name, object = %apply.key, "labelled with its bucket (createOnly: never applied again)");
+    Ok(Some(labelled))
 }
 
 /// The create-only apply, how every child is made: an unforced apply
