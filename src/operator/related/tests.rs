@@ -2,6 +2,7 @@
 
 use super::index::RECENT_EVENTS;
 use super::*;
+use crate::rules::model::LabelSelector;
 
 fn named(kind: &str, ns: Option<&str>, name: &str) -> RelatedRead {
     RelatedRead {
