@@ -27,6 +27,31 @@ use super::retry::WatchBackoff;
 use crate::rules::model::{LabelSelector, SelectorOperator};
 use crate::shard::BucketSet;
 
+/// What a watch here can hold: an object of a kind found by discovery.
+pub(super) trait Watched:
+    Resource<DynamicType = super::decode::SharedResource, Scope = kube::core::DynamicResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<
+            DynamicType = super::decode::SharedResource,
+            Scope = kube::core::DynamicResourceScope,
+        > + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 type EventStream<K> =
     futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
 
@@ -81,15 +106,7 @@ pub(super) fn cached_watch<K>(
     impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<
-            DynamicType = super::decode::SharedResource,
-            Scope = kube::core::DynamicResourceScope,
-        > + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let writer = Writer::new(kind.resource.clone());
     let store = writer.as_reader();
@@ -136,15 +153,7 @@ pub(super) fn watch_stream<K>(
     trim: impl FnMut(&mut K) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
-    K: Resource<
-            DynamicType = super::decode::SharedResource,
-            Scope = kube::core::DynamicResourceScope,
-        > + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let api: Api<K> = match (kind.namespaced, namespaces) {
         (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
