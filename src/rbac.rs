@@ -1,4 +1,4 @@
-//! The least-privilege ClusterRole a rule set needs (`trellis rbac`).
+//! The least-privilege ClusterRole and Role a rule set needs (`trellis rbac`).
 //!
 //! Everything is derived offline from the compiled rules: parent and child
 //! kinds are static in a rule, so the resources the operator touches are known
@@ -20,11 +20,22 @@
 //! | each patch target kind | get, list, watch, patch | targets are cached, contributed to by server-side apply; never created or deleted |
 //! | `clusterroles` / `roles` referenced by binding children | bind | creating a binding to a role the operator does not hold |
 //! | events (core, `events.k8s.io`) | create, patch | Events on parents |
-//! | `coordination.k8s.io` leases | get, list, watch, create, update, patch | leader election (the Lease is patched, and watched so a release is seen at once) |
 //! | `apiextensions.k8s.io` CRDs | get, list, watch | noticing parent CRDs being installed |
 //! | the same, by name (`--manage-crds`) | create, patch | applying the CRDs generated from rules |
 //! | `authorization.k8s.io` selfsubjectaccessreviews | create | the startup preflight |
-//! | `configmaps` (when a rule has `rollout:`) | get, list, create, patch, delete | the revision ConfigMaps of staged rollouts, in the operator's namespace (a Role there is enough) |
+//!
+//! What the operator keeps in its own namespace is granted there only, by a
+//! Role of the same name (see [`namespaced_role`]):
+//!
+//! | resource | verbs | because |
+//! |---|---|---|
+//! | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election and shard membership |
+//! | `configmaps` (when a rule has `rollout:`) | list, create, patch, delete | the revision ConfigMaps of staged rollouts |
+//!
+//! A rollout in progress may still run an older version of a rule, which
+//! may need kinds the version on disk dropped: the `_of` functions take any
+//! list of rule versions, and `trellis rbac --from-cluster` passes the live
+//! ones read back from the revision ConfigMaps beside those on disk.
 //!
 //! A rule with `serviceAccountName:` splits this (see [`cluster_roles`]): the
 //! rule's writes and reads go to its own ClusterRole `<name>-rule-<rule>`,
@@ -45,9 +56,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::kinds::{self, Gvk};
+use crate::kinds;
 use crate::rules::model::{Policy, Scope};
 use crate::rules::{CompiledChild, CompiledRule, RuleSet};
+
+mod role_refs;
+#[cfg(test)]
+use role_refs::RoleRef;
+use role_refs::{BindingKind, bind_grants, role_refs};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
@@ -155,22 +171,43 @@ pub fn cluster_role(set: &RuleSet, name: &str) -> Value {
     cluster_role_with(set, name, false)
 }
 
+/// Every rule version of `set`, in rule order.
+fn versions(set: &RuleSet) -> Vec<&CompiledRule> {
+    set.rules.iter().map(|r| r.as_ref()).collect()
+}
+
 /// Every ClusterRole `set` needs (`trellis rbac`): the operator's own,
 /// named `name`, first; then, for each rule with `serviceAccountName`, in
 /// rule order, the role to bind to its account, named `<name>-rule-<rule>`.
 /// A set without accounts needs only the operator's role.
 pub fn cluster_roles(set: &RuleSet, name: &str, manage_crds: bool) -> Vec<Value> {
-    let mut roles = vec![cluster_role_with(set, name, manage_crds)];
-    for rule in &set.rules {
-        if rule.rule.spec.service_account_name.is_some() {
-            let mut grants = Grants::default();
-            account_grants(rule, &mut grants);
-            roles.push(role_object(
-                &account_role_name(name, &rule.name),
-                grants,
-                Some(&rule.name),
-            ));
+    cluster_roles_of(&versions(set), name, manage_crds)
+}
+
+/// [`cluster_roles`] for any rule versions, several of one rule included
+/// (`trellis rbac --from-cluster` adds the versions a rollout still runs):
+/// each grant is the union over the versions, one account role per rule
+/// name.
+pub fn cluster_roles_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Vec<Value> {
+    let mut roles = vec![cluster_role_of(rules, name, manage_crds)];
+    let mut names: Vec<&str> = Vec::new();
+    for rule in rules {
+        if rule.rule.spec.service_account_name.is_some() && !names.contains(&rule.name.as_str()) {
+            names.push(&rule.name);
         }
+    }
+    for rule_name in names {
+        let mut grants = Grants::default();
+        for version in rules.iter().filter(|r| r.name == rule_name) {
+            if version.rule.spec.service_account_name.is_some() {
+                account_grants(version, &mut grants);
+            }
+        }
+        roles.push(role_object(
+            &account_role_name(name, rule_name),
+            grants,
+            Some(rule_name),
+        ));
     }
     roles
 }
@@ -185,14 +222,14 @@ pub fn account_role_name(name: &str, rule: &str) -> String {
 /// For a rule with an account it holds only the operator's share (see
 /// [`cluster_roles`]).
 pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value {
+    cluster_role_of(&versions(set), name, manage_crds)
+}
+
+fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Value {
     let mut grants = Grants::default();
     operator_grants(&mut grants);
-    for rule in &set.rules {
+    for rule in rules {
         operator_rule_grants(rule, &mut grants);
-        if rule.rollout.is_some() {
-            // Revision ConfigMaps (`rollout:`): read back, applied, pruned.
-            grants.allow("", "configmaps", &[Get, List, Create, Patch, Delete]);
-        }
         if manage_crds && rule.crd.is_some() {
             let crd = crate::crd::name(&rule.rule);
             for verb in [Get, Create, Patch] {
@@ -206,6 +243,56 @@ pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value 
         }
     }
     role_object(name, grants, None)
+}
+
+/// The operator's Role in its own namespace (`namespace`): what it keeps
+/// there and nowhere else, so that no cluster-wide grant is needed for it.
+///
+/// | resource | verbs | because |
+/// |---|---|---|
+/// | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election (taken, renewed and released by patch or update, watched so a release is seen at once) and shard membership (member Leases created, renewed, watched by label, dead ones deleted by the leader) |
+/// | `configmaps` (when a rule has `rollout:`) | list, create, patch, delete | the revision ConfigMaps: listed by label, written by server-side apply (a create when new), old ones pruned |
+pub fn namespaced_role(set: &RuleSet, name: &str, namespace: &str) -> Value {
+    namespaced_role_of(&versions(set), name, namespace)
+}
+
+/// [`namespaced_role`] for any rule versions.
+pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) -> Value {
+    let mut grants = Grants::default();
+    grants.allow(
+        "coordination.k8s.io",
+        "leases",
+        &[Get, List, Watch, Create, Update, Patch, Delete],
+    );
+    if rules.iter().any(|r| r.rollout.is_some()) {
+        // The operator never GETs or watches a revision ConfigMap: it lists
+        // them by label on every tick, applies them and deletes old ones.
+        grants.allow("", "configmaps", &[List, Create, Patch, Delete]);
+    }
+    let mut role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+    });
+    let cluster = role_object(name, grants, None);
+    for key in ["labels", "annotations"] {
+        role["metadata"][key] = cluster["metadata"][key].clone();
+    }
+    role["rules"] = cluster["rules"].clone();
+    role
+}
+
+/// Everything `trellis rbac` prints, in order: [`cluster_roles_of`], then
+/// [`namespaced_role_of`] in `namespace`.
+pub fn all_roles(
+    rules: &[&CompiledRule],
+    name: &str,
+    namespace: &str,
+    manage_crds: bool,
+) -> Vec<Value> {
+    let mut roles = cluster_roles_of(rules, name, manage_crds);
+    roles.push(namespaced_role_of(rules, name, namespace));
+    roles
 }
 
 fn role_object(name: &str, grants: Grants, rule: Option<&str>) -> Value {
@@ -312,13 +399,7 @@ fn operator_grants(grants: &mut Grants) {
     // Events about parents; the recorder patches an Event to bump its count.
     grants.allow("", "events", &[Create, Patch]);
     grants.allow("events.k8s.io", "events", &[Create, Patch]);
-    // Leader election with a Lease: patched to take, renew and release it,
-    // watched so that a standby sees a release at once.
-    grants.allow(
-        "coordination.k8s.io",
-        "leases",
-        &[Get, List, Watch, Create, Update, Patch],
-    );
+    // Leases live in the operator's namespace: `namespaced_role`.
     // A rule whose parent CRD is not installed yet starts once it appears.
     grants.allow("apiextensions.k8s.io", "customresourcedefinitions", READ);
     // The startup preflight asks the API server what the operator may do.
@@ -484,244 +565,6 @@ fn child_verbs(policy: Policy) -> Vec<Verb> {
         Policy::CreateOnly => &[Create, Delete],
     });
     verbs
-}
-
-/// A child kind that binds a role, which the API server allows only to
-/// holders of every permission in the role or of `bind` on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BindingKind {
-    RoleBinding,
-    ClusterRoleBinding,
-}
-
-impl BindingKind {
-    fn of(gvk: &Gvk) -> Option<BindingKind> {
-        match (gvk.group.as_str(), gvk.kind.as_str()) {
-            (RBAC_GROUP, "RoleBinding") => Some(BindingKind::RoleBinding),
-            (RBAC_GROUP, "ClusterRoleBinding") => Some(BindingKind::ClusterRoleBinding),
-            _ => None,
-        }
-    }
-}
-
-/// A `roleRef` found in a template; `None` where the value is templated or
-/// cannot be read statically.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct RoleRef {
-    kind: Option<String>,
-    name: Option<String>,
-}
-
-impl RoleRef {
-    const UNKNOWN: RoleRef = RoleRef {
-        kind: None,
-        name: None,
-    };
-}
-
-/// `bind` on the roles a binding child may reference: limited by
-/// `resourceNames` when the name is static, on every role of the kind
-/// otherwise. A ClusterRoleBinding can only reference a ClusterRole; a static
-/// kind that is neither Role nor ClusterRole gets nothing (the API server
-/// rejects such a binding anyway).
-fn bind_grants(binding: BindingKind, refs: &[RoleRef], grants: &mut Grants) {
-    for role_ref in refs {
-        let resources: &[&str] = match role_ref.kind.as_deref() {
-            Some("ClusterRole") => &["clusterroles"],
-            Some("Role") if binding == BindingKind::RoleBinding => &["roles"],
-            Some(_) => &[],
-            None if binding == BindingKind::RoleBinding => &["clusterroles", "roles"],
-            None => &["clusterroles"],
-        };
-        for resource in resources {
-            match &role_ref.name {
-                Some(name) => grants.allow_named(RBAC_GROUP, resource, Bind, name),
-                None => grants.allow(RBAC_GROUP, resource, &[Bind]),
-            }
-        }
-    }
-}
-
-/// Every `roleRef` a binding template may render, read from its text.
-///
-/// A `roleRef:` line starts a block of more-indented lines whose `kind:` and
-/// `name:` are static when they hold no `{{`/`{%` and the block holds no
-/// `{%`; a flow mapping `roleRef: {kind: ClusterRole, name: view}` is read the
-/// same way. Every occurrence counts, so `{% if %}` branches around whole
-/// `roleRef:` blocks each contribute their role. When the text mentions
-/// `roleRef` in a way not read here (inside an expression, say), or not at
-/// all, an unknown reference is added so the role stays sufficient.
-fn role_refs(template: &str) -> Vec<RoleRef> {
-    let lines: Vec<&str> = template.lines().collect();
-    let mut refs = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        let trimmed = line.trim_start();
-        let Some(rest) = trimmed.strip_prefix("roleRef:") else {
-            continue;
-        };
-        let indent = line.len() - trimmed.len();
-        let rest = strip_comment(rest).trim();
-        refs.push(if rest.is_empty() {
-            block_role_ref(&lines[i + 1..], indent)
-        } else if rest.starts_with('{') && !rest.starts_with("{{") && !rest.starts_with("{%") {
-            flow_role_ref(&lines[i..], rest)
-        } else {
-            RoleRef::UNKNOWN
-        });
-    }
-    if template.matches("roleRef").count() > refs.len() {
-        refs.push(RoleRef::UNKNOWN);
-    }
-    refs
-}
-
-/// A block-style `roleRef` body: the lines after `roleRef:` indented deeper
-/// than `indent` (blank and comment lines do not end it).
-fn block_role_ref(after: &[&str], indent: usize) -> RoleRef {
-    let mut body = Vec::new();
-    for line in after {
-        let trimmed = line.trim_start();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        if line.len() - trimmed.len() <= indent {
-            break;
-        }
-        body.push(*line);
-    }
-    if body.is_empty() || body.iter().any(|l| l.contains("{%")) {
-        return RoleRef::UNKNOWN;
-    }
-    // Only the block's own keys, not those of anything nested deeper.
-    let key_indent = body
-        .iter()
-        .map(|l| l.len() - l.trim_start().len())
-        .min()
-        .unwrap_or(0);
-    let mut role_ref = RoleRef::UNKNOWN;
-    for line in body
-        .iter()
-        .filter(|l| l.len() - l.trim_start().len() == key_indent)
-    {
-        if let Some((key, value)) = line.trim().split_once(':') {
-            match key.trim() {
-                "kind" => role_ref.kind = static_scalar(value),
-                "name" => role_ref.name = static_scalar(value),
-                _ => {}
-            }
-        }
-    }
-    role_ref
-}
-
-/// A flow-style `roleRef: {kind: ..., name: ...}`, possibly spanning lines
-/// (`from[0]` is the `roleRef:` line, `rest` what follows the key on it).
-fn flow_role_ref(from: &[&str], rest: &str) -> RoleRef {
-    let mut text = rest.to_owned();
-    for line in &from[1..] {
-        if balanced_end(&text).is_some() {
-            break;
-        }
-        text.push(' ');
-        text.push_str(strip_comment(line).trim());
-    }
-    let Some(end) = balanced_end(&text) else {
-        return RoleRef::UNKNOWN;
-    };
-    let inner = &text[1..end];
-    if inner.contains("{%") {
-        return RoleRef::UNKNOWN;
-    }
-    let mut role_ref = RoleRef::UNKNOWN;
-    for entry in split_top_level(inner) {
-        if let Some((key, value)) = entry.split_once(':') {
-            match unquote(key.trim()) {
-                "kind" => role_ref.kind = static_scalar(value),
-                "name" => role_ref.name = static_scalar(value),
-                _ => {}
-            }
-        }
-    }
-    role_ref
-}
-
-/// Byte index of the brace closing the `{` that starts `text`, if any.
-fn balanced_end(text: &str) -> Option<usize> {
-    let mut depth = 0usize;
-    let mut quote = None;
-    for (i, c) in text.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '{' | '[') => depth += 1,
-            (None, '}' | ']') => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Splits a flow mapping's inside at commas outside nested braces, brackets
-/// and quotes (so `{{ a ~ ", " ~ b }}` stays one value).
-fn split_top_level(inner: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut depth, mut quote, mut start) = (0usize, None, 0);
-    for (i, c) in inner.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '{' | '[') => depth += 1,
-            (None, '}' | ']') => depth = depth.saturating_sub(1),
-            (None, ',') if depth == 0 => {
-                parts.push(&inner[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&inner[start..]);
-    parts
-}
-
-/// A plain or quoted scalar with no template syntax in it; `None` otherwise.
-fn static_scalar(value: &str) -> Option<String> {
-    let value = unquote(strip_comment(value).trim());
-    let templated = value.contains("{{") || value.contains("{%");
-    let structured = value.starts_with(['{', '[', '&', '*', '|', '>']);
-    (!value.is_empty() && !templated && !structured).then(|| value.to_owned())
-}
-
-fn unquote(s: &str) -> &str {
-    for q in ['"', '\''] {
-        if let Some(inner) = s.strip_prefix(q).and_then(|s| s.strip_suffix(q)) {
-            return inner;
-        }
-    }
-    s
-}
-
-/// Drops a YAML comment (` #` outside quotes) from the end of a line.
-fn strip_comment(line: &str) -> &str {
-    let mut quote = None;
-    let mut prev = ' ';
-    for (i, c) in line.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '#') if prev.is_whitespace() => return &line[..i],
-            _ => {}
-        }
-        prev = c;
-    }
-    line
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use trellis::cli::rule_for;
 use trellis::render::Limits;
 use trellis::rules::RuleSet;
@@ -363,14 +363,32 @@ fn every_observed_stream_holds_named_objects() {
 }
 
 #[test]
-fn deploy_cluster_role_is_what_trellis_rbac_prints_for_the_rules() {
-    let path = root().join("examples/deploy/clusterrole.yaml");
-    let committed = documents(&path).remove(0);
-    let generated = trellis::rbac::cluster_role(&rule_set(), "trellis");
+fn deploy_roles_are_what_trellis_rbac_prints_for_the_rules() {
+    let path = root().join("examples/deploy/rbac.yaml");
+    let committed = documents(&path);
+    let set = rule_set();
+    let generated = vec![
+        trellis::rbac::cluster_role(&set, "trellis"),
+        trellis::rbac::namespaced_role(&set, "trellis", "trellis-system"),
+    ];
     assert_eq!(
         committed, generated,
-        "examples/deploy/clusterrole.yaml is stale: regenerate it with \
-         `cargo run -- rbac --rules rules > examples/deploy/clusterrole.yaml`"
+        "examples/deploy/rbac.yaml is stale: regenerate it with charts/regenerate"
+    );
+    // The Role is bound in the namespace trellis runs in.
+    let docs = documents(&root().join("examples/deploy/trellis.yaml"));
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding")
+        .expect("a RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], "trellis-system");
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "trellis"})
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "trellis", "namespace": "trellis-system"}])
     );
 }
 

@@ -181,14 +181,19 @@ pub fn trellis(args: &[&str]) -> String {
 
 /// The `rules:` of the ClusterRole `trellis rbac ARGS` prints.
 pub fn rbac_rules(args: &[&str]) -> Value {
-    let mut all = vec!["rbac"];
-    all.extend_from_slice(args);
-    let role: Value = serde_saphyr::from_str(&trellis(&all)).unwrap();
+    rbac_documents(args)[0]["rules"].clone()
+}
+
+/// The `rules:` of the Role `trellis rbac ARGS` prints (the last document).
+pub fn rbac_namespaced_rules(args: &[&str]) -> Value {
+    let documents = rbac_documents(args);
+    let role = documents.last().unwrap();
+    assert_eq!(role["kind"], "Role", "trellis rbac prints the Role last");
     role["rules"].clone()
 }
 
 /// The objects `trellis rbac ARGS` prints (the operator's ClusterRole first,
-/// then one per rule with a `serviceAccountName`).
+/// then one per rule with a `serviceAccountName`, then the operator's Role).
 pub fn rbac_documents(args: &[&str]) -> Vec<Value> {
     let mut all = vec!["rbac"];
     all.extend_from_slice(args);
@@ -221,8 +226,8 @@ fn per_rule_service_accounts_get_the_roles_trellis_rbac_prints() {
     let want = rbac_documents(&["--rules", &rules.to_string_lossy()]);
     assert_eq!(
         want.len(),
-        2,
-        "trellis rbac: the operator's role and webapp's"
+        3,
+        "trellis rbac: the operator's role, webapp's and the operator's Role"
     );
 
     // charts/rbac-values turns that output into the chart's values.
@@ -259,6 +264,7 @@ fn per_rule_service_accounts_get_the_roles_trellis_rbac_prints() {
     );
     let role = named("ClusterRole", "rel-trellis-rule-webapp");
     assert_eq!(role["rules"], want[1]["rules"]);
+    assert_eq!(named("Role", "rel-trellis")["rules"], want[2]["rules"]);
     let account = named("ServiceAccount", "web-account");
     assert_eq!(
         account["metadata"]["namespace"], "ops",
@@ -452,6 +458,32 @@ fn the_clusterrole_is_what_trellis_rbac_prints_for_the_charts_rules() {
             !text.contains("\"*\""),
             "a wildcard in the ClusterRole: {text}"
         );
+        // Leases (and revision ConfigMaps) only in the release's namespace.
+        let namespaced = get(&objects, "Role");
+        assert_eq!(
+            namespaced["rules"],
+            rbac_namespaced_rules(&cmd),
+            "the chart's Role ({values}) is not the Role of `trellis rbac {}`: {REGENERATE}",
+            cmd.join(" ")
+        );
+        assert!(
+            !text.contains("leases"),
+            "the ClusterRole grants Leases cluster-wide: {text}"
+        );
+        let role_binding = get(&objects, "RoleBinding");
+        assert_eq!(role_binding["roleRef"]["kind"], "Role");
+        assert_eq!(
+            role_binding["roleRef"]["name"],
+            namespaced["metadata"]["name"]
+        );
+        assert_eq!(
+            role_binding["metadata"]["namespace"],
+            namespaced["metadata"]["namespace"]
+        );
+        assert_eq!(
+            role_binding["subjects"][0]["name"],
+            get(&objects, "ServiceAccount")["metadata"]["name"]
+        );
         let binding = get(&objects, "ClusterRoleBinding");
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
         assert_eq!(
@@ -463,25 +495,34 @@ fn the_clusterrole_is_what_trellis_rbac_prints_for_the_charts_rules() {
             get(&objects, "ServiceAccount")["metadata"]["name"]
         );
     }
-    // Your own rules: the role is what you give, plus extraRules.
+    // Your own rules: the roles are what you give, plus extraRules.
     let mine = json!([{"apiGroups": ["x.test"], "resources": ["things"], "verbs": ["get"]}]);
     let extra = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]);
+    let leases =
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]);
     let objects = template(json!({
         "rules": {"examples": false, "files": {"thing.yaml": "# mine\n"}},
-        "rbac": {"rules": mine, "extraRules": extra},
+        "rbac": {"rules": mine, "namespacedRules": leases, "extraRules": extra},
     }))
     .unwrap();
     assert_eq!(
         get(&objects, "ClusterRole")["rules"],
         json!([mine[0], extra[0]])
     );
+    assert_eq!(get(&objects, "Role")["rules"], leases);
     assert_eq!(
         mounted_rules(&objects),
         BTreeMap::from([("thing.yaml".to_string(), "# mine\n".to_string())])
     );
-    // Without examples and without rbac.rules the chart refuses to guess.
+    // Without examples and without rbac.rules (or namespacedRules) the
+    // chart refuses to guess.
     let err = template(json!({"rules": {"examples": false}})).unwrap_err();
     assert!(err.contains("trellis rbac"), "{err}");
+    let err = template(json!({"rules": {"examples": false}, "rbac": {"rules": mine}})).unwrap_err();
+    assert!(
+        err.contains("rbac.namespacedRules") && err.contains("trellis rbac"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -612,7 +653,7 @@ fn charts_regenerate_rewrites_exactly_the_committed_generated_files() {
         assert!(status.success(), "copying {part}");
     }
     // Stale outputs first, so a file the script no longer writes shows.
-    std::fs::write(copy.join("examples/deploy/clusterrole.yaml"), "stale").unwrap();
+    std::fs::write(copy.join("examples/deploy/rbac.yaml"), "stale").unwrap();
     std::fs::write(copy.join("charts/trellis/files/rbac.yaml"), "stale").unwrap();
     std::fs::remove_dir_all(copy.join("charts/trellis/files/rules")).unwrap();
     let out = Command::new(copy.join("charts/regenerate"))

@@ -276,7 +276,8 @@ pub enum Command {
         #[command(flatten)]
         limits: RenderLimits,
     },
-    /// Print the least-privilege ClusterRole the rule set needs
+    /// Print the least-privilege ClusterRole the rule set needs, and the Role
+    /// in the operator's namespace (Leases, revision ConfigMaps)
     Rbac {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
@@ -288,6 +289,21 @@ pub enum Command {
         /// on the generated CRDs, by name) [default: off]
         #[arg(long)]
         manage_crds: bool,
+        /// The namespace trellis runs in: the Role is printed there, and
+        /// --from-cluster reads the revision ConfigMaps there
+        #[arg(
+            long,
+            value_name = "NS",
+            env = "TRELLIS_OPERATOR_NAMESPACE",
+            default_value = "trellis-system"
+        )]
+        operator_namespace: String,
+        /// Also cover the versions of rules with `rollout:` that a rollout in
+        /// progress still runs, read from the revision ConfigMaps in the
+        /// cluster (KUBECONFIG or in-cluster config) [default: off: the rules
+        /// on disk only, with a note naming the rules this may miss]
+        #[arg(long)]
+        from_cluster: bool,
     },
     /// Print the JSON Schema of the rule format
     Schema,

@@ -1,4 +1,4 @@
-//! The offline commands besides `render` and `check` (`schema`, `rbac`,
+//! The offline commands besides `render`, `check` and `rbac` (`schema`,
 //! `graph`, `crd`) and `diff`, which asks the live cluster.
 
 use std::path::{Path, PathBuf};
@@ -22,28 +22,6 @@ pub fn schema() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-pub fn rbac(dirs: &[PathBuf], name: &str, manage_crds: bool) -> ExitCode {
-    let set = match load(dirs, Limits::default()) {
-        Ok(set) => set,
-        Err(code) => return code,
-    };
-    // One document per ClusterRole: the operator's, then one per rule
-    // with `serviceAccountName` (none without: the output is one role).
-    let mut documents = Vec::new();
-    for role in crate::rbac::cluster_roles(&set, name, manage_crds) {
-        match yaml::to_string(&role) {
-            Ok(text) => documents.push(text.trim_end().to_owned()),
-            Err(e) => {
-                stderr!("error: {e}");
-                return ExitCode::from(1);
-            }
-        }
-    }
-    print_out(&format!("{}\n", documents.join("\n---\n")))
-        .err()
-        .unwrap_or(ExitCode::SUCCESS)
 }
 
 pub fn graph(dirs: &[PathBuf], rule: Option<&str>, output: GraphOutput) -> ExitCode {

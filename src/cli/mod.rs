@@ -21,6 +21,7 @@ macro_rules! stderr {
 mod args;
 mod check;
 mod commands;
+mod rbac;
 mod render;
 mod rollout;
 
@@ -29,7 +30,8 @@ pub use args::{
     RolloutAction, RolloutOutput,
 };
 pub use check::{Checked, Inputs, check, diagnostics, lsp};
-pub use commands::{crd, crd_documents, diff, graph, rbac, schema};
+pub use commands::{crd, crd_documents, diff, graph, schema};
+pub use rbac::rbac;
 pub use render::{
     label_observed, offline_scope, offline_scope_with, render, render_document,
     render_document_with, rule_for,

@@ -219,9 +219,9 @@ fn grants_what_the_operator_itself_needs() {
     let role = role_for(WEBAPP);
     assert_eq!(verbs(&role, "", "events"), ["create", "patch"]);
     assert_eq!(verbs(&role, "events.k8s.io", "events"), ["create", "patch"]);
-    assert_eq!(
-        verbs(&role, "coordination.k8s.io", "leases"),
-        ["get", "list", "watch", "create", "update", "patch"]
+    assert!(
+        verbs(&role, "coordination.k8s.io", "leases").is_empty(),
+        "Leases are granted in the operator's namespace only"
     );
     assert_eq!(
         verbs(&role, "apiextensions.k8s.io", "customresourcedefinitions"),
@@ -233,7 +233,7 @@ fn grants_what_the_operator_itself_needs() {
     );
 
     let empty = cluster_role(&RuleSet::default(), "x");
-    assert_eq!(empty["rules"].as_array().unwrap().len(), 5);
+    assert_eq!(empty["rules"].as_array().unwrap().len(), 4);
 }
 
 #[test]
@@ -553,17 +553,131 @@ fn patch_targets_get_read_and_patch_never_create_or_delete_and_retained_children
     );
 }
 
+fn app_rule(child_kind: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n  children:\n    - id: d\n      apiVersion: apps/v1\n      kind: {child_kind}\n      template: 'metadata: {{name: x}}'\n{extra}"
+    )
+}
+
+const STAGED: &str = "  rollout:\n    steps: [{percent: 50}]\n";
+
 #[test]
-fn a_rule_with_rollout_lets_the_operator_keep_its_revision_configmaps() {
-    let rule = |extra: &str| {
-        format!(
-            "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n  children:\n    - id: d\n      apiVersion: apps/v1\n      kind: Deployment\n      template: 'metadata: {{name: x}}'\n{extra}"
-        )
+fn a_rule_with_rollout_lets_the_operator_keep_its_revision_configmaps_in_its_namespace_only() {
+    let set = |extra: &str| {
+        crate::rules::testing::load_texts(&[("rule.yaml", &app_rule("Deployment", extra))])
     };
-    assert!(verbs(&role_for(&rule("")), "", "configmaps").is_empty());
-    let staged = role_for(&rule("  rollout:\n    steps: [{percent: 50}]\n"));
+    let plain = namespaced_role(&set(""), "trellis", "ops");
+    assert!(verbs(&plain, "", "configmaps").is_empty());
+    let staged = namespaced_role(&set(STAGED), "trellis", "ops");
     assert_eq!(
         verbs(&staged, "", "configmaps"),
-        ["get", "list", "create", "patch", "delete"]
+        ["list", "create", "patch", "delete"],
+        "listed by label, applied, pruned: never a GET or a watch"
     );
+    assert!(
+        verbs(&cluster_role(&set(STAGED), "trellis"), "", "configmaps").is_empty(),
+        "nothing cluster-wide for the revisions"
+    );
+}
+
+#[test]
+fn the_namespaced_role_holds_the_leases_every_replica_and_shard_needs() {
+    let role = namespaced_role(&RuleSet::default(), "trellis", "ops");
+    assert_eq!(role["kind"], "Role");
+    assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
+    assert_eq!(
+        role["metadata"],
+        json!({
+            "name": "trellis",
+            "namespace": "ops",
+            "labels": {"app.kubernetes.io/name": "trellis"},
+            "annotations": {"trellis.dev/generated-by": "trellis rbac"},
+        })
+    );
+    assert_eq!(
+        role["rules"],
+        json!([{
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        }])
+    );
+}
+
+#[test]
+fn all_roles_prints_the_cluster_roles_then_the_role() {
+    let texts = [(
+        "rule.yaml",
+        app_rule("Deployment", "  serviceAccountName: app-sa\n"),
+    )];
+    let set = crate::rules::testing::load_texts(&[(texts[0].0, texts[0].1.as_str())]);
+    let rules: Vec<&CompiledRule> = set.rules.iter().map(|r| r.as_ref()).collect();
+    let kinds: Vec<(Value, Value)> = all_roles(&rules, "trellis", "ops", false)
+        .iter()
+        .map(|r| (r["kind"].clone(), r["metadata"]["name"].clone()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (json!("ClusterRole"), json!("trellis")),
+            (json!("ClusterRole"), json!("trellis-rule-app")),
+            (json!("Role"), json!("trellis")),
+        ]
+    );
+}
+
+#[test]
+fn an_older_live_version_adds_what_the_version_on_disk_dropped() {
+    // On disk the rule makes StatefulSets; a rollout still runs a version
+    // that made Deployments on some parents.
+    let on_disk =
+        crate::rules::testing::load_texts(&[("rule.yaml", &app_rule("StatefulSet", STAGED))]);
+    let older =
+        crate::rules::testing::load_texts(&[("rule.yaml", &app_rule("Deployment", STAGED))]);
+    let rules: Vec<&CompiledRule> = on_disk
+        .rules
+        .iter()
+        .chain(&older.rules)
+        .map(|r| r.as_ref())
+        .collect();
+    let roles = all_roles(&rules, "trellis", "ops", false);
+    assert_eq!(roles.len(), 2, "one ClusterRole, one Role");
+    let child = ["get", "list", "watch", "create", "patch", "delete"];
+    assert_eq!(verbs(&roles[0], "apps", "statefulsets"), child);
+    assert_eq!(verbs(&roles[0], "apps", "deployments"), child);
+    assert_eq!(
+        verbs(&roles[0], "demo.trellis.dev", "apps"),
+        ["get", "list", "watch"],
+        "one rule for the parent kind both versions share"
+    );
+    assert!(verbs(&cluster_role(&on_disk, "trellis"), "apps", "deployments").is_empty());
+}
+
+#[test]
+fn account_roles_of_several_versions_are_one_role_per_rule() {
+    let account = "  serviceAccountName: app-sa\n";
+    let on_disk = crate::rules::testing::load_texts(&[(
+        "rule.yaml",
+        &app_rule("StatefulSet", &format!("{account}{STAGED}")),
+    )]);
+    let older = crate::rules::testing::load_texts(&[(
+        "rule.yaml",
+        &app_rule("Deployment", &format!("{account}{STAGED}")),
+    )]);
+    let rules: Vec<&CompiledRule> = on_disk
+        .rules
+        .iter()
+        .chain(&older.rules)
+        .map(|r| r.as_ref())
+        .collect();
+    let roles = cluster_roles_of(&rules, "trellis", false);
+    assert_eq!(
+        roles.len(),
+        2,
+        "the operator's role and one for the account"
+    );
+    assert_eq!(roles[1]["metadata"]["name"], "trellis-rule-app");
+    let child = ["get", "list", "watch", "create", "patch", "delete"];
+    assert_eq!(verbs(&roles[1], "apps", "statefulsets"), child);
+    assert_eq!(verbs(&roles[1], "apps", "deployments"), child);
 }

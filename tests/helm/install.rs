@@ -24,7 +24,7 @@ use kube::core::GroupVersionKind;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{helm, rbac_rules, repo};
+use super::{helm, rbac_namespaced_rules, rbac_rules, repo};
 use crate::support;
 use crate::support::node::{APP_IMAGE, node, pod_proxy_get, trellis_image};
 
@@ -91,7 +91,11 @@ fn values(ns: &str, setup: Setup, files: &BTreeMap<String, String>) -> Value {
         values["ruleServiceAccounts"] = rbac["ruleServiceAccounts"].clone();
     } else {
         let dir = dir.path().to_string_lossy();
-        values["rbac"] = json!({"rules": rbac_rules(&["--rules", &dir, "--manage-crds"])});
+        let args = ["--rules", &dir, "--manage-crds"];
+        values["rbac"] = json!({
+            "rules": rbac_rules(&args),
+            "namespacedRules": rbac_namespaced_rules(&args),
+        });
     }
     values
 }
