@@ -489,6 +489,78 @@ async fn an_edit_mid_rollout_restarts_toward_the_newest_version() {
     running.operator.stop().await;
 }
 
+/// Names of the revision ConfigMaps of `rule` in the test's namespace.
+async fn revisions(cms: &Api<ConfigMap>, rule: &str) -> Vec<String> {
+    cms.list(&ListParams::default().labels(&format!("trellis.dev/revision-of={rule}")))
+        .await
+        .expect("list revisions")
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect()
+}
+
+async fn wait_revisions(cms: &Api<ConfigMap>, rule: &str, what: &str, n: usize) {
+    support::eventually(what, WAIT, || async {
+        let names = revisions(cms, rule).await;
+        if names.len() == n {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_revisions_of_a_removed_rule_or_one_without_rollout_any_more_are_deleted() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let (other, _cleanup_other) = install_kind(&ns, "Other").await;
+    let (kept, removed) = (support::unique_name("kept"), support::unique_name("gone"));
+    let cms: Api<ConfigMap> = ns.api();
+    let rollout = "    steps:\n      - percent: 50\n        pause: manual\n";
+    let mut rules = ConfigMapDir::new(&[
+        ("app.yaml", &rollout_rule(&app, &kept, "v1", rollout)),
+        ("other.yaml", &rollout_rule(&other, &removed, "v1", rollout)),
+    ]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    parents(&ns, &app, &kept, 2, "v1").await;
+    for rule in [&kept, &removed] {
+        running
+            .wait_rollout(rule, "the first version kept", |r| r["state"] == "Complete")
+            .await;
+        wait_revisions(&cms, rule, "one revision kept", 1).await;
+    }
+
+    // `rollout:` dropped from one rule, the other rule removed: no version
+    // of either is staged any more, and nothing of theirs is left behind.
+    rules.update(&[("app.yaml", &config_rule(&app, &kept, "v2"))]);
+    wait_revisions(&cms, &removed, "the removed rule's revisions deleted", 0).await;
+    wait_revisions(
+        &cms,
+        &kept,
+        "the revisions of the rule without rollout: deleted",
+        0,
+    )
+    .await;
+    wait_on(&cms, &kept, "v2", 2, 2).await;
+
+    // `rollout:` back: a fresh start ("the first version kept"), not the
+    // stale record of v1 taken up again (which would send the parents back
+    // to v1, the version it names as current).
+    rules.update(&[("app.yaml", &rollout_rule(&app, &kept, "v3", rollout))]);
+    let back = running
+        .wait_rollout(&kept, "the first version kept again", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+    assert_eq!(back["from"], back["to"], "{back}");
+    wait_on(&cms, &kept, "v3", 2, 2).await;
+    wait_revisions(&cms, &kept, "one revision kept", 1).await;
+    running.operator.stop().await;
+}
+
 /// Short Lease timings, so a takeover does not wait out a long lease.
 const FAST: &[&str] = &[
     "--leader-elect",

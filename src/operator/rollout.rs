@@ -73,6 +73,14 @@ async fn once(
     let newest = ctx.rule();
     let Some(settings) = newest.rollout.clone() else {
         publish(ctx, None, None);
+        if ctx.shared.gate.may_write() && ctx.versions.needs_clearing(&newest.revision) {
+            let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
+            let deleted = versions::delete_all(client, ns, &newest.name).await?;
+            if deleted > 0 {
+                info!(rule = %newest.name, deleted, "rollout: the rule has no rollout: any more; its revision ConfigMaps deleted");
+            }
+            ctx.versions.cleared(&newest.revision);
+        }
         return Ok(());
     };
     // On a half-listed cache the order and N would be wrong, and a restart

@@ -98,6 +98,7 @@ impl Supervisor {
                     self.stop(name).await;
                     if let Some(old) = self.current.get(name).cloned() {
                         on_rule_removed(&self.shared, &old).await;
+                        delete_revisions(&self.shared, &old).await;
                     }
                 }
                 Change::Restart => {
@@ -157,6 +158,24 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
     }
     for parent in &parents {
         release_finalizer(shared, rule, &kinds.parent, parent).await;
+    }
+}
+
+/// A removed rule's revision ConfigMaps (`rollout:`): no version of it
+/// runs any more. The leader's duty, like the rest of the cleanup.
+async fn delete_revisions(shared: &Shared, rule: &CompiledRule) {
+    if !shared.gate.may_write() {
+        return;
+    }
+    let ns = shared.operator_namespace.as_str();
+    match super::versions::delete_all(&shared.client, ns, &rule.name).await {
+        Ok(0) => {}
+        Ok(deleted) => {
+            info!(rule = %rule.name, deleted, namespace = ns, "rule removed: its revision ConfigMaps deleted")
+        }
+        Err(err) => {
+            warn!(rule = %rule.name, namespace = ns, "rule removed: cannot delete its revision ConfigMaps: {err}")
+        }
     }
 }
 

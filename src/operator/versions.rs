@@ -239,10 +239,38 @@ pub async fn prune(client: &Client, namespace: &str, rule: &str, stored: &[Store
     }
 }
 
+/// Deletes every revision ConfigMap of `rule` (the rule was removed, or
+/// no longer has `rollout:`: nothing is staged and every parent runs the
+/// newest version, so a record left behind would only be taken up again,
+/// stale, should `rollout:` come back). Returns how many were deleted.
+pub async fn delete_all(
+    client: &Client,
+    namespace: &str,
+    rule: &str,
+) -> Result<usize, kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().labels(&format!("{LABEL_REVISION_OF}={rule}")))
+        .await?;
+    let mut deleted = 0;
+    for cm in &list.items {
+        match api.delete(&cm.name_any(), &DeleteParams::default()).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(deleted)
+}
+
 /// The versions of one rule parents may be on, and the rollout's state.
 #[derive(Default)]
 pub struct Versions {
     inner: RwLock<Inner>,
+    /// The revision of a rule without `rollout:` whose leftover revision
+    /// ConfigMaps were deleted already (once per version and replica, not
+    /// a LIST every tick).
+    cleared: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Default)]
@@ -278,6 +306,25 @@ impl Versions {
                 newest.clone()
             }
         }
+    }
+
+    /// Whether the leftovers of `revision` (a version without `rollout:`)
+    /// still need [`delete_all`].
+    pub fn needs_clearing(&self, revision: &str) -> bool {
+        self.cleared
+            .lock()
+            .map(|c| c.as_deref() != Some(revision))
+            .unwrap_or(true)
+    }
+
+    /// [`delete_all`] succeeded for `revision`; forgets the state it read.
+    pub fn cleared(&self, revision: &str) {
+        if let Ok(mut c) = self.cleared.lock() {
+            *c = Some(revision.to_owned());
+        }
+        let mut inner = crate::operator::write(&self.inner);
+        inner.record = None;
+        inner.compiled.clear();
     }
 
     pub fn record(&self) -> Option<Record> {
