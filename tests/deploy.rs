@@ -12,6 +12,9 @@
 
 mod support;
 
+#[path = "deploy/rollout.rs"]
+mod deploy_rollout;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};

@@ -558,6 +558,11 @@ async fn the_revisions_of_a_removed_rule_or_one_without_rollout_any_more_are_del
     assert_eq!(back["from"], back["to"], "{back}");
     wait_on(&cms, &kept, "v3", 2, 2).await;
     wait_revisions(&cms, &kept, "one revision kept", 1).await;
+
+    // And dropped again, back to the very text (v2) cleared before.
+    rules.update(&[("app.yaml", &config_rule(&app, &kept, "v2"))]);
+    wait_revisions(&cms, &kept, "the revisions deleted again", 0).await;
+    wait_on(&cms, &kept, "v2", 2, 2).await;
     running.operator.stop().await;
 }
 

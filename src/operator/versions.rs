@@ -268,8 +268,8 @@ pub async fn delete_all(
 pub struct Versions {
     inner: RwLock<Inner>,
     /// The revision of a rule without `rollout:` whose leftover revision
-    /// ConfigMaps were deleted already (once per version and replica, not
-    /// a LIST every tick).
+    /// ConfigMaps were deleted already (once each time such a version comes
+    /// into force on a replica, not a LIST every tick).
     cleared: std::sync::Mutex<Option<String>>,
 }
 
@@ -365,6 +365,11 @@ impl Versions {
     /// Reads the state and the live versions from what is stored: at
     /// start (before any pass), and on every tick of a standby.
     pub fn absorb(&self, stored: &[Stored], newest: &Arc<CompiledRule>, limits: Limits) {
+        // A version with `rollout:` is in force: the next version without
+        // it (the same text as an earlier one, say) must clear again.
+        if let Ok(mut c) = self.cleared.lock() {
+            *c = None;
+        }
         let record = current_record(stored, &newest.revision).and_then(|s| s.record.clone());
         if let Some(r) = &record {
             for rev in r.state.live() {
