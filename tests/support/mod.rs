@@ -67,6 +67,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 
+pub mod audit;
 pub mod converge;
 pub mod faults;
 pub mod hostile;

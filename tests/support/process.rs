@@ -25,6 +25,18 @@ pub struct Replica {
 impl Replica {
     /// Starts `trellis run` on `rules` in `ns` (Lease in `ns` too), as Pod `name`.
     pub fn start(name: &str, ns: &TestNamespace, rules: &Path, args: &[&str]) -> Replica {
+        Replica::start_with_kubeconfig(name, ns, rules, args, None)
+    }
+
+    /// [`Replica::start`] with its own kubeconfig (e.g. one that impersonates
+    /// a user of its own, so the API server's audit log tells replicas apart).
+    pub fn start_with_kubeconfig(
+        name: &str,
+        ns: &TestNamespace,
+        rules: &Path,
+        args: &[&str],
+        kubeconfig: Option<&Path>,
+    ) -> Replica {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port");
@@ -43,7 +55,7 @@ impl Replica {
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log file"))
             .stderr(out);
-        if let Some(path) = &super::cluster().kubeconfig_path {
+        if let Some(path) = kubeconfig.or(super::cluster().kubeconfig_path.as_deref()) {
             cmd.env("KUBECONFIG", path);
         }
         let child = cmd.spawn().expect("start trellis run");
@@ -92,6 +104,11 @@ impl Replica {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The whole log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn log_tail(&self) -> String {
