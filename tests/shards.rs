@@ -295,27 +295,32 @@ fn writes_by_parent(
 }
 
 /// Audit events land in batches: the writes after `offset` once their count
-/// holds still for a second.
+/// (Lease renewals aside: they never stop) holds still for a second.
 async fn settled_writes(offset: u64, ns: &str) -> Vec<Write> {
-    let mut last = audit::writes_since(offset, ns).len();
+    let count = |writes: &[Write]| writes.iter().filter(|w| w.resource != "leases").count();
+    let started = Instant::now();
+    let mut last = count(&audit::writes_since(offset, ns));
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = audit::writes_since(offset, ns);
-        if now.len() == last {
+        if count(&now) == last {
             return now;
         }
-        last = now.len();
+        assert!(started.elapsed() < SETTLE, "writes keep coming: {now:?}");
+        last = count(&now);
     }
 }
 
 /// Asserts that each parent in `names` had exactly one child write and one
 /// status write, and (with `owners`) that its bucket's owner sent both.
 fn assert_one_write_each(
-    writes: &BTreeMap<(String, &'static str), Vec<String>>,
+    raw: &[Write],
+    kind: &TestKind,
     names: &[String],
     buckets: &BTreeMap<String, u8>,
     owners: Option<&BTreeMap<u8, String>>,
 ) {
+    let writes = writes_by_parent(raw, kind);
     let mut wrong = Vec::new();
     for name in names {
         for what in ["child", "status"] {
@@ -330,6 +335,20 @@ fn assert_one_write_each(
                     "{name} (bucket {}) {what}: written by {writers:?}, owner {owner:?}",
                     buckets[name]
                 ));
+                let object = if what == "child" {
+                    format!("{name}-config")
+                } else {
+                    name.clone()
+                };
+                for w in raw
+                    .iter()
+                    .filter(|w| w.name == object && w.resource != "events")
+                {
+                    wrong.push(format!(
+                        "    {} {} {}/{} {} at {}",
+                        w.user, w.verb, w.resource, w.subresource, w.code, w.received
+                    ));
+                }
             }
         }
     }
@@ -500,8 +519,8 @@ async fn an_edit_of_every_parent_costs_one_child_write_each_sent_by_its_buckets_
     ring.converged(&names, "two").await;
     let took = started.elapsed();
     tokio::time::sleep(QUIET).await;
-    let writes = writes_by_parent(&settled_writes(edited, ring.ns.name()).await, &ring.kind);
-    assert_one_write_each(&writes, &names, &buckets, Some(&owners));
+    let writes = settled_writes(edited, ring.ns.name()).await;
+    assert_one_write_each(&writes, &ring.kind, &names, &buckets, Some(&owners));
 
     // Each process's own counter: exactly its share.
     let after = futures_counts(&replicas).await;
@@ -579,9 +598,9 @@ async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
     let survivors: Vec<&Replica> = all.iter().collect();
     let after = settled(&survivors).await;
     let writes = settled_writes(offset, ring.ns.name()).await;
-    let by_parent = writes_by_parent(&writes, &ring.kind);
     assert_one_write_each(
-        &by_parent,
+        &writes,
+        &ring.kind,
         &names,
         &buckets,
         Some(&owners(&survivors, &after)),
@@ -629,8 +648,8 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     ring.converged(&names, "two").await;
     let replicas = [&a, &b, &c, &d];
     let four = settled(&replicas).await;
-    let writes = writes_by_parent(&settled_writes(offset, ring.ns.name()).await, &ring.kind);
-    assert_one_write_each(&writes, &names, &buckets, None);
+    let writes = settled_writes(offset, ring.ns.name()).await;
+    assert_one_write_each(&writes, &ring.kind, &names, &buckets, None);
     // Rendezvous hashing: a joining member takes buckets, the others gain none.
     for (old, new) in three.iter().zip(&four) {
         assert!(
@@ -653,9 +672,9 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     ring.edit(&names, "three").await;
     ring.converged(&names, "three").await;
     tokio::time::sleep(QUIET).await;
-    let writes = writes_by_parent(&settled_writes(offset, ring.ns.name()).await, &ring.kind);
+    let writes = settled_writes(offset, ring.ns.name()).await;
     let owners = owners(&replicas, &four);
-    assert_one_write_each(&writes, &names, &buckets, Some(&owners));
+    assert_one_write_each(&writes, &ring.kind, &names, &buckets, Some(&owners));
     let after = futures_counts(&replicas).await;
     let d_share = names.iter().filter(|n| owners[&buckets[*n]] == "d").count() as u64;
     assert_eq!(after[3] - before[3], d_share, "d wrote its share");
@@ -695,10 +714,10 @@ async fn sigterm_hands_a_replicas_buckets_over_in_seconds() {
     let status = leaving.exited(Duration::from_secs(10)).await;
     let survivors: Vec<&Replica> = all.iter().collect();
     settled(&survivors).await;
-    let writes = writes_by_parent(&settled_writes(offset, ring.ns.name()).await, &ring.kind);
+    let writes = settled_writes(offset, ring.ns.name()).await;
     // One write each; by a survivor, or by the leaving replica if the edit
     // reached it before it stopped.
-    assert_one_write_each(&writes, &orphans, &buckets, None);
+    assert_one_write_each(&writes, &ring.kind, &orphans, &buckets, None);
     eprintln!(
         "[shards] SIGTERM of the leader (15 s leases): its {} parents' edits converged {:.2} s after the signal",
         orphans.len(),
