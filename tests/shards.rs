@@ -78,7 +78,15 @@ impl Ring {
     async fn new(lease: &str, timings: &[&str]) -> Ring {
         let ns = support::namespace().await;
         let (kind, cleanup) = install_kind(&ns, "App").await;
-        let dir = tempfile::tempdir().expect("temp dir");
+        let mut dir = tempfile::tempdir().expect("temp dir");
+        // Debugging a failure: keep the replicas' logs with the namespace.
+        if std::env::var("TRELLIS_TEST_KEEP_NAMESPACES").as_deref() == Ok("1") {
+            dir.disable_cleanup(true);
+            eprintln!(
+                "[shards] keeping the replicas' logs in {}",
+                dir.path().display()
+            );
+        }
         std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
         std::fs::write(dir.path().join("rules/app.yaml"), kind.rule(RULE)).expect("rule file");
         let mut args = vec![
