@@ -95,6 +95,12 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
 /// the image), then wait for 2 Ready replicas and a Lease holder. Returns the
 /// Pods' names.
 async fn deploy(client: &Client) -> Vec<String> {
+    deploy_from(client, "examples/deploy", 2).await
+}
+
+/// [`deploy`] of the kustomization in `dir` (examples/deploy or an overlay
+/// of it), waiting for `replicas` Ready Pods.
+async fn deploy_from(client: &Client, dir: &str, replicas: usize) -> Vec<String> {
     let image = trellis_image();
     let (name, tag) = image.rsplit_once(':').expect("image NAME:TAG");
     for crd in ["webapp", "database", "tenant"] {
@@ -116,13 +122,11 @@ async fn deploy(client: &Client) -> Vec<String> {
         None,
     )
     .unwrap();
-    let overlay = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deploy-overlay");
+    let overlay = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{}-overlay", dir.rsplit('/').next().unwrap_or(dir)));
     std::fs::create_dir_all(&overlay).unwrap();
     let overlay = overlay.canonicalize().unwrap();
-    let base = relative(
-        &overlay,
-        &repo().join("examples/deploy").canonicalize().unwrap(),
-    );
+    let base = relative(&overlay, &repo().join(dir).canonicalize().unwrap());
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
@@ -142,7 +146,7 @@ async fn deploy(client: &Client) -> Vec<String> {
         None,
     )
     .unwrap();
-    wait_ready_replicas(client, 2).await
+    wait_ready_replicas(client, replicas).await
 }
 
 async fn wait_ready_replicas(client: &Client, n: usize) -> Vec<String> {
@@ -811,4 +815,117 @@ async fn only_the_leader_writes_to_the_api_server() {
         managers.iter().any(|m| m == "trellis/webapp"),
         "field managers of the child: {managers:?}"
     );
+}
+
+/// A Pod's `/status` `shard` section: (generation, buckets, waiting, members).
+async fn shard_of(client: &Client, pod: &str) -> Result<(u64, Vec<u64>, usize, u64), String> {
+    let status = status_of(client, pod).await?;
+    let s = &status["shard"];
+    let numbers = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .collect()
+    };
+    if !s.is_object() {
+        return Err(format!("{pod}: no shard section in /status"));
+    }
+    Ok((
+        s["generation"].as_u64().unwrap_or(0),
+        numbers(&s["buckets"]),
+        numbers(&s["waiting"]).len(),
+        s["members"].as_u64().unwrap_or(0),
+    ))
+}
+
+#[tokio::test]
+async fn examples_deploy_shards_runs_three_working_replicas_whose_buckets_cover_256_once() {
+    let _turn = DEPLOY.lock().await;
+    let client = support::client().await;
+    let started = Instant::now();
+    let pods = deploy_from(&client, "examples/deploy-shards", 3).await;
+    let split = support::eventually(
+        "3 replicas with disjoint buckets covering 0..255",
+        WAIT,
+        || async {
+            let mut shards = Vec::new();
+            for pod in &pods {
+                shards.push(shard_of(&client, pod).await?);
+            }
+            let generations: std::collections::BTreeSet<u64> = shards.iter().map(|s| s.0).collect();
+            let mut all: Vec<u64> = shards.iter().flat_map(|s| s.1.clone()).collect();
+            all.sort_unstable();
+            let settled = generations.len() == 1
+                && shards.iter().all(|s| s.2 == 0 && s.3 == 3)
+                && all == (0..256).collect::<Vec<u64>>();
+            if settled {
+                Ok(shards.iter().map(|s| s.1.len()).collect::<Vec<_>>())
+            } else {
+                Err(format!("{shards:?}"))
+            }
+        },
+    )
+    .await;
+    println!(
+        "[deploy] examples/deploy-shards: 3 Ready replicas, buckets {split:?}, {:?} after apply",
+        started.elapsed()
+    );
+    // Each Pod works: every one has buckets and says so in its gauge.
+    for (pod, n) in pods.iter().zip(&split) {
+        let metrics = pod_proxy_get(&client, NS, pod, 8080, "/metrics")
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains(&format!("trellis_shard_buckets {n}")),
+            "{pod}: no `trellis_shard_buckets {n}` in /metrics"
+        );
+    }
+    // A parent is served: its child carries its bucket.
+    let ns = support::namespace().await;
+    let parent: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "demo.trellis.dev/v1", "kind": "WebApp",
+        "metadata": {"name": "sharded"},
+        "spec": {"image": APP_IMAGE, "replicas": 0}
+    }))
+    .unwrap();
+    let created = webapps(&client, ns.name())
+        .patch(
+            "sharded",
+            &PatchParams::apply("trellis-tests"),
+            &Patch::Apply(&parent),
+        )
+        .await
+        .unwrap();
+    let bucket = trellis::shard::bucket_of(&created.uid().unwrap())
+        .0
+        .to_string();
+    let cms: Api<ConfigMap> = ns.api();
+    support::eventually("the sharded WebApp's config child", WAIT, || async {
+        let cm = cms.get("sharded-config").await.map_err(|e| e.to_string())?;
+        match cm.labels().get("trellis.dev/bucket") {
+            Some(b) if *b == bucket => Ok(()),
+            other => Err(format!("bucket label {other:?}, want {bucket}")),
+        }
+    })
+    .await;
+
+    // The default back: two replicas, one writer, no shard section.
+    let pods = deploy(&client).await;
+    for pod in &pods {
+        let status = status_of(&client, pod).await.unwrap();
+        assert!(
+            status["shard"].is_null(),
+            "{pod} still runs with shards: {}",
+            status["shard"]
+        );
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    leases
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("trellis.dev/ring=trellis"),
+        )
+        .await
+        .unwrap();
 }

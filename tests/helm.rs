@@ -313,6 +313,7 @@ fn all_options() -> Value {
         "image": {"repository": "registry.test/trellis", "tag": "v9", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "pull"}],
         "replicas": 3,
+        "shards": {"enabled": true},
         "concurrency": 7,
         "namespaces": ["a", "b"],
         "logFormat": "text",
@@ -344,6 +345,8 @@ fn the_values_schema_refuses_misspelt_mistyped_and_wildcard_values() {
     let wildcard = json!([{"apiGroups": ["*"], "resources": ["pods"], "verbs": ["get"]}]);
     for (values, says) in [
         (json!({"replica": 3}), "replica"),
+        (json!({"shards": {"enable": true}}), "enable"),
+        (json!({"shards": {"enabled": "yes"}}), "/shards/enabled"),
         (json!({"replicas": "two"}), "/replicas"),
         (json!({"logFormat": "xml"}), "/logFormat"),
         (json!({"rules": {"file": {}}}), "file"),
@@ -626,6 +629,33 @@ fn each_value_reaches_its_place() {
     assert!(find(&objects, "PodDisruptionBudget").is_none());
     let err = template(json!({"leaderElection": {"enabled": false}})).unwrap_err();
     assert!(err.contains("leaderElection"), "{err}");
+}
+
+#[test]
+fn shards_add_the_flag_to_leader_election_and_refuse_to_run_without_it() {
+    let off = args(&template(json!({})).unwrap());
+    assert!(!off.iter().any(|a| a == "--shards"), "{off:?}");
+    let objects = template(json!({"shards": {"enabled": true}, "replicas": 3})).unwrap();
+    assert_eq!(get(&objects, "Deployment")["spec"]["replicas"], 3);
+    let on = args(&objects);
+    for want in [
+        "--leader-elect",
+        "--leader-elect-lease-name=rel-trellis",
+        "--shards",
+    ] {
+        assert!(on.iter().any(|a| a == want), "no {want} in {on:?}");
+    }
+    // The member Leases are Leases like the leader's: the role has the verbs.
+    let role = get(&objects, "ClusterRole")["rules"].to_string();
+    assert!(role.contains("leases"), "{role}");
+    let err = template(
+        json!({"shards": {"enabled": true}, "replicas": 1, "leaderElection": {"enabled": false}}),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("shards.enabled") && err.contains("leaderElection.enabled"),
+        "{err}"
+    );
 }
 
 /// `charts/regenerate`, run as a user runs it after a rule change, in a copy
