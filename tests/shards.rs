@@ -14,366 +14,21 @@
 //! in-process operators: SIGKILL and SIGTERM need them.
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+#[path = "shards/ring.rs"]
+mod ring;
+
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use support::TestNamespace;
-use support::audit::{self, Write};
-use support::operator::{QUIET, TestKind, install_kind};
+use ring::*;
+use support::audit;
+use support::operator::QUIET;
 use support::process::Replica;
-use trellis::shard::bucket_of;
-
-/// One ConfigMap per parent, carrying the parent's `spec.v`; status mirrors it.
-const RULE: &str = r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: app
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-config" }}
-        data:
-          v: {{ spec.v }}
-  status:
-    fields:
-      - path: v
-        value: "spec.v"
-"#;
-
-/// Short timings for tests that wait for a member Lease to expire.
-const FAST: &[&str] = &[
-    "--leader-elect-lease-duration=4s",
-    "--leader-elect-renew-deadline=3s",
-    "--leader-elect-retry-period=1s",
-];
-
-/// Replicas settle, and parents converge, within this.
-const SETTLE: Duration = Duration::from_secs(60);
-
-/// A ring of replicas in one test's namespace, under one Lease name.
-struct Ring {
-    ns: TestNamespace,
-    kind: TestKind,
-    dir: tempfile::TempDir,
-    lease: String,
-    args: Vec<String>,
-    _cleanup: support::operator::Cleanup,
-}
-
-impl Ring {
-    async fn new(lease: &str, timings: &[&str]) -> Ring {
-        let ns = support::namespace().await;
-        let (kind, cleanup) = install_kind(&ns, "App").await;
-        let mut dir = tempfile::tempdir().expect("temp dir");
-        // Debugging a failure: keep the replicas' logs with the namespace.
-        if std::env::var("TRELLIS_TEST_KEEP_NAMESPACES").as_deref() == Ok("1") {
-            dir.disable_cleanup(true);
-            eprintln!(
-                "[shards] keeping the replicas' logs in {}",
-                dir.path().display()
-            );
-        }
-        std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
-        std::fs::write(dir.path().join("rules/app.yaml"), kind.rule(RULE)).expect("rule file");
-        let mut args = vec![
-            "--leader-elect".to_owned(),
-            "--shards".to_owned(),
-            format!("--leader-elect-lease-name={lease}"),
-        ];
-        args.extend(timings.iter().map(|t| t.to_string()));
-        Ring {
-            ns,
-            kind,
-            dir,
-            lease: lease.to_owned(),
-            args,
-            _cleanup: cleanup,
-        }
-    }
-
-    /// Starts replica `name`, writing as the user [`user`]`(name)`.
-    fn start(&self, name: &str) -> Replica {
-        let kubeconfig = audit::impersonating_kubeconfig(
-            &self.dir.path().join(format!("{name}.kubeconfig")),
-            &user(name),
-        );
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        Replica::start_with_kubeconfig(name, &self.ns, self.dir.path(), &args, Some(&kubeconfig))
-    }
-
-    async fn create(&self, names: &[String], v: &str) {
-        for name in names {
-            self.kind.create(&self.ns, name, json!({"v": v}), &[]).await;
-        }
-    }
-
-    async fn edit(&self, names: &[String], v: &str) {
-        for name in names {
-            self.kind
-                .patch(&self.ns, name, json!({"spec": {"v": v}}))
-                .await;
-        }
-    }
-
-    /// Parent name → its bucket, from its uid.
-    async fn buckets(&self) -> BTreeMap<String, u8> {
-        let parents = self.kind.api(&self.ns).list(&ListParams::default()).await;
-        parents
-            .expect("list parents")
-            .items
-            .iter()
-            .map(|p| (p.name_any(), bucket_of(&p.uid().expect("a uid")).0))
-            .collect()
-    }
-
-    /// Waits until every parent in `names` has its child with `v`, labelled
-    /// with the parent's bucket, and `status.v == v`.
-    async fn converged(&self, names: &[String], v: &str) {
-        let cms: Api<ConfigMap> = self.ns.api();
-        support::eventually(&format!("{} parents at v={v}", names.len()), SETTLE, || async {
-            let buckets = self.buckets().await;
-            let children = cms
-                .list(&ListParams::default().labels("trellis.dev/rule=app"))
-                .await
-                .map_err(|e| vec![e.to_string()])?;
-            let parents = self.kind.api(&self.ns).list(&ListParams::default()).await;
-            let parents = parents.map_err(|e| vec![e.to_string()])?;
-            let mut behind = Vec::new();
-            for name in names {
-                let child = children
-                    .items
-                    .iter()
-                    .find(|c| c.name_any() == format!("{name}-config"));
-                let data = child.and_then(|c| c.data.as_ref()?.get("v").cloned());
-                let label = child.and_then(|c| c.labels().get("trellis.dev/bucket").cloned());
-                let status = parents
-                    .items
-                    .iter()
-                    .find(|p| p.name_any() == *name)
-                    .map(|p| p.data["status"]["v"].clone());
-                let want_label = buckets.get(name).map(u8::to_string);
-                if data.as_deref() != Some(v) || status != Some(json!(v)) || label != want_label {
-                    behind.push(format!("{name}: child {data:?} bucket {label:?} (want {want_label:?}), status {status:?}"));
-                }
-            }
-            if behind.is_empty() { Ok(()) } else { Err(behind) }
-        })
-        .await;
-    }
-}
-
-/// The user replica `name` writes as.
-fn user(name: &str) -> String {
-    format!("shard-replica-{name}")
-}
-
-fn parent_names(n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("p{i:03}")).collect()
-}
-
-/// A replica's `/status` `shard` section.
-#[derive(Debug, Clone, PartialEq)]
-struct Shard {
-    member: String,
-    generation: u64,
-    buckets: BTreeSet<u8>,
-    waiting: BTreeSet<u8>,
-    members: u64,
-    leader: bool,
-}
-
-fn numbers(v: &Value) -> BTreeSet<u8> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b.as_u64().map(|b| b as u8))
-        .collect()
-}
-
-async fn shard(r: &Replica) -> Result<Shard, String> {
-    let status = r.status().await?;
-    let s = &status["shard"];
-    if !s.is_object() {
-        return Err(format!("{}: no shard section: {status}", r.name));
-    }
-    Ok(Shard {
-        member: s["member"].as_str().unwrap_or_default().to_owned(),
-        generation: s["generation"].as_u64().unwrap_or(0),
-        buckets: numbers(&s["buckets"]),
-        waiting: numbers(&s["waiting"]),
-        members: s["members"].as_u64().unwrap_or(0),
-        leader: status["leader"]["leader"] == true,
-    })
-}
-
-/// Waits until `replicas` agree on one generation with every one of them a
-/// member, nothing waiting, and buckets disjoint and covering all 256.
-async fn settled(replicas: &[&Replica]) -> Vec<Shard> {
-    support::eventually(
-        &format!("{} replicas settled", replicas.len()),
-        SETTLE,
-        || async {
-            let mut shards = Vec::new();
-            for r in replicas {
-                shards.push(shard(r).await?);
-            }
-            let generations: BTreeSet<u64> = shards.iter().map(|s| s.generation).collect();
-            let owned: usize = shards.iter().map(|s| s.buckets.len()).sum();
-            let union: BTreeSet<u8> = shards.iter().flat_map(|s| s.buckets.clone()).collect();
-            let settled = generations.len() == 1
-                && shards
-                    .iter()
-                    .all(|s| s.members == replicas.len() as u64 && s.waiting.is_empty())
-                && shards.iter().filter(|s| s.leader).count() == 1
-                && owned == 256
-                && union.len() == 256;
-            if settled {
-                Ok(shards)
-            } else {
-                Err(format!("{shards:?}"))
-            }
-        },
-    )
-    .await
-}
-
-/// Bucket → the name of the replica that owns it.
-fn owners(replicas: &[&Replica], shards: &[Shard]) -> BTreeMap<u8, String> {
-    let mut owners = BTreeMap::new();
-    for (r, s) in replicas.iter().zip(shards) {
-        for b in &s.buckets {
-            assert!(
-                owners.insert(*b, r.name.clone()).is_none(),
-                "bucket {b} owned twice: {shards:?}"
-            );
-        }
-    }
-    owners
-}
-
-/// Child creates, updates and deletes the process counted itself.
-async fn child_writes(r: &Replica) -> u64 {
-    let addr = r.addr.to_string();
-    let mut total = 0.0;
-    for op in ["create", "update", "delete"] {
-        let label = format!("op=\"{op}\"");
-        total += support::faults::metric(&addr, "trellis_child_operations", &[&label]).await;
-    }
-    total as u64
-}
-
-/// The audit log's writes of the children (ConfigMaps) and parent statuses
-/// in the ring's namespace, by replica: (parent name, "child" | "status") → writers.
-fn writes_by_parent(
-    writes: &[Write],
-    kind: &TestKind,
-) -> BTreeMap<(String, &'static str), Vec<String>> {
-    let mut out: BTreeMap<(String, &'static str), Vec<String>> = BTreeMap::new();
-    for w in writes
-        .iter()
-        .filter(|w| w.user.starts_with("shard-replica-"))
-    {
-        let replica = w.user.trim_start_matches("shard-replica-").to_owned();
-        // Children only: the leader also writes ConfigMaps of its own here
-        // (rule revisions in the operator's namespace).
-        if w.resource == "configmaps" && w.name.ends_with("-config") {
-            let parent = w.name.trim_end_matches("-config").to_owned();
-            out.entry((parent, "child")).or_default().push(replica);
-        } else if w.resource == kind.plural && w.subresource == "status" {
-            out.entry((w.name.clone(), "status"))
-                .or_default()
-                .push(replica);
-        }
-    }
-    out
-}
-
-/// Audit events land in batches: the writes after `offset` once their count
-/// (Lease renewals aside: they never stop) holds still for a second.
-async fn settled_writes(offset: u64, ns: &str) -> Vec<Write> {
-    let count = |writes: &[Write]| writes.iter().filter(|w| w.resource != "leases").count();
-    let started = Instant::now();
-    let mut last = count(&audit::writes_since(offset, ns));
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = audit::writes_since(offset, ns);
-        if count(&now) == last {
-            return now;
-        }
-        assert!(started.elapsed() < SETTLE, "writes keep coming: {now:?}");
-        last = count(&now);
-    }
-}
-
-/// Asserts that each parent in `names` had exactly one child write and one
-/// status write, and (with `owners`) that its bucket's owner sent both.
-fn assert_one_write_each(
-    raw: &[Write],
-    kind: &TestKind,
-    names: &[String],
-    buckets: &BTreeMap<String, u8>,
-    owners: Option<&BTreeMap<u8, String>>,
-) {
-    let writes = writes_by_parent(raw, kind);
-    let mut wrong = Vec::new();
-    for name in names {
-        for what in ["child", "status"] {
-            let writers = writes
-                .get(&(name.clone(), what))
-                .cloned()
-                .unwrap_or_default();
-            let owner = owners.map(|o| o[&buckets[name]].clone());
-            let ok = writers.len() == 1 && owner.as_ref().is_none_or(|o| writers[0] == *o);
-            if !ok {
-                wrong.push(format!(
-                    "{name} (bucket {}) {what}: written by {writers:?}, owner {owner:?}",
-                    buckets[name]
-                ));
-                let object = if what == "child" {
-                    format!("{name}-config")
-                } else {
-                    name.clone()
-                };
-                for w in raw
-                    .iter()
-                    .filter(|w| w.name == object && w.resource != "events")
-                {
-                    wrong.push(format!(
-                        "    {} {} {}/{} {} at {}",
-                        w.user, w.verb, w.resource, w.subresource, w.code, w.received
-                    ));
-                }
-            }
-        }
-    }
-    let others: Vec<_> = writes.keys().filter(|(n, _)| !names.contains(n)).collect();
-    assert!(
-        wrong.is_empty() && others.is_empty(),
-        "not one write per parent by its owner:\n{}\nother objects written: {others:?}",
-        wrong.join("\n")
-    );
-}
-
-fn lease_duration_gap(from: SystemTime, to: k8s_openapi::jiff::Timestamp) -> f64 {
-    let from = k8s_openapi::jiff::Timestamp::try_from(from).expect("a timestamp");
-    (to - from)
-        .total(k8s_openapi::jiff::Unit::Second)
-        .expect("seconds")
-}
 
 #[test]
 fn shards_without_leader_election_is_a_usage_error_naming_both_flags() {
@@ -519,7 +174,7 @@ async fn an_edit_of_every_parent_costs_one_child_write_each_sent_by_its_buckets_
         );
     }
     tokio::time::sleep(QUIET).await;
-    let before: Vec<u64> = futures_counts(&replicas).await;
+    let before: Vec<u64> = child_write_counts(&replicas).await;
 
     let edited = audit::offset();
     let started = Instant::now();
@@ -531,7 +186,7 @@ async fn an_edit_of_every_parent_costs_one_child_write_each_sent_by_its_buckets_
     assert_one_write_each(&writes, &ring.kind, &names, &buckets, Some(&owners));
 
     // Each process's own counter: exactly its share.
-    let after = futures_counts(&replicas).await;
+    let after = child_write_counts(&replicas).await;
     let mut split = Vec::new();
     for (i, r) in replicas.iter().enumerate() {
         let share = names
@@ -561,14 +216,6 @@ async fn an_edit_of_every_parent_costs_one_child_write_each_sent_by_its_buckets_
         shards,
         "the assignment changed during the test"
     );
-}
-
-async fn futures_counts(replicas: &[&Replica]) -> Vec<u64> {
-    let mut out = Vec::new();
-    for r in replicas {
-        out.push(child_writes(r).await);
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -619,7 +266,7 @@ async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
             w.resource == "configmaps"
                 && orphans.contains(&w.name.trim_end_matches("-config").to_owned())
         })
-        .map(|w| lease_duration_gap(at, w.received))
+        .map(|w| seconds_between(at, w.received))
         .fold(f64::MAX, f64::min);
     eprintln!(
         "[shards] SIGKILL of the leader (4 s leases): its {} parents' edits written from {first_orphan_write:.1} s \
@@ -675,7 +322,7 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     );
 
     // Settled: the next edit is written by the four owners, d its share.
-    let before = futures_counts(&replicas).await;
+    let before = child_write_counts(&replicas).await;
     let offset = audit::offset();
     ring.edit(&names, "three").await;
     ring.converged(&names, "three").await;
@@ -683,7 +330,7 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     let writes = settled_writes(offset, ring.ns.name()).await;
     let owners = owners(&replicas, &four);
     assert_one_write_each(&writes, &ring.kind, &names, &buckets, Some(&owners));
-    let after = futures_counts(&replicas).await;
+    let after = child_write_counts(&replicas).await;
     let d_share = names.iter().filter(|n| owners[&buckets[*n]] == "d").count() as u64;
     assert_eq!(after[3] - before[3], d_share, "d wrote its share");
     eprintln!(
