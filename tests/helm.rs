@@ -645,8 +645,9 @@ fn shards_add_the_flag_to_leader_election_and_refuse_to_run_without_it() {
     ] {
         assert!(on.iter().any(|a| a == want), "no {want} in {on:?}");
     }
-    // The member Leases are Leases like the leader's: the role has the verbs.
-    let role = get(&objects, "ClusterRole")["rules"].to_string();
+    // The member Leases live beside the leader's: the namespace's Role has
+    // their verbs.
+    let role = get(&objects, "Role")["rules"].to_string();
     assert!(role.contains("leases"), "{role}");
     let err = template(
         json!({"shards": {"enabled": true}, "replicas": 1, "leaderElection": {"enabled": false}}),
