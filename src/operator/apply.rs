@@ -103,8 +103,26 @@ pub(super) async fn apply_child(
     // Whether this parent's object is known to exist: a forced apply
     // (ours to overwrite) rather than an unforced one (maybe someone's).
     let mut ours = live.is_some();
-    if live.is_some() {
-        ctx.forget_created(&apply.key);
+    if let Some(live) = live {
+        match ctx.created_for(&apply.key) {
+            // The cache shows an older version than this process wrote
+            // moments ago: a relist (a watch restarted for new buckets, or
+            // after a 410) served before the write replaced the newer
+            // object. Writing again would send the same thing twice; the
+            // watch brings the write, and the pass looks again.
+            Some((uid, hash, true))
+                if uid == parent_uid
+                    && hash == apply.hash
+                    && live_render_hash(live) != Some(hash.as_str()) =>
+            {
+                return Ok(Applied {
+                    outcome: Outcome::Unseen,
+                    object: None,
+                });
+            }
+            Some(_) => ctx.forget_created(&apply.key),
+            None => {}
+        }
     } else if let Some((uid, hash, fresh)) = ctx.created_for(&apply.key) {
         // Made by this process moments ago; the cache has not seen it yet.
         if uid != parent_uid {
@@ -200,9 +218,8 @@ pub(super) async fn apply_child(
             .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
             .await
             .map_err(fail)?;
-        if live.is_none() {
-            ctx.remember_created(&apply.key, parent_uid, &apply.hash);
-        }
+        // Remembered until the cache shows it (see above).
+        ctx.remember_created(&apply.key, parent_uid, &apply.hash);
         let outcome = if live.is_some() {
             Outcome::Updated
         } else {
@@ -231,6 +248,7 @@ pub(super) async fn apply_child(
                 )
                 .await
                 .map_err(fail)?;
+            ctx.remember_created(&apply.key, parent_uid, &apply.hash);
             Ok(Applied::written(Outcome::Updated, written))
         }
         Err(source) => Err(fail(source)),

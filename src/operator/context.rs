@@ -50,9 +50,11 @@ pub struct RuleCtx {
     pub caches_ready: watch::Receiver<bool>,
     /// Cancelled when the rule's watches stop: nothing may wait past it.
     pub stop: tokio_util::sync::CancellationToken,
-    /// Children this process made, by key, with their parent's uid, until
-    /// the cache shows them: the next pass must not mistake one for
-    /// someone else's, nor let another parent take it.
+    /// Children this process wrote (made or updated), by key, with their
+    /// parent's uid and render hash, until the cache shows them as written:
+    /// the next pass must not mistake one for someone else's, let another
+    /// parent take it, nor write it again because a relist served before
+    /// the write put an older version back in the cache.
     pub created: Mutex<HashMap<ObjectKey, Created>>,
     /// Parent uid → the status this process last wrote and the parent's
     /// resourceVersion it was written over: until the parent cache moves
