@@ -8,6 +8,10 @@
 //! directory, watching its own namespace, which is also the operator's
 //! namespace (where the revision ConfigMaps live). A child shows the rule
 //! text that rendered it in `data.version`.
+//!
+//! `trellis rbac --from-cluster` is run here too, the real binary against
+//! a rollout held at a manual step, where the older version's child kind
+//! is still in use.
 mod support;
 
 #[path = "support/configmap_dir.rs"]
@@ -19,7 +23,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -639,4 +643,170 @@ async fn on(replica: &support::process::Replica, rule: &str, state: &str) -> Val
         }
     })
     .await
+}
+
+/// A rule whose one child is of `child_kind` (`ConfigMap` or `Secret`),
+/// named `<parent>-<suffix>`, with a manual first step at 50%.
+fn one_child_rule(kind: &TestKind, rule: &str, child_kind: &str, suffix: &str) -> String {
+    let data = match child_kind {
+        // The text differs with the kind, so each is a version of its own.
+        "Secret" => "type: Opaque\n        data:\n          kind: U2VjcmV0",
+        _ => "data:\n          kind: ConfigMap",
+    };
+    kind.rule(&format!(
+        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {rule}\nspec:\n  parent:\n    apiVersion: @API_VERSION@\n    kind: @KIND@\n  children:\n    - id: only\n      apiVersion: v1\n      kind: {child_kind}\n      template: |\n        metadata:\n          name: {{{{ parent.metadata.name ~ \"-{suffix}\" }}}}\n        {data}\n  rollout:\n    steps:\n      - percent: 50\n        pause: manual\n"
+    ))
+}
+
+/// `trellis rbac --rules <rules> --operator-namespace <ns> [extra]`, the
+/// binary, on the test cluster: exit code, printed documents, stderr.
+async fn rbac_cli(
+    ns: &TestNamespace,
+    rules: &std::path::Path,
+    extra: &[&str],
+) -> (Option<i32>, Vec<Value>, String) {
+    let kubeconfig = support::cluster()
+        .kubeconfig_path
+        .clone()
+        .expect("a kubeconfig file");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
+    command
+        .arg("rbac")
+        .arg("--rules")
+        .arg(rules)
+        .args(["--operator-namespace", ns.name()])
+        .args(extra)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("TRELLIS_OPERATOR_NAMESPACE");
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("run trellis rbac");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let documents = serde_saphyr::from_multiple::<Value>(&stdout)
+        .unwrap_or_else(|e| panic!("trellis rbac {extra:?} printed no YAML: {e}\n{stdout}"))
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect();
+    (
+        out.status.code(),
+        documents,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether the operator's ClusterRole (the first document) grants `verb`
+/// on `resource` of the core group.
+fn cluster_role_grants(documents: &[Value], resource: &str, verb: &str) -> bool {
+    let role = &documents[0];
+    assert_eq!(role["kind"], "ClusterRole", "{role}");
+    role["rules"].as_array().into_iter().flatten().any(|r| {
+        let has = |field: &str, want: &str| {
+            r[field]
+                .as_array()
+                .is_some_and(|items| items.iter().any(|i| i == want))
+        };
+        has("apiGroups", "") && has("resources", resource) && has("verbs", verb)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_from_cluster_covers_the_older_version_a_rollout_still_runs() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("rbac");
+    let cms: Api<ConfigMap> = ns.api();
+    let secrets: Api<Secret> = ns.api();
+    let mut rules = ConfigMapDir::new(&[(
+        "app.yaml",
+        &one_child_rule(&app, &rule, "ConfigMap", "config"),
+    )]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    for p in ["p0", "p1"] {
+        app.create(&ns, p, json!({"greeting": "hi"}), &[]).await;
+    }
+    let first = running
+        .wait_rollout(&rule, "the first version kept", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+    support::eventually("both parents' ConfigMaps", WAIT, || async {
+        let n = children(&cms, &rule).await.len();
+        if n == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+
+    // The new version writes a Secret instead; one parent of two moves,
+    // then the rollout holds: both versions are live.
+    rules.update(&[("app.yaml", &one_child_rule(&app, &rule, "Secret", "secret"))]);
+    let paused = running
+        .wait_rollout(&rule, "paused at the manual step", |r| {
+            r["state"] == "Paused" && r["to"] != first["to"] && r["moved"] == 1
+        })
+        .await;
+    let old = paused["from"].as_str().expect("from").to_owned();
+    let new = paused["to"].as_str().expect("to").to_owned();
+    assert_eq!(old, first["to"], "{paused}");
+    support::eventually("a Secret for the moved parent", WAIT, || async {
+        let moved: Vec<Secret> = children(&secrets, &rule).await;
+        if moved.len() == 1 {
+            Ok(())
+        } else {
+            Err(moved.len())
+        }
+    })
+    .await;
+    let staying = children(&cms, &rule).await;
+    assert_eq!(
+        staying.len(),
+        1,
+        "one parent still on the ConfigMap version: {:?}",
+        staying.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    );
+
+    // With --from-cluster: the old version's kind is granted beside the
+    // new one's, and stderr names the revision read back.
+    let (code, documents, stderr) = rbac_cli(&ns, &rules.path(), &["--from-cluster"]).await;
+    assert_eq!(code, Some(0), "stderr:\n{stderr}");
+    for verb in ["get", "list", "watch", "create", "patch", "delete"] {
+        assert!(
+            cluster_role_grants(&documents, "configmaps", verb),
+            "the old version's ConfigMaps ({verb}) not granted:\n{}\nstderr:\n{stderr}",
+            documents[0]
+        );
+        assert!(
+            cluster_role_grants(&documents, "secrets", verb),
+            "the new version's Secrets ({verb}) not granted:\n{}",
+            documents[0]
+        );
+    }
+    let covered = format!(
+        "rule {rule}: covers live revision {old} (ConfigMap {}/trellis-revision-{rule}-{old}) beside the version on disk ({new})",
+        ns.name()
+    );
+    assert!(stderr.contains(&covered), "want {covered:?} in:\n{stderr}");
+    assert!(!stderr.contains("note:"), "stderr:\n{stderr}");
+
+    // Without it: the rules on disk only (no ConfigMaps in the ClusterRole:
+    // the revision ConfigMaps are granted in the Role, not here), and a
+    // note naming the rule it cannot vouch for.
+    let (code, documents, stderr) = rbac_cli(&ns, &rules.path(), &[]).await;
+    assert_eq!(code, Some(0), "stderr:\n{stderr}");
+    assert!(
+        cluster_role_grants(&documents, "secrets", "create"),
+        "{}",
+        documents[0]
+    );
+    assert!(
+        !cluster_role_grants(&documents, "configmaps", "get"),
+        "the disk's version has no ConfigMap child:\n{}",
+        documents[0]
+    );
+    assert!(
+        stderr.contains(&format!("note: rules with rollout: ({rule})"))
+            && stderr.contains("--from-cluster"),
+        "stderr:\n{stderr}"
+    );
+    assert!(!stderr.contains(&old), "stderr:\n{stderr}");
+    running.operator.stop().await;
 }
