@@ -1,8 +1,9 @@
 //! The binary as a production user meets it, no cluster needed: a metrics
 //! address that cannot be bound is a startup error, printing commands end
 //! quietly when their reader goes away (`trellis rbac | head`), `check`
-//! refuses a rule that can never apply, and `run` refuses a set in which
-//! nothing validates.
+//! refuses a rule that can never apply, `run` refuses a set in which
+//! nothing validates, and `rbac --from-cluster` fails plainly, printing no
+//! partial roles, when it cannot reach a cluster.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -252,4 +253,67 @@ fn run_refuses_a_set_in_which_nothing_validates() {
         stderr.contains("no rule in the rule set validates"),
         "stderr:\n{stderr}"
     );
+}
+
+/// A rule with `rollout:`, so `rbac --from-cluster` has revisions to read.
+const STAGED: &str = "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: staged\nspec:\n  parent:\n    apiVersion: demo.trellis.dev/v1\n    kind: App\n  children:\n    - id: s\n      apiVersion: v1\n      kind: Secret\n      template: 'metadata: {name: x}'\n  rollout:\n    steps:\n      - percent: 50\n        pause: manual\n";
+
+#[test]
+fn rbac_from_cluster_without_a_reachable_cluster_is_an_error_and_prints_no_roles() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    std::fs::write(rules.join("staged.yaml"), STAGED).expect("write rule");
+    // A port nobody listens on: the connection is refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let refused = dir.path().join("refused");
+    std::fs::write(
+        &refused,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}'}}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"),
+    )
+    .expect("write kubeconfig");
+    let cases = [
+        (
+            refused,
+            "error: --from-cluster: cannot list the revision ConfigMaps of rule staged in namespace ops",
+        ),
+        (
+            dir.path().join("missing"),
+            "error: --from-cluster: cannot build a Kubernetes client (KUBECONFIG or in-cluster config)",
+        ),
+    ];
+    for (kubeconfig, want) in cases {
+        let mut cmd = trellis();
+        cmd.args([
+            "rbac",
+            "--from-cluster",
+            "--operator-namespace",
+            "ops",
+            "--rules",
+        ])
+        .arg(&rules)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST");
+        let out = run_within(cmd, Duration::from_secs(20));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{kubeconfig:?}: stderr:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(want),
+            "{kubeconfig:?}: want {want:?} in:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "stderr:\n{stderr}");
+        // Roles that leave out a live version must not reach `kubectl apply`.
+        assert!(
+            out.stdout.is_empty(),
+            "{kubeconfig:?}: printed\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }
