@@ -224,8 +224,12 @@ struct Member {
 /// What this replica sees of the ring.
 #[derive(Default)]
 struct View {
-    /// Member Leases by name.
+    /// Member Leases by name, as of the last complete list and the events since.
     members: BTreeMap<String, Lease>,
+    /// A (re)list under way: taken as `members` once complete.
+    listing: Option<BTreeMap<String, Lease>>,
+    /// The member Leases were listed at least once.
+    listed: bool,
     /// As last published on the leader's Lease.
     assignment: Option<Assignment>,
 }
@@ -251,27 +255,42 @@ impl Member {
                 _ = tick.tick() => renew = true,
                 _ = self.shards.pass_ended.notified() => {}
                 event = members.next() => match event {
-                    Some(Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l))) => {
+                    Some(Ok(watcher::Event::Apply(l))) => {
                         view.members.insert(l.name_any(), l);
                     }
                     Some(Ok(watcher::Event::Delete(l))) => {
                         view.members.remove(&l.name_any());
                     }
-                    Some(Ok(watcher::Event::Init)) => view.members.clear(),
-                    Some(Ok(watcher::Event::InitDone)) => {}
+                    // A (re)list is taken whole, never decided on halfway:
+                    // a leader acting on a half-listed ring would publish
+                    // an assignment without the members not listed yet.
+                    Some(Ok(watcher::Event::Init)) => view.listing = Some(BTreeMap::new()),
+                    Some(Ok(watcher::Event::InitApply(l))) => {
+                        view.listing.get_or_insert_with(BTreeMap::new).insert(l.name_any(), l);
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        view.members = view.listing.take().unwrap_or_default();
+                        view.listed = true;
+                    }
                     Some(Err(err)) => debug!("shards: watching member Leases: {err}"),
                     None => members = futures::stream::pending().boxed(),
                 },
                 event = leader.next() => match event {
                     Some(Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l))) => {
-                        view.assignment = published(&l);
+                        // Only forward: an event older than this leader's
+                        // own last publication must not take it back.
+                        if let Some(a) = published(&l)
+                            && view.assignment.as_ref().is_none_or(|c| a.generation >= c.generation)
+                        {
+                            view.assignment = Some(a);
+                        }
                     }
                     Some(Ok(_)) => {}
                     Some(Err(err)) => debug!("shards: watching Lease {}: {err}", s.lease_name),
                     None => leader = futures::stream::pending().boxed(),
                 },
             }
-            if self.leader.may_write() {
+            if self.leader.may_write() && view.listed && view.listing.is_none() {
                 self.lead(&mut view).await;
             }
             self.step(&view);
@@ -324,6 +343,20 @@ impl Member {
     /// changed, and delete member Leases long dead.
     async fn lead(&self, view: &mut View) {
         let now = SystemTime::now();
+        // Our own renewals come back through the same watch: when the last
+        // one seen is older than a lease duration, the watch lags (a loaded
+        // API server) and every other member would look expired too.
+        let fresh = view
+            .members
+            .get(&self.name)
+            .and_then(|l| member_of(l, self.settings.lease_duration))
+            .is_some_and(|me| is_live(&me, now));
+        if !fresh {
+            debug!(
+                "shards: the member Leases as seen are stale (our own renewal is not in): no decision"
+            );
+            return;
+        }
         let live: Vec<String> = view
             .members
             .values()
