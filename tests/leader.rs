@@ -24,39 +24,7 @@ use serde_json::json;
 
 use support::TestNamespace;
 use support::operator::{QUIET, TestKind, WAIT, config_data, install_kind, wait_data};
-use support::process::Replica;
-
-/// One ConfigMap per parent, carrying the parent's `spec.v`; status mirrors it.
-const RULE: &str = r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: app
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-config" }}
-        data:
-          v: {{ spec.v }}
-  status:
-    fields:
-      - path: v
-        value: "spec.v"
-"#;
-
-/// Short timings for tests that wait for a lease to expire.
-const FAST: &[&str] = &[
-    "--leader-elect-lease-duration=4s",
-    "--leader-elect-renew-deadline=3s",
-    "--leader-elect-retry-period=1s",
-];
+use support::process::{FAST, RULE, Replica};
 
 /// The rules directory, a parent kind, and the cleanup guard.
 async fn setup(ns: &TestNamespace) -> (tempfile::TempDir, TestKind, support::operator::Cleanup) {

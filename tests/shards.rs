@@ -228,13 +228,7 @@ async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
     ring.converged(&names, "one").await;
     let buckets = ring.buckets().await;
     // The leader is the hardest to lose: the assignment itself must move too.
-    let victim = shards.iter().position(|s| s.leader).expect("a leader");
-    let lost = shards[victim].buckets.clone();
-    let orphans: Vec<String> = names
-        .iter()
-        .filter(|n| lost.contains(&buckets[*n]))
-        .cloned()
-        .collect();
+    let (victim, orphans) = leader_and_its_parents(&shards, &names, &buckets);
     assert!(
         !orphans.is_empty(),
         "the victim owns some of the 30 parents"
@@ -349,13 +343,7 @@ async fn sigterm_hands_a_replicas_buckets_over_in_seconds() {
     ring.create(&names, "one").await;
     ring.converged(&names, "one").await;
     let buckets = ring.buckets().await;
-    let victim = shards.iter().position(|s| s.leader).expect("a leader");
-    let lost = shards[victim].buckets.clone();
-    let orphans: Vec<String> = names
-        .iter()
-        .filter(|n| lost.contains(&buckets[*n]))
-        .cloned()
-        .collect();
+    let (victim, orphans) = leader_and_its_parents(&shards, &names, &buckets);
     let mut leaving = all.remove(victim);
     // Let the others settle into waiting on the leader's Lease.
     tokio::time::sleep(Duration::from_secs(3)).await;

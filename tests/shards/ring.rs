@@ -15,39 +15,8 @@ use support::TestNamespace;
 use support::audit::{self, Write};
 use support::operator::{TestKind, install_kind};
 use support::process::Replica;
+pub use support::process::{FAST, RULE};
 use trellis::shard::bucket_of;
-
-/// One ConfigMap per parent, carrying the parent's `spec.v`; status mirrors it.
-pub const RULE: &str = r#"
-apiVersion: trellis.dev/v1alpha1
-kind: Rule
-metadata:
-  name: app
-spec:
-  parent:
-    apiVersion: @API_VERSION@
-    kind: @KIND@
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata:
-          name: {{ parent.metadata.name ~ "-config" }}
-        data:
-          v: {{ spec.v }}
-  status:
-    fields:
-      - path: v
-        value: "spec.v"
-"#;
-
-/// Short timings for tests that wait for a member Lease to expire.
-pub const FAST: &[&str] = &[
-    "--leader-elect-lease-duration=4s",
-    "--leader-elect-renew-deadline=3s",
-    "--leader-elect-retry-period=1s",
-];
 
 /// Replicas settle, and parents converge, within this.
 pub const SETTLE: Duration = Duration::from_secs(60);
@@ -206,6 +175,21 @@ pub async fn shard(r: &Replica) -> Result<Shard, String> {
         members: s["members"].as_u64().unwrap_or(0),
         leader: status["leader"]["leader"] == true,
     })
+}
+
+/// The leader's index among `shards`, and the parents (of `names`) in its buckets.
+pub fn leader_and_its_parents(
+    shards: &[Shard],
+    names: &[String],
+    buckets: &BTreeMap<String, u8>,
+) -> (usize, Vec<String>) {
+    let leader = shards.iter().position(|s| s.leader).expect("a leader");
+    let parents = names
+        .iter()
+        .filter(|n| shards[leader].buckets.contains(&buckets[*n]))
+        .cloned()
+        .collect();
+    (leader, parents)
 }
 
 /// Waits until `replicas` agree on one generation with every one of them a

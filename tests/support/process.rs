@@ -12,6 +12,39 @@ use serde_json::Value;
 use super::TestNamespace;
 use super::operator::WAIT;
 
+/// The rule of the multi-process tests (leader election, shards).
+/// One ConfigMap per parent, carrying the parent's `spec.v`; status mirrors it.
+pub const RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: app
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-config" }}
+        data:
+          v: {{ spec.v }}
+  status:
+    fields:
+      - path: v
+        value: "spec.v"
+"#;
+
+/// Short lease timings for tests that wait for a Lease to expire.
+pub const FAST: &[&str] = &[
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=3s",
+    "--leader-elect-retry-period=1s",
+];
+
 /// A `trellis run` process, killed when dropped.
 pub struct Replica {
     pub name: String,
