@@ -371,29 +371,8 @@ impl Member {
             .assignment
             .clone()
             .unwrap_or_else(|| Assignment::new(0, Vec::new()));
-        let next = current.next(live);
-        if next != current {
-            let patch =
-                json!({"metadata": {"annotations": {ANNOTATION_ASSIGNMENT: next.to_annotation()}}});
-            match self
-                .api
-                .patch(
-                    &self.settings.lease_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => {
-                    info!(
-                        generation = next.generation,
-                        members = %next.members.join(","),
-                        "shards: published a new assignment"
-                    );
-                    view.assignment = Some(next);
-                }
-                Err(err) => warn!("shards: cannot publish the assignment: {err}"),
-            }
+        if current.next(live.clone()) != current {
+            self.publish_next(view, live).await;
         }
         // A member gone for ten lease durations, and not in the assignment,
         // is only clutter: its Lease goes.
@@ -449,6 +428,56 @@ impl Member {
         let generation = super::lock(&self.shards.handover).generation();
         self.renew(Some(generation), true).await;
         info!(lease = %self.name, "shards: member Lease released: the others take over at once");
+    }
+
+    /// Publishes the next assignment over exactly the one the Lease holds:
+    /// read, then written with that resourceVersion, so a generation is
+    /// never published twice with different members (by a leader whose
+    /// watch lags, or by two leaders in a handover). A conflict is retried
+    /// on the next turn of the loop.
+    async fn publish_next(&self, view: &mut View, live: Vec<String>) {
+        let lease = match self.api.get(&self.settings.lease_name).await {
+            Ok(lease) => lease,
+            Err(err) => {
+                warn!(
+                    "shards: cannot read Lease {}: {err}",
+                    self.settings.lease_name
+                );
+                return;
+            }
+        };
+        let there = published(&lease).unwrap_or_else(|| Assignment::new(0, Vec::new()));
+        let next = there.next(live);
+        if next == there {
+            view.assignment = Some(there);
+            return;
+        }
+        let patch = json!({"metadata": {
+            "resourceVersion": lease.resource_version(),
+            "annotations": {ANNOTATION_ASSIGNMENT: next.to_annotation()},
+        }});
+        match self
+            .api
+            .patch(
+                &self.settings.lease_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(
+                    generation = next.generation,
+                    members = %next.members.join(","),
+                    "shards: published a new assignment"
+                );
+                view.assignment = Some(next);
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                debug!("shards: the Lease changed while publishing the assignment; trying again")
+            }
+            Err(err) => warn!("shards: cannot publish the assignment: {err}"),
+        }
     }
 
     /// Renews our member Lease (and publishes `ack`); `released` gives it up.
