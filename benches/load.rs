@@ -68,13 +68,13 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use common::{OperatorProcess, Requests, RssSampler, env_number, mib};
+use common::{OperatorProcess, Requests, RssSampler, delete_namespace, env_number, mib};
 use support::operator::{Cleanup, TestKind};
 
 const RULE: &str = "load";
@@ -295,28 +295,6 @@ fn list(var: &str, default: &str) -> Vec<String> {
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
         .collect()
-}
-
-/// Deletes the namespace and waits until it is gone, so that its deletion
-/// is not counted in the next run.
-async fn delete_namespace(client: &Client, ns: support::TestNamespace) {
-    let name = ns.name.clone();
-    drop(ns);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(300) {
-        match namespaces.get_opt(&name).await {
-            Ok(None) => {
-                eprintln!(
-                    "[load] namespace {name} gone after {:.1} s",
-                    start.elapsed().as_secs_f64()
-                );
-                return;
-            }
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-    eprintln!("[load] namespace {name} still there after 300 s; going on");
 }
 
 /// Creates the parents `names` 32 at a time; each created parent's name and

@@ -14,7 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kube::Client;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, Client};
+
+pub mod audit;
 
 /// A number from the environment, or `default`.
 pub fn env_number(name: &str, default: u64) -> u64 {
@@ -25,6 +28,42 @@ pub fn env_number(name: &str, default: u64) -> u64 {
             .unwrap_or_else(|e| panic!("{name}={v:?}: not a number: {e}")),
         Err(_) => default,
     }
+}
+
+/// The load average over the last minute, five and fifteen minutes, as
+/// `/proc/loadavg` says (`5.31 5.25 3.85`): printed beside each figure, the
+/// machine being shared.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// Deletes the namespace and waits until it is gone, so that its deletion
+/// is not counted in the next run.
+pub async fn delete_namespace(client: &Client, ns: super::support::TestNamespace) {
+    let name = ns.name.clone();
+    drop(ns);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(300) {
+        match namespaces.get_opt(&name).await {
+            Ok(None) => {
+                eprintln!(
+                    "[bench] namespace {name} gone after {:.1} s",
+                    start.elapsed().as_secs_f64()
+                );
+                return;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    eprintln!("[bench] namespace {name} still there after 300 s; going on");
 }
 
 /// `cargo build --release --bin trellis`, returning the binary's path; or
