@@ -371,11 +371,22 @@ struct Run {
     settle: Duration,
     generation: u64,
     phases: Vec<Phase>,
-    /// Per replica: name, buckets at the start, VmHWM (kB) at converge and
-    /// at the end (or when killed).
-    memory: Vec<(String, usize, u64, u64)>,
+    memory: Vec<Memory>,
     load_start: String,
     problems: Vec<String>,
+}
+
+/// One replica's memory, in kB.
+struct Memory {
+    name: String,
+    /// Buckets it held once the ring first settled (none for the joiner).
+    buckets: usize,
+    /// VmRSS once the ring settled, before any parent: the base.
+    settled_kb: Option<u64>,
+    /// VmHWM when every parent had converged.
+    converge_kb: Option<u64>,
+    /// VmHWM at the end of the run (when killed, just before).
+    end_kb: u64,
 }
 
 fn parent(resource: &ApiResource, ns: &str, name: &str, i: usize) -> DynamicObject {
@@ -440,6 +451,10 @@ async fn run(binary: &Path, client: &Client, kind: &TestKind, s: &Settings, coun
     let buckets: Vec<usize> = views
         .iter()
         .map(|v| v.as_ref().map_or(0, |v| v.buckets.len()))
+        .collect();
+    let rss_settled: Vec<u64> = replicas
+        .iter()
+        .map(|r| common::proc_status_kb(r.op.pid(), "VmRSS").unwrap_or(0))
         .collect();
     eprintln!(
         "[shards] ring settled {:.2} s after spawn: generation {generation}, buckets {buckets:?}",
@@ -560,12 +575,13 @@ async fn run(binary: &Path, client: &Client, kind: &TestKind, s: &Settings, coun
     let mut memory = Vec::new();
     for (i, r) in replicas.iter_mut().enumerate() {
         r.counters().await;
-        memory.push((
-            r.name.clone(),
-            buckets.get(i).copied().unwrap_or(0),
-            hwm_converge.get(i).copied().unwrap_or(0),
-            r.hwm_kb,
-        ));
+        memory.push(Memory {
+            name: r.name.clone(),
+            buckets: buckets.get(i).copied().unwrap_or(0),
+            settled_kb: rss_settled.get(i).copied(),
+            converge_kb: hwm_converge.get(i).copied(),
+            end_kb: r.hwm_kb,
+        });
     }
     for r in replicas.iter_mut() {
         if let Err(e) = r.terminate() {

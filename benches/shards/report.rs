@@ -67,29 +67,37 @@ impl Run {
                 let _ = writeln!(out, "    {}", p.detail);
             }
             for (name, c) in &p.done {
-                let passes = c.reconciles.max(1.0);
+                let per_pass = if c.reconciles > 0.0 {
+                    format!("{:.2} ms", c.cpu * 1000.0 / c.reconciles)
+                } else {
+                    "-".to_owned()
+                };
                 let _ = writeln!(
                     out,
-                    "    {name}: {} creates + {} updates by its child counter; {} passes, {:.2} ms CPU per pass; {}",
+                    "    {name}: {} creates + {} updates by its child counter; {} passes, CPU {:.2} s ({per_pass} per pass); {}",
                     c.child_creates,
                     c.child_updates,
                     c.reconciles,
-                    c.cpu * 1000.0 / passes,
+                    c.cpu,
                     c.requests.on(RESOURCES).describe()
                 );
             }
         }
         let _ = writeln!(
             out,
-            "{:<26} {:>8} {:>16} {:>12}",
-            "replica", "buckets", "VmHWM converge", "VmHWM end"
+            "{:<26} {:>8} {:>16} {:>16} {:>12}",
+            "replica", "buckets", "VmRSS settled", "VmHWM converge", "VmHWM end"
         );
-        for (name, buckets, at_converge, end) in &self.memory {
+        let shown = |kb: Option<u64>| kb.map_or("-".to_owned(), |kb| format!("{:.1} MiB", mib(kb)));
+        for m in &self.memory {
             let _ = writeln!(
                 out,
-                "{name:<26} {buckets:>8} {:>12.1} MiB {:>8.1} MiB",
-                mib(*at_converge),
-                mib(*end)
+                "{:<26} {:>8} {:>16} {:>16} {:>8.1} MiB",
+                m.name,
+                m.buckets,
+                shown(m.settled_kb),
+                shown(m.converge_kb),
+                mib(m.end_kb)
             );
         }
         let _ = writeln!(
@@ -130,7 +138,7 @@ pub fn summary(runs: &[Run]) -> String {
         let hwm: Vec<String> = r
             .memory
             .iter()
-            .map(|(_, _, _, end)| format!("{:.1}", mib(*end)))
+            .map(|m| format!("{:.1}", mib(m.end_kb)))
             .collect();
         let dups: i64 = r
             .phases

@@ -179,7 +179,9 @@ fn sum(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        // An empty sum is -0.0: printed as "-0".
+        .sum::<f64>()
+        + 0.0
 }
 
 /// The ring as the live replicas see it, once it has settled: every live
