@@ -24,7 +24,10 @@ pub struct Mark {
 pub struct Writes {
     /// Object name → write requests (any verb that changes something).
     pub by_name: BTreeMap<String, u64>,
-    /// Of those, refused by the API server (code ≥ 400).
+    /// Object name → those the API server answered with success (2xx).
+    pub ok_by_name: BTreeMap<String, u64>,
+    /// Write requests refused (code ≥ 400), e.g. cancelled by a SIGKILL
+    /// while in flight (504): such a write may or may not have landed.
     pub refused: u64,
     /// Whether the log rotated between the mark and the read (the count
     /// then also read the rotated file).
@@ -34,6 +37,12 @@ pub struct Writes {
 impl Writes {
     pub fn total(&self) -> u64 {
         self.by_name.values().sum()
+    }
+
+    /// Objects the API server accepted a write for more than once: every
+    /// write beyond the first.
+    pub fn repeated(&self) -> u64 {
+        self.ok_by_name.values().map(|&n| n.saturating_sub(1)).sum()
     }
 }
 
@@ -98,8 +107,9 @@ pub fn writes_since(
                 continue;
             }
             *out.by_name.entry(name.to_owned()).or_default() += 1;
-            if event["responseStatus"]["code"].as_u64().unwrap_or(0) >= 400 {
-                out.refused += 1;
+            match event["responseStatus"]["code"].as_u64().unwrap_or(0) {
+                200..=299 => *out.ok_by_name.entry(name.to_owned()).or_default() += 1,
+                _ => out.refused += 1,
             }
         }
     }

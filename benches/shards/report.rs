@@ -21,20 +21,21 @@ impl Run {
         );
         let _ = writeln!(
             out,
-            "{:<17} {:>9} {:>7} {:>8} {:>5} {:>5} {:>7} {:>7}  {:<24} {:<30} load before -> after",
+            "{:<17} {:>9} {:>7} {:>8} {:>5} {:>5} {:>7} {:>7} {:>7}  {:<24} {:<30} load before -> after",
             "phase",
             "time",
             "child-w",
             "expected",
+            "extra",
             "dup",
-            "audit",
+            "refused",
             "status",
             "events",
             "child-w per replica",
             "CPU s per replica",
         );
         for p in &self.phases {
-            let (dup, audited) = p.duplicates();
+            let (extra, dup) = p.duplicates();
             let per: Vec<String> = p
                 .done
                 .iter()
@@ -49,13 +50,16 @@ impl Run {
             let events: u64 = p.done.iter().map(|(_, c)| c.event_writes()).sum();
             let _ = writeln!(
                 out,
-                "{:<17} {:>8.2}s {:>7} {:>8} {:>5} {:>5} {:>7} {:>7}  {:<24} {:<30} {} -> {}",
+                "{:<17} {:>8.2}s {:>7} {:>8} {:>5} {:>5} {:>7} {:>7} {:>7}  {:<24} {:<30} {} -> {}",
                 p.what,
                 p.took.as_secs_f64(),
                 p.operator_child_writes(),
                 p.expected,
-                dup,
-                audited.map_or("-".to_owned(), |a| a.to_string()),
+                extra,
+                dup.map_or("-".to_owned(), |d| d.to_string()),
+                p.audit
+                    .as_ref()
+                    .map_or("-".to_owned(), |a| a.refused.to_string()),
                 status,
                 events,
                 per.join(" / "),
@@ -103,7 +107,8 @@ impl Run {
         let _ = writeln!(
             out,
             "(child-w: write requests on the ConfigMaps by the replicas' own counts; expected: one per changed child; \
-             dup: child-w - expected; audit: the API server's audit log's count - expected; status/events: writes on \
+             extra: child-w - expected; dup: writes the API server accepted beyond one per changed child (audit log); \
+             refused: child writes it refused (a SIGKILLed replica's in flight: 504); status/events: writes on \
              the parents' status and Events; a SIGKILLed replica's counts are its last read before the kill)"
         );
         for p in &self.problems {
@@ -140,12 +145,13 @@ pub fn summary(runs: &[Run]) -> String {
             .iter()
             .map(|m| format!("{:.1}", mib(m.end_kb)))
             .collect();
+        // The audit log's count when there is one, else the replicas' own.
         let dups: i64 = r
             .phases
             .iter()
-            .map(|p| {
-                let (own, audited) = p.duplicates();
-                own.max(audited.unwrap_or(0))
+            .map(|p| match p.duplicates() {
+                (_, Some(dup)) => dup as i64,
+                (extra, None) => extra,
             })
             .sum();
         let _ = writeln!(
