@@ -67,8 +67,16 @@ pub struct PassGuard {
 
 impl Drop for PassGuard {
     fn drop(&mut self) {
-        super::lock(&self.shards.handover).end(self.bucket);
-        self.shards.pass_ended.notify_one();
+        let mut handover = super::lock(&self.shards.handover);
+        handover.end(self.bucket);
+        // Only the end of a pass in a bucket being handed over (or of any
+        // pass while leaving) can make an acknowledgement due: the others
+        // need not wake the membership loop, thousands of times a minute.
+        let draining = !handover.owned().contains(self.bucket);
+        drop(handover);
+        if draining {
+            self.shards.pass_ended.notify_one();
+        }
     }
 }
 
