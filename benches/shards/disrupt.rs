@@ -27,7 +27,7 @@ pub async fn kill_mid_edit(
             replicas[i].alive && views[i].as_ref().is_some_and(|v| v.leader == s.kill_leader)
         })
         .unwrap_or_else(|| fail(replicas, "no replica to kill"));
-    let start = begin(replicas).await;
+    let start = begin(replicas, s.audit).await;
     write_rule(2);
     let at_kill = wait_carrying(replicas, observer, 2, n.div_ceil(4), start.at, s.timeout).await;
     let done_at_kill = observer.carrying("2");
@@ -86,7 +86,7 @@ pub async fn join_mid_edit(
     name: &str,
 ) -> Phase {
     let n = s.parents;
-    let start = begin(replicas).await;
+    let start = begin(replicas, s.audit).await;
     write_rule(3);
     let at_join = wait_carrying(replicas, observer, 3, n.div_ceil(10), start.at, s.timeout).await;
     let done_at_join = observer.carrying("3");
