@@ -30,7 +30,7 @@
 //! | resource | verbs | because |
 //! |---|---|---|
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election and shard membership |
-//! | `configmaps` (when a rule has `rollout:`) | list, create, patch, delete | the revision ConfigMaps of staged rollouts |
+//! | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps of staged rollouts |
 //!
 //! A rollout in progress may still run an older version of a rule, which
 //! may need kinds the version on disk dropped: the `_of` functions take any
@@ -251,7 +251,7 @@ fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Va
 /// | resource | verbs | because |
 /// |---|---|---|
 /// | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election (taken, renewed and released by patch or update, watched so a release is seen at once) and shard membership (member Leases created, renewed, watched by label, dead ones deleted by the leader) |
-/// | `configmaps` (when a rule has `rollout:`) | list, create, patch, delete | the revision ConfigMaps: listed by label, written by server-side apply (a create when new), old ones pruned |
+/// | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps: listed and watched by label, written by server-side apply (a create when new), old ones pruned |
 pub fn namespaced_role(set: &RuleSet, name: &str, namespace: &str) -> Value {
     namespaced_role_of(&versions(set), name, namespace)
 }
@@ -265,9 +265,10 @@ pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) 
         &[Get, List, Watch, Create, Update, Patch, Delete],
     );
     if rules.iter().any(|r| r.rollout.is_some()) {
-        // The operator never GETs or watches a revision ConfigMap: it lists
-        // them by label on every tick, applies them and deletes old ones.
-        grants.allow("", "configmaps", &[List, Create, Patch, Delete]);
+        // The operator never GETs a revision ConfigMap: it lists them by
+        // label at a rule's start, watches them while the rule runs (every
+        // replica), applies them and deletes old ones.
+        grants.allow("", "configmaps", &[List, Watch, Create, Patch, Delete]);
     }
     let mut role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -37,6 +37,7 @@ mod release;
 mod relisted;
 mod requests;
 mod retry;
+mod revision_watch;
 mod rollout;
 pub mod shards;
 mod status_write;

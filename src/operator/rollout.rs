@@ -1,7 +1,7 @@
 //! Driving a rule's staged rollout: the leader's duty, every [`TICK`].
 //!
 //! ```text
-//!  revision ConfigMaps ──list──▶ stored versions ─┐
+//!  revision ConfigMaps ──watch──▶ Revisions (+ own writes not yet shown) ─┐
 //!  parent cache ──▶ ParentView (uid, canary, on, health) ──▶ State::step ──▶ changed?
 //!                                                              │ yes
 //!        write the target's ConfigMap (durable first) ◀────────┘
@@ -11,21 +11,31 @@
 //!
 //! A standby only reads the ConfigMaps back into [`Versions`], so that it
 //! renders (and, once leader, decides) from where the leader left off. No
-//! tick writes anything when nothing changed: a restart reads the state,
-//! finds the same parents, and moves nobody.
+//! tick sends anything when nothing changed: the ConfigMaps come from a
+//! watch (while the rule has `rollout:`), the parents from the rule's cache;
+//! a restart reads the state, finds the same parents, and moves nobody. A
+//! change the watch shows (a decision, the leader's step seen by a standby)
+//! is looked at at once rather than at the next tick.
+//!
+//! [`Versions`]: super::versions::Versions
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{info, warn};
 
 use super::context::RuleCtx;
 use super::decode::ParentObject;
+use super::revision_watch::{self, Revisions};
 use super::versions::{self, Record};
 use crate::plan::LABEL_REVISION;
 use crate::rollout::{Effect, Health, Input, ParentView, Phase, Settings, State};
@@ -50,16 +60,43 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Ticks until the rule stops.
+/// Ticks until the rule stops, and looks at once when the watch shows a change.
 pub(super) async fn run(ctx: Arc<RuleCtx>, wake: UnboundedSender<ObjectRef<ParentObject>>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Watched only while the rule has `rollout:` (the Role grants the
+    // ConfigMaps only then); a reload may add or drop it.
+    let mut watch: Option<BoxStream<'static, watcher::Event<ConfigMap>>> = None;
+    let mut revisions = Revisions::default();
     loop {
+        let event = async {
+            match watch.as_mut() {
+                Some(events) => events.next().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = ctx.stop.cancelled() => return,
             _ = tick.tick() => {}
+            Some(event) = event => {
+                if !revisions.observe(event) {
+                    continue;
+                }
+                tick.reset();
+            }
         }
-        if let Err(err) = once(&ctx, &wake).await {
+        match (ctx.rule().rollout.is_some(), watch.is_some()) {
+            (true, false) => {
+                let (client, ns) = (&ctx.shared.client, &ctx.shared.operator_namespace);
+                watch = Some(revision_watch::watch(client, ns, &ctx.rule().name));
+            }
+            (false, true) => {
+                watch = None;
+                revisions = Revisions::default();
+            }
+            _ => {}
+        }
+        if let Err(err) = once(&ctx, &wake, &mut revisions).await {
             warn!(rule = %ctx.rule().name, "rollout: {err}");
         }
     }
@@ -69,6 +106,7 @@ pub(super) async fn run(ctx: Arc<RuleCtx>, wake: UnboundedSender<ObjectRef<Paren
 async fn once(
     ctx: &RuleCtx,
     wake: &UnboundedSender<ObjectRef<ParentObject>>,
+    revisions: &mut Revisions,
 ) -> Result<(), kube::Error> {
     let newest = ctx.rule();
     let Some(settings) = newest.rollout.clone() else {
@@ -84,13 +122,17 @@ async fn once(
         return Ok(());
     };
     // On a half-listed cache the order and N would be wrong, and a restart
-    // could move parents that are not due: wait for the first full list.
+    // could move parents that are not due: wait for the first full list
+    // (of the parents, the children and the revision ConfigMaps).
     use futures::FutureExt;
-    if !*ctx.caches_ready.borrow() || ctx.parents.wait_until_ready().now_or_never().is_none() {
+    if !*ctx.caches_ready.borrow()
+        || ctx.parents.wait_until_ready().now_or_never().is_none()
+        || !revisions.listed()
+    {
         return Ok(());
     }
     let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
-    let stored = versions::list(client, ns, &newest.name).await?;
+    let stored = revisions.stored();
     let before = ctx.versions.record();
     ctx.versions.absorb(&stored, &newest, ctx.shared.limits);
     if !ctx.shared.gate.may_write() {
@@ -112,7 +154,7 @@ async fn once(
             state: State::start(&newest.revision, &newest.revision, now),
             handled: Vec::new(),
         };
-        versions::write(client, ns, &newest, Some(&record)).await?;
+        revisions.wrote(&versions::write(client, ns, &newest, Some(&record)).await?);
         ctx.versions.set(Some(record.clone()), &newest);
         info!(rule = %newest.name, revision = %newest.revision, "rollout: first version of the rule kept");
         publish(ctx, Some(&settings), Some(&record));
@@ -129,7 +171,7 @@ async fn once(
                 state: previous.retarget(&newest.revision, now),
                 handled: record.handled,
             };
-            versions::write(client, ns, &newest, Some(&record)).await?;
+            revisions.wrote(&versions::write(client, ns, &newest, Some(&record)).await?);
             ctx.versions.set(Some(record.clone()), &newest);
             decision = None;
             info!(
@@ -178,7 +220,7 @@ async fn once(
         .state
         .step(&settings, &newest.name, now, &views, input);
     if record != before {
-        versions::write(client, ns, &target, Some(&record)).await?;
+        revisions.wrote(&versions::write(client, ns, &target, Some(&record)).await?);
         ctx.versions.set(Some(record.clone()), &newest);
         if input != Input::Tick {
             info!(rule = %newest.name, decision = ?input, "rollout: decision acted on");
@@ -199,7 +241,9 @@ async fn once(
                 revision: gone.revision.clone(),
             });
     }
-    versions::prune(client, ns, &newest.name, &stored, &live).await;
+    for name in versions::prune(client, ns, &newest.name, &stored, &live).await {
+        revisions.deleted(&name);
+    }
     publish(ctx, Some(&settings), Some(&record));
     Ok(())
 }

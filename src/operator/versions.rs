@@ -9,7 +9,8 @@
 //!               rollout.json         on the rollout's target only: the State and
 //!                                    the decisions already acted on
 //!      annotations trellis.dev/decision: promote/<token> | abort/<token>  (written by the CLI)
-//!        │ list (at start, then every tick)
+//!        │ list (at the rule's start); then watched while the rule runs
+//!        │ (`revision_watch`: the tick reads the watch's cache, no request)
 //!        ▼
 //!  Versions: the State + each live version compiled ──rule_for(newest, uid, on)──▶ the
 //!            version that renders a parent
@@ -188,13 +189,14 @@ pub async fn list(
 }
 
 /// Writes a version's ConfigMap (server-side apply: `rollout.json` goes
-/// away from a version that is no longer the target).
+/// away from a version that is no longer the target); returns it as
+/// written, with its new resourceVersion.
 pub async fn write(
     client: &Client,
     namespace: &str,
     rule: &CompiledRule,
     record: Option<&Record>,
-) -> Result<(), kube::Error> {
+) -> Result<ConfigMap, kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let params = PatchParams::apply(MANAGER).force();
     api.patch(
@@ -203,7 +205,6 @@ pub async fn write(
         &Patch::Apply(body(rule, namespace, record)),
     )
     .await
-    .map(|_| ())
 }
 
 /// The stored record of the rollout: the one targeting `newest` if any,
@@ -218,25 +219,34 @@ pub fn current_record<'a>(stored: &'a [Stored], newest: &str) -> Option<&'a Stor
         })
 }
 
-/// Deletes versions beyond the ones in use and the `KEEP_OLDER` newest others.
-pub async fn prune(client: &Client, namespace: &str, rule: &str, stored: &[Stored], live: &[&str]) {
+/// Deletes versions beyond the ones in use and the `KEEP_OLDER` newest
+/// others; returns the names of those now gone (deleted, or found gone).
+pub async fn prune(
+    client: &Client,
+    namespace: &str,
+    rule: &str,
+    stored: &[Stored],
+    live: &[&str],
+) -> Vec<String> {
     let mut older: Vec<&Stored> = stored
         .iter()
         .filter(|s| !live.contains(&s.revision.as_str()))
         .collect();
     if older.len() <= KEEP_OLDER {
-        return;
+        return Vec::new();
     }
     older.sort_by(|a, b| b.created.cmp(&a.created));
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    for gone in &older[KEEP_OLDER..] {
-        let name = configmap_name(rule, &gone.revision);
+    let mut gone = Vec::new();
+    for old in &older[KEEP_OLDER..] {
+        let name = configmap_name(rule, &old.revision);
         match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Ok(_) => gone.push(name),
+            Err(kube::Error::Api(e)) if e.code == 404 => gone.push(name),
             Err(err) => warn!(rule, configmap = %name, "cannot delete an old revision: {err}"),
         }
     }
+    gone
 }
 
 /// Deletes every revision ConfigMap of `rule` (the rule was removed, or
@@ -363,7 +373,7 @@ impl Versions {
     }
 
     /// Reads the state and the live versions from what is stored: at
-    /// start (before any pass), and on every tick of a standby.
+    /// start (before any pass), and on every tick (from the watch's cache).
     pub fn absorb(&self, stored: &[Stored], newest: &Arc<CompiledRule>, limits: Limits) {
         // A version with `rollout:` is in force: the next version without
         // it (the same text as an earlier one, say) must clear again.

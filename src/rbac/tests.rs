@@ -571,8 +571,8 @@ fn a_rule_with_rollout_lets_the_operator_keep_its_revision_configmaps_in_its_nam
     let staged = namespaced_role(&set(STAGED), "trellis", "ops");
     assert_eq!(
         verbs(&staged, "", "configmaps"),
-        ["list", "create", "patch", "delete"],
-        "listed by label, applied, pruned: never a GET or a watch"
+        ["list", "watch", "create", "patch", "delete"],
+        "listed and watched by label, applied, pruned: never a GET"
     );
     assert!(
         verbs(&cluster_role(&set(STAGED), "trellis"), "", "configmaps").is_empty(),
