@@ -434,6 +434,104 @@ async fn a_restart_mid_rollout_moves_nobody_and_writes_nothing() {
     running.operator.stop().await;
 }
 
+/// The operator's requests so far by `verb,resource` labels, watches left
+/// out: a watch's renewal is what staying up to date costs.
+async fn requests_but_watches(running: &Running) -> BTreeMap<String, f64> {
+    running
+        .metrics()
+        .await
+        .lines()
+        .filter_map(|line| {
+            let (labels, value) = line
+                .strip_prefix("trellis_api_requests_total{")?
+                .rsplit_once("} ")?;
+            if labels.contains("verb=\"watch\"") {
+                return None;
+            }
+            Some((labels.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Fails when the operator sends any request but a watch within `window`,
+/// naming what it sent.
+async fn assert_no_request_for(running: &Running, window: Duration, what: &str) {
+    let before = requests_but_watches(running).await;
+    tokio::time::sleep(window).await;
+    let after = requests_but_watches(running).await;
+    let sent: Vec<String> = after
+        .iter()
+        .filter_map(|(labels, n)| {
+            let more = n - before.get(labels).copied().unwrap_or(0.0);
+            (more > 0.0).then(|| format!("{more} x {{{labels}}}"))
+        })
+        .collect();
+    assert!(
+        sent.is_empty(),
+        "{what}: requests in {window:?} at rest: {sent:?}"
+    );
+}
+
+/// Waits (at most `WAIT`) until `quiet` passes without a request but a
+/// watch: the last status writes and Events of a step have landed.
+async fn settled(running: &Running, quiet: Duration) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        let before = requests_but_watches(running).await;
+        tokio::time::sleep(quiet).await;
+        if requests_but_watches(running).await == before {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_at_rest_sends_no_request_for_many_ticks_but_its_watches() {
+    let ns = support::namespace().await;
+    let (app, _cleanup) = install_kind(&ns, "App").await;
+    let rule = support::unique_name("rest");
+    let cms: Api<ConfigMap> = ns.api();
+    let rollout = "    steps:\n      - percent: 50\n        pause: manual\n";
+    let mut rules = ConfigMapDir::new(&[("app.yaml", &rollout_rule(&app, &rule, "v1", rollout))]);
+    let running = Running::start(&ns.client, &ns, &rules);
+    parents(&ns, &app, &rule, 4, "v1").await;
+    let first = running
+        .wait_rollout(&rule, "the first version kept", |r| {
+            r["state"] == "Complete"
+        })
+        .await;
+    rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v2", rollout))]);
+    running
+        .wait_rollout(&rule, "held at the manual pause", |r| {
+            r["state"] == "Paused" && r["moved"] == 2 && r["to"] != first["to"]
+        })
+        .await;
+    wait_on(&cms, &rule, "v2", 2, 4).await;
+    settled(&running, Duration::from_secs(3)).await;
+    // Five ticks on two live versions, the state read back on each.
+    assert_no_request_for(&running, TICK_WINDOW, "paused at a manual step").await;
+
+    // The decision reaches the leader through its watch; then the rollout
+    // is complete and at rest again.
+    decide(&ns, &rule, "promote").await;
+    wait_on(&cms, &rule, "v2", 4, 4).await;
+    running
+        .wait_rollout(&rule, "complete", |r| r["state"] == "Complete")
+        .await;
+    settled(&running, Duration::from_secs(3)).await;
+    assert_no_request_for(&running, TICK_WINDOW, "complete").await;
+    let upgraded = events(&ns, &app, "Upgraded").await;
+    assert_eq!(
+        upgraded.len(),
+        4,
+        "one Upgraded Event per parent: {upgraded:?}"
+    );
+    running.operator.stop().await;
+}
+
+/// Five of the rollout's 2 s ticks.
+const TICK_WINDOW: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_mid_rollout_restarts_toward_the_newest_version() {
     let ns = support::namespace().await;
