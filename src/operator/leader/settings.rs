@@ -1,0 +1,177 @@
+//! How this replica takes part in the election: the Lease's name and
+//! namespace, its identity, the timings and their checks. Pure, apart from
+//! reading the environment; the loop that uses it is in `campaign.rs`.
+
+use std::path::Path;
+use std::time::Duration;
+
+/// Where a Pod's service account says which namespace it runs in.
+pub const SERVICE_ACCOUNT_NAMESPACE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// How to take part in the election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub lease_name: String,
+    pub namespace: String,
+    /// Unique among the replicas: the Pod name plus a random suffix.
+    pub identity: String,
+    /// How long a Lease holds without renewal before another replica may take it.
+    pub lease_duration: Duration,
+    /// A leader whose last renewal is this old stops writing.
+    pub renew_deadline: Duration,
+    /// How often the leader renews (and a failed attempt is retried).
+    pub retry_period: Duration,
+}
+
+impl Settings {
+    /// The defaults of RULES.md: 15 s lease, 10 s renew deadline, 2 s retry.
+    pub fn new(lease_name: &str, namespace: &str, identity: &str) -> Settings {
+        Settings {
+            lease_name: lease_name.to_owned(),
+            namespace: namespace.to_owned(),
+            identity: identity.to_owned(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Checks the timings; the message names the flags.
+    pub fn validate(&self) -> Result<(), String> {
+        let secs = |d: Duration| humantime::format_duration(d).to_string();
+        // The Lease stores whole seconds, and so does the crate's renewal period.
+        if self.lease_duration.subsec_nanos() != 0 || self.lease_duration < Duration::from_secs(2) {
+            return Err(format!(
+                "--leader-elect-lease-duration must be a whole number of seconds, at least 2s (got {})",
+                secs(self.lease_duration)
+            ));
+        }
+        if self.retry_period.subsec_nanos() != 0 || self.retry_period < Duration::from_secs(1) {
+            return Err(format!(
+                "--leader-elect-retry-period must be a whole number of seconds, at least 1s (got {})",
+                secs(self.retry_period)
+            ));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(format!(
+                "--leader-elect-renew-deadline ({}) must be shorter than --leader-elect-lease-duration ({}): \
+                 a leader must stop writing before another may take over",
+                secs(self.renew_deadline),
+                secs(self.lease_duration)
+            ));
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err(format!(
+                "--leader-elect-retry-period ({}) must be shorter than --leader-elect-renew-deadline ({}): \
+                 the leader must get to renew before its deadline",
+                secs(self.retry_period),
+                secs(self.renew_deadline)
+            ));
+        }
+        if self.lease_name.is_empty() || self.namespace.is_empty() || self.identity.is_empty() {
+            return Err("--leader-elect needs a lease name, a namespace and an identity".into());
+        }
+        Ok(())
+    }
+
+    /// The crate renews `grace` seconds before expiry: so it renews once per retry period.
+    pub(super) fn grace_seconds(&self) -> u64 {
+        self.lease_duration
+            .as_secs()
+            .saturating_sub(self.retry_period.as_secs())
+            .max(1)
+    }
+
+    pub(super) fn lease(&self) -> String {
+        format!("{}/{}", self.namespace, self.lease_name)
+    }
+}
+
+/// The Lease's namespace when no flag names it: `POD_NAMESPACE`, else the
+/// service account's namespace file.
+pub fn namespace_from_environment() -> Result<String, String> {
+    namespace_from(
+        std::env::var("POD_NAMESPACE").ok(),
+        Path::new(SERVICE_ACCOUNT_NAMESPACE),
+    )
+}
+
+fn namespace_from(pod_namespace: Option<String>, service_account: &Path) -> Result<String, String> {
+    if let Some(ns) = pod_namespace.map(|n| n.trim().to_owned())
+        && !ns.is_empty()
+    {
+        return Ok(ns);
+    }
+    match std::fs::read_to_string(service_account) {
+        Ok(ns) if !ns.trim().is_empty() => Ok(ns.trim().to_owned()),
+        _ => Err(format!(
+            "--leader-elect needs a namespace for its Lease: pass --leader-elect-namespace, \
+             set POD_NAMESPACE, or run in a Pod ({} not readable)",
+            service_account.display()
+        )),
+    }
+}
+
+/// This replica's identity in the Lease: Pod name (or host name) and a
+/// random suffix, so that a restarted Pod of the same name is a new holder.
+pub fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "trellis".to_owned());
+    format!("{host}_{:08x}", rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_validate_and_bad_timings_name_the_flags() {
+        let ok = Settings::new("trellis", "ops", "pod_1");
+        assert_eq!(ok.validate(), Ok(()));
+        assert_eq!(ok.grace_seconds(), 13, "renews once per retry period");
+        let bad = |f: fn(&mut Settings)| {
+            let mut s = ok.clone();
+            f(&mut s);
+            s.validate().expect_err("invalid")
+        };
+        assert!(
+            bad(|s| s.renew_deadline = Duration::from_secs(15))
+                .contains("--leader-elect-renew-deadline")
+        );
+        assert!(
+            bad(|s| s.retry_period = Duration::from_secs(10))
+                .contains("--leader-elect-retry-period")
+        );
+        assert!(bad(|s| s.retry_period = Duration::from_millis(1500)).contains("whole number"));
+        assert!(
+            bad(|s| s.lease_duration = Duration::from_millis(15_500))
+                .contains("--leader-elect-lease-duration")
+        );
+    }
+
+    #[test]
+    fn the_namespace_comes_from_pod_namespace_then_the_service_account() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("namespace");
+        assert_eq!(namespace_from(Some("ops".into()), &file), Ok("ops".into()));
+        let err = namespace_from(None, &file).expect_err("no namespace");
+        assert!(
+            err.contains("--leader-elect-namespace") && err.contains("POD_NAMESPACE"),
+            "{err}"
+        );
+        std::fs::write(&file, "team-a\n").expect("write");
+        assert_eq!(namespace_from(None, &file), Ok("team-a".into()));
+        assert_eq!(namespace_from(Some(" ".into()), &file), Ok("team-a".into()));
+    }
+
+    #[test]
+    fn identities_are_unique_per_process_start() {
+        assert_ne!(identity(), identity());
+    }
+}
