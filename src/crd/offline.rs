@@ -253,3 +253,200 @@ pub fn validate_parent(version: &Value, parent: &Value) -> Vec<String> {
         )],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    #[test]
+    fn offline_crds_give_scope_schema_checks_and_dropped_status_warnings() {
+        use super::{OfflineCrds, dropped_status_fields, parent_scope};
+        let dir = tempfile::tempdir().unwrap();
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "apps.demo.example.com"},
+            "spec": {
+                "group": "demo.example.com",
+                "scope": "Cluster",
+                "names": {"kind": "App", "plural": "apps"},
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "properties": {
+                            "replicas": {"type": "integer", "maximum": 5, "default": 1},
+                        }},
+                        "status": {"type": "object", "properties": {
+                            "observedGeneration": {"type": "integer"},
+                            "conditions": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                            "ready": {"type": "integer"},
+                        }},
+                    },
+                }}}],
+            },
+        });
+        std::fs::write(
+            dir.path().join("app.yaml"),
+            crate::yaml::to_string(&crd).unwrap(),
+        )
+        .unwrap();
+        let crds = OfflineCrds::load(dir.path()).unwrap();
+        let rule = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.example.com/v1, kind: App}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {namespace: team, name: {{ parent.metadata.name }}}
+  status:
+    fields:
+      - {path: ready, value: '1'}
+      - {path: url, value: \"'x'\"}
+",
+        );
+        let parent = json!({"apiVersion": "demo.example.com/v1", "kind": "App",
+        "metadata": {"name": "a", "namespace": "ns"}, "spec": {"replicas": 9}});
+        assert_eq!(
+            parent_scope(&rule, &parent, Some(&crds)),
+            Some(crate::rules::model::Scope::Cluster)
+        );
+        let doc = crate::cli::render_document_with(
+            &rule,
+            &parent,
+            vec![],
+            "2026-11-29T00:00:00Z",
+            Some(&crds),
+        );
+        let errors: Vec<&str> = doc["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("cluster-scoped parent must not have metadata.namespace")),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("the CRD's schema refuses spec.replicas")),
+            "{errors:?}"
+        );
+        let (crd_doc, version) = crds.find(&rule.parent).unwrap();
+        let warnings = dropped_status_fields(&rule, crd_doc, version);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "spec.status.fields[1].path");
+        assert!(
+            warnings[0].message.contains("would drop .status.url"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn offline_parent_check_reads_nullable_int_or_string_and_set_lists_as_the_api_server_does() {
+        use super::validate_parent;
+        let version = json!({"schema": {"openAPIV3Schema": {"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "note": {"type": "string", "nullable": true},
+                "port": {"x-kubernetes-int-or-string": true},
+                "tags": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "set"},
+                "nested": {"type": "object", "properties": {
+                    "hosts": {"type": "array", "items": {"type": "string", "nullable": true}},
+                }},
+            }},
+        }}}});
+        let check = |spec: Value| validate_parent(&version, &json!({"spec": spec}));
+        assert_eq!(
+            check(json!({"note": null, "port": "http", "tags": ["a", "b"]})),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            check(json!({"port": 8080, "nested": {"hosts": [null, "a"]}})),
+            Vec::<String>::new()
+        );
+        let refused = check(json!({"port": true, "tags": ["a", "a"], "note": 1}));
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(
+            refused
+                .iter()
+                .any(|e| e.starts_with("the CRD's schema refuses spec.tags")),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .any(|e| e.starts_with("the CRD's schema refuses spec.port")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn without_crds_the_generated_crd_stands_for_the_parents_and_keeps_every_status_field() {
+        use super::{OfflineCrds, dropped_status_fields};
+        let rule = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.example.com/v1, kind: App}
+  crd:
+    statusSchema:
+      type: object
+      properties:
+        info: {type: object, properties: {a: {type: string}}}
+  children:
+    - id: c
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {name: x}
+  status:
+    fields:
+      - {path: info.b, value: \"'y'\"}
+      - {path: url, value: \"'x'\"}
+",
+        );
+        let crds = OfflineCrds::generated([rule.as_ref()]);
+        let (crd, version) = crds
+            .find(&rule.parent)
+            .expect("the generated CRD serves App");
+        assert_eq!(crd["metadata"]["name"], "apps.demo.example.com");
+        assert!(dropped_status_fields(&rule, crd, version).is_empty());
+        let plain = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.example.com/v1, kind: App}\n  children: []\n",
+        );
+        assert!(
+            OfflineCrds::generated([plain.as_ref()])
+                .find(&plain.parent)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn offline_crds_are_found_inside_a_list_as_kubectl_get_prints_it() {
+        use super::OfflineCrds;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crds.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: v1
+kind: List
+items:
+  - apiVersion: apiextensions.k8s.io/v1
+    kind: CustomResourceDefinition
+    metadata: {name: apps.demo.example.com}
+    spec:
+      group: demo.example.com
+      scope: Cluster
+      names: {kind: App, plural: apps}
+      versions: [{name: v1, served: true, storage: true}]
+",
+        )
+        .unwrap();
+        let crds = OfflineCrds::load(&path).unwrap();
+        let gvk = crate::kinds::Gvk::new("demo.example.com/v1", "App");
+        let (crd, _) = crds.find(&gvk).expect("the CRD inside the List");
+        assert_eq!(super::scope_of(crd), crate::rules::model::Scope::Cluster);
+    }
+}

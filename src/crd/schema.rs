@@ -20,6 +20,9 @@
 
 use serde_json::{Map, Value, json};
 
+#[cfg(test)]
+mod tests;
+
 /// One thing the conversion found, at a rule field path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
