@@ -5,17 +5,17 @@
 //! killed before anyone could read its own counters.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
+
+use crate::support::audit::{mark_in, text_since};
 
 /// A place in the audit log: what was written after it is read later.
 #[derive(Debug, Clone)]
 pub struct Mark {
     path: PathBuf,
-    inode: u64,
-    offset: u64,
+    at: crate::support::audit::Mark,
 }
 
 /// Write requests on one namespace's objects of one resource, by object
@@ -56,12 +56,8 @@ pub fn log_path() -> Option<PathBuf> {
 /// Where the audit log ends now.
 pub fn mark() -> Option<Mark> {
     let path = log_path()?;
-    let meta = std::fs::metadata(&path).ok()?;
-    Some(Mark {
-        path,
-        inode: meta.ino(),
-        offset: meta.len(),
-    })
+    let at = mark_in(&path)?;
+    Some(Mark { path, at })
 }
 
 /// Write requests on `resource` objects in `namespace` whose name passes
@@ -74,20 +70,9 @@ pub fn writes_since(
     wanted: impl Fn(&str) -> bool,
 ) -> Writes {
     let mut out = Writes::default();
-    let now = std::fs::metadata(&mark.path).ok();
-    let same_file = now.as_ref().is_some_and(|m| m.ino() == mark.inode);
-    let mut texts = Vec::new();
-    if same_file {
-        texts.push(read_from(&mark.path, mark.offset));
-    } else {
-        // Rotated: the old file was renamed `audit-<time>.log`; the newest
-        // such file is the one the mark was in.
-        out.rotated = true;
-        if let Some(old) = newest_backup(&mark.path) {
-            texts.push(read_from(&old, mark.offset));
-        }
-        texts.push(read_from(&mark.path, 0));
-    }
+    let (text, rotated) = text_since(&mark.path, &mark.at);
+    out.rotated = rotated;
+    let texts = [text];
     let needle = format!("\"namespace\":\"{namespace}\"");
     for text in &texts {
         for line in text.lines().filter(|l| l.contains(&needle)) {
@@ -114,29 +99,4 @@ pub fn writes_since(
         }
     }
     out
-}
-
-fn read_from(path: &Path, offset: u64) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut text = String::new();
-    if let Ok(mut file) = std::fs::File::open(path) {
-        let _ = file.seek(SeekFrom::Start(offset));
-        let mut bytes = Vec::new();
-        let _ = file.read_to_end(&mut bytes);
-        text = String::from_utf8_lossy(&bytes).into_owned();
-    }
-    text
-}
-
-fn newest_backup(log: &Path) -> Option<PathBuf> {
-    let dir = log.parent()?;
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.starts_with("audit-") && name.ends_with(".log")
-        })
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .map(|e| e.path())
 }

@@ -276,7 +276,7 @@ pub fn writes_by_parent(
 
 /// Audit events land in batches: the writes after `offset` once their count
 /// (Lease renewals aside: they never stop) holds still for a second.
-pub async fn settled_writes(offset: u64, ns: &str) -> Vec<Write> {
+pub async fn settled_writes(offset: audit::Mark, ns: &str) -> Vec<Write> {
     let count = |writes: &[Write]| writes.iter().filter(|w| w.resource != "leases").count();
     let started = Instant::now();
     let mut last = count(&audit::writes_since(offset, ns));

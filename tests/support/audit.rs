@@ -4,6 +4,7 @@
 //! share one address and one kubeconfig user are told apart by giving each
 //! a kubeconfig that impersonates a user of its own ([`impersonating_kubeconfig`]).
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use kube::config::Kubeconfig;
@@ -13,9 +14,73 @@ fn log_path() -> PathBuf {
     super::node::state_dir().join("logs/audit.log")
 }
 
-/// Where the audit log ends now: pass it to [`writes_since`].
-pub fn offset() -> u64 {
-    std::fs::metadata(log_path()).map(|m| m.len()).unwrap_or(0)
+/// A place in an audit log: what was written after it is read later, also
+/// across a rotation (the API server renames a full log to
+/// `audit-<time>.log`, keeping one such backup, and starts a new one).
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    inode: u64,
+    offset: u64,
+}
+
+/// Where the audit log at `log` ends now; `None` when there is none.
+pub fn mark_in(log: &Path) -> Option<Mark> {
+    let meta = std::fs::metadata(log).ok()?;
+    Some(Mark {
+        inode: meta.ino(),
+        offset: meta.len(),
+    })
+}
+
+/// Where the test cluster's audit log ends now: pass it to [`writes_since`].
+pub fn offset() -> Mark {
+    mark_in(&log_path()).unwrap_or(Mark {
+        inode: 0,
+        offset: 0,
+    })
+}
+
+/// The text `log` gained after `mark`, and whether it rotated meanwhile (the
+/// text then starts in the newest backup). Rotated twice, the first part is
+/// gone: the API server keeps one backup.
+pub fn text_since(log: &Path, mark: &Mark) -> (String, bool) {
+    let now = std::fs::metadata(log).ok();
+    if mark.inode == 0 || now.as_ref().is_some_and(|m| m.ino() == mark.inode) {
+        let from = if mark.inode == 0 { 0 } else { mark.offset };
+        return (read_from(log, from), false);
+    }
+    let mut text = newest_backup(log)
+        .map(|old| read_from(&old, mark.offset))
+        .unwrap_or_default();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&read_from(log, 0));
+    (text, true)
+}
+
+fn read_from(path: &Path, offset: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = Vec::new();
+    if let Ok(mut file) = std::fs::File::open(path)
+        && file.seek(SeekFrom::Start(offset)).is_ok()
+    {
+        let _ = file.read_to_end(&mut bytes);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn newest_backup(log: &Path) -> Option<PathBuf> {
+    let dir = log.parent()?;
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("audit-") && name.ends_with(".log")
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
 }
 
 /// One write the API server completed, as its audit log records it.
@@ -32,16 +97,9 @@ pub struct Write {
     pub received: k8s_openapi::jiff::Timestamp,
 }
 
-/// The writes to objects in `namespace` logged after `offset`.
-pub fn writes_since(offset: u64, namespace: &str) -> Vec<Write> {
-    let path = log_path();
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        bytes.len() as u64 >= offset,
-        "{} shrank below byte {offset}: the API server rotated it mid-test",
-        path.display()
-    );
-    let text = String::from_utf8_lossy(&bytes[offset as usize..]);
+/// The writes to objects in `namespace` logged after `mark`.
+pub fn writes_since(mark: Mark, namespace: &str) -> Vec<Write> {
+    let (text, _) = text_since(&log_path(), &mark);
     text.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["namespace"] == namespace)
