@@ -34,10 +34,16 @@ pub(super) struct Applied {
 }
 
 impl Applied {
-    fn unchanged() -> Applied {
+    /// Nothing sent. `arrived` is the object when the pass did not have it
+    /// but the cache does now: the pass must count it as observed, or its
+    /// status would leave out what is there, and a clean pass removes the
+    /// fields it no longer produces (at 10,000 parents, 2 statuses lost
+    /// their `service` field to a Service whose watch event landed between
+    /// the pass taking its children and applying them).
+    fn unchanged(arrived: Option<&Value>) -> Applied {
         Applied {
             outcome: Outcome::Unchanged,
-            object: None,
+            object: arrived.cloned(),
         }
     }
 
@@ -86,20 +92,19 @@ pub(super) async fn apply_child(
     // Not among this parent's children when the pass took them, but in the
     // rule's cache now: another parent's (or unlabelled) object, or this
     // parent's, arrived since; the cache knows which.
-    let cached;
-    let live = match live {
-        Some(live) => Some(live),
+    let arrived = match live {
+        Some(_) => None,
         None => match ctx.cached_child(&apply.key) {
             Some(object) => {
                 if let Some(owner) = foreign_owner(&object, &apply.object, adopt) {
                     return Err(conflict(owner));
                 }
-                cached = object;
-                Some(&cached)
+                Some(object)
             }
             None => None,
         },
     };
+    let live = live.or(arrived.as_ref());
     // Whether this parent's object is known to exist: a forced apply
     // (ours to overwrite) rather than an unforced one (maybe someone's).
     let mut ours = live.is_some();
@@ -171,7 +176,7 @@ pub(super) async fn apply_child(
             return Ok(
                 match label_bucket(ctx, &api, apply, live, &manager, parent_uid).await? {
                     Some(labelled) => Applied::written(Outcome::Updated, labelled),
-                    None => Applied::unchanged(),
+                    None => Applied::unchanged(arrived.as_ref()),
                 },
             );
         }
@@ -208,7 +213,7 @@ pub(super) async fn apply_child(
         && live_render_hash(live) == Some(apply.hash.as_str())
         && !crate::drift::drifted(&apply.object, live)
     {
-        return Ok(Applied::unchanged());
+        return Ok(Applied::unchanged(arrived.as_ref()));
     }
 
     ctx.check_write(parent_uid)?;

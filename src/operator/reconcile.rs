@@ -209,8 +209,9 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 Ok(applied) => {
                     match applied.outcome {
                         Outcome::Unchanged if applied.object.is_none() => continue,
-                        // Read after a refused create: fresher than the
-                        // cache, so the status counts it as there.
+                        // Read after a refused create, or arrived in the
+                        // cache since the pass took its children: the
+                        // status counts it as there.
                         Outcome::Unchanged => {}
                         Outcome::Unseen => {
                             unseen = true;
