@@ -264,11 +264,8 @@ pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) 
         "leases",
         &[Get, List, Watch, Create, Update, Patch, Delete],
     );
-    if rules.iter().any(|r| r.rollout.is_some()) {
-        // The operator never GETs a revision ConfigMap: it lists them by
-        // label at a rule's start, watches them while the rule runs (every
-        // replica), applies them and deletes old ones.
-        grants.allow("", "configmaps", &[List, Watch, Create, Patch, Delete]);
+    for rule in rules {
+        revision_grants(rule, &mut grants);
     }
     let mut role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -281,6 +278,29 @@ pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) 
     }
     role["rules"] = cluster["rules"].clone();
     role
+}
+
+/// What the operator needs in its own namespace for `rule`'s revision
+/// ConfigMaps, when the rule has `rollout:`. The one source of both the
+/// Role's grant ([`namespaced_role_of`]) and the preflight's questions
+/// ([`revision_permissions`]), so the two cannot drift.
+fn revision_grants(rule: &CompiledRule, grants: &mut Grants) {
+    if rule.rollout.is_some() {
+        // The operator never GETs a revision ConfigMap: it lists them by
+        // label at a rule's start, watches them while the rule runs (every
+        // replica), applies them and deletes old ones.
+        grants.allow("", "configmaps", &[List, Watch, Create, Patch, Delete]);
+    }
+}
+
+/// What the operator must be allowed in its own namespace for `rule`: the
+/// revision ConfigMaps of a rule with `rollout:` (see [`namespaced_role`]);
+/// empty for a rule without. They are read and written with the operator's
+/// own client, never a rule's account, so only the operator is asked.
+pub fn revision_permissions(rule: &CompiledRule) -> Vec<Permission> {
+    let mut grants = Grants::default();
+    revision_grants(rule, &mut grants);
+    permissions(grants)
 }
 
 /// Everything `trellis rbac` prints, in order: [`cluster_roles_of`], then

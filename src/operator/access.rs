@@ -108,6 +108,39 @@ pub fn checks(
     out
 }
 
+/// Every question the operator's own preflight asks for `rule`: its share
+/// of the rule's permissions where the rule uses them ([`checks`]), and,
+/// for a rule with `rollout:`, the revision ConfigMaps in `home`, the
+/// operator's namespace. Those are listed, watched and written with the
+/// operator's own client (`Shared::client` in `rollout`, `versions` and
+/// `revision_watch`), never a rule's account, so the account preflight
+/// ([`super::identity`]) does not ask about them.
+pub fn operator_checks(
+    rule: &CompiledRule,
+    kinds: &RuleKinds,
+    namespaces: &[String],
+    operator_namespaces: &[String],
+    home: &str,
+) -> Vec<Check> {
+    let mut out = checks(
+        crate::rbac::rule_permissions(rule),
+        rule,
+        kinds,
+        namespaces,
+        operator_namespaces,
+        home,
+    );
+    out.extend(
+        crate::rbac::revision_permissions(rule)
+            .into_iter()
+            .map(|perm| Check {
+                perm,
+                namespace: Some(home.to_owned()),
+            }),
+    );
+    out
+}
+
 /// The review's question for `check`.
 pub fn attributes(check: &Check) -> ResourceAttributes {
     ResourceAttributes {
@@ -273,6 +306,100 @@ spec:
                 .all(|c| c.starts_with("create subjectaccessreviews")),
             "the operator asks for no child write: {:?}",
             asked(&checks, "create")
+        );
+    }
+
+    /// [`RULE`] with a staged rollout.
+    fn with_rollout() -> std::sync::Arc<CompiledRule> {
+        let text = format!("{RULE}  rollout:\n    steps:\n      - percent: 50\n");
+        let set = crate::rules::testing::load_texts(&[("r.yaml", &text)]);
+        assert!(set.rules[0].rollout.is_some(), "the rule has rollout:");
+        set.rules[0].clone()
+    }
+
+    /// The checks in `namespace` on core ConfigMaps, as "verb namespace".
+    fn configmaps_in(checks: &[Check], namespace: &str) -> Vec<String> {
+        checks
+            .iter()
+            .filter(|c| c.perm.group.is_empty() && c.perm.resource == "configmaps")
+            .filter(|c| c.namespace.as_deref() == Some(namespace))
+            .map(|c| c.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_rule_with_rollout_asks_for_its_revision_configmaps_in_the_operator_namespace() {
+        let (_, kinds) = setup();
+        let rule = with_rollout();
+        let namespaces = ["a".to_owned()];
+        let all = operator_checks(&rule, &kinds, &namespaces, &namespaces, "trellis-system");
+        assert_eq!(
+            configmaps_in(&all, "trellis-system"),
+            [
+                "list configmaps in namespace trellis-system",
+                "watch configmaps in namespace trellis-system",
+                "create configmaps in namespace trellis-system",
+                "patch configmaps in namespace trellis-system",
+                "delete configmaps in namespace trellis-system",
+            ]
+        );
+        // Exactly what the Role `trellis rbac` prints grants there.
+        let role = crate::rbac::namespaced_role_of(&[&rule], "trellis", "trellis-system");
+        let granted: Vec<&serde_json::Value> = role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["resources"] == serde_json::json!(["configmaps"]))
+            .collect();
+        assert_eq!(
+            granted[0]["verbs"],
+            serde_json::json!(["list", "watch", "create", "patch", "delete"])
+        );
+        // The rest is what the rule asked before.
+        let before = checks(
+            crate::rbac::rule_permissions(&rule),
+            &rule,
+            &kinds,
+            &namespaces,
+            &namespaces,
+            "trellis-system",
+        );
+        assert_eq!(all[..before.len()], before[..]);
+        assert_eq!(all.len(), before.len() + 5);
+    }
+
+    #[test]
+    fn a_rule_without_rollout_asks_nothing_in_the_operator_namespace() {
+        let (rule, kinds) = setup();
+        let namespaces = ["a".to_owned()];
+        let all = operator_checks(&rule, &kinds, &namespaces, &namespaces, "trellis-system");
+        assert_eq!(configmaps_in(&all, "trellis-system"), Vec::<String>::new());
+        let before = checks(
+            crate::rbac::rule_permissions(&rule),
+            &rule,
+            &kinds,
+            &namespaces,
+            &namespaces,
+            "trellis-system",
+        );
+        assert_eq!(all, before);
+    }
+
+    #[test]
+    fn the_account_is_not_asked_about_revision_configmaps() {
+        let (_, kinds) = setup();
+        let rule = with_rollout();
+        let checks = checks(
+            crate::rbac::account_read_permissions(&rule),
+            &rule,
+            &kinds,
+            &["a".to_owned()],
+            &["a".to_owned()],
+            "trellis-system",
+        );
+        assert_eq!(
+            configmaps_in(&checks, "trellis-system"),
+            Vec::<String>::new()
         );
     }
 

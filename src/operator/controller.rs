@@ -102,6 +102,23 @@ async fn rule_loop(
                 continue;
             }
         };
+        // Before the revision ConfigMaps are first listed, so a rule the
+        // operator may not list them for is Inactive, not Waiting. It asks
+        // about the rule on disk only, whose kinds are all resolved here;
+        // the child kinds `with_versions` adds for older versions are not
+        // among its permissions.
+        let missing = preflight(&shared, &rule, &kinds, &namespaces).await;
+        if !missing.is_empty() {
+            report(
+                &mut last_state,
+                RuleState::Inactive(format!(
+                    "trellis may not {}; grant what `trellis rbac` prints",
+                    missing.join(", ")
+                )),
+            );
+            pause(&shared, &shutdown, Duration::from_secs(60)).await;
+            continue;
+        }
         // A staged rollout: the versions parents are on are read back
         // before any pass, and their child kinds are watched too.
         let versions = Arc::new(Versions::default());
@@ -115,18 +132,6 @@ async fn rule_loop(
             }
         };
         retry = Duration::from_secs(1);
-        let missing = preflight(&shared, &rule, &kinds, &namespaces).await;
-        if !missing.is_empty() {
-            report(
-                &mut last_state,
-                RuleState::Inactive(format!(
-                    "trellis may not {}; grant what `trellis rbac` prints",
-                    missing.join(", ")
-                )),
-            );
-            pause(&shared, &shutdown, Duration::from_secs(60)).await;
-            continue;
-        }
         if let Err(why) = identity::preflight(&shared, &rule, &kinds, &namespaces).await {
             account_denied(&shared, &name, true);
             report(&mut last_state, RuleState::Inactive(why));
@@ -242,7 +247,8 @@ pub(super) fn effective_namespaces(
 }
 
 /// Asks the API server, verb by verb, whether trellis may do what the rule
-/// needs (where [`access::checks`] says it is used); returns what is missing.
+/// needs (where [`access::operator_checks`] says it is used, the revision
+/// ConfigMaps of a rule with `rollout:` included); returns what is missing.
 async fn preflight(
     shared: &Shared,
     rule: &CompiledRule,
@@ -250,8 +256,7 @@ async fn preflight(
     namespaces: &[String],
 ) -> Vec<String> {
     let api: Api<SelfSubjectAccessReview> = Api::all(shared.client.clone());
-    let checks = access::checks(
-        crate::rbac::rule_permissions(rule),
+    let checks = access::operator_checks(
         rule,
         kinds,
         namespaces,
