@@ -47,11 +47,13 @@ pub fn diff(old: &RuleSet, new: &RuleSet) -> BTreeMap<String, Change> {
 
 /// Whether the watches a rule needs (related watches included: a selector
 /// made static, a new cross-namespace entry), or the permissions it needs
-/// (a policy change can add a verb, which only a new preflight checks), changed.
+/// (a policy change can add a verb, `rollout:` the revision ConfigMaps'
+/// verbs, which only a new preflight checks), changed.
 fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
     let permissions = |r: &CompiledRule| {
         let mut p: Vec<String> = crate::rbac::rule_permissions(r)
             .iter()
+            .chain(&crate::rbac::revision_permissions(r))
             .map(|p| p.to_string())
             .collect();
         p.sort();
@@ -153,6 +155,31 @@ mod tests {
         let new = load_dir(dir.path()).unwrap();
         // createOnly needs no `patch`: the preflight must run again.
         assert_eq!(diff(&old, &new)["r"], Change::Restart);
+    }
+
+    #[test]
+    fn adding_rollout_restarts_so_the_preflight_asks_for_the_revision_configmaps() {
+        let old = set(&[("r", "A", "x")]);
+        let dir = tempfile::tempdir().unwrap();
+        let body = RULE
+            .replace("NAME", "r")
+            .replace("KIND", "A")
+            .replace("TEXT", "x")
+            + "  rollout:\n    steps:\n      - percent: 50\n";
+        fs::write(dir.path().join("r.yaml"), body).unwrap();
+        let new = load_dir(dir.path()).unwrap();
+        assert!(new.rules[0].rollout.is_some());
+        assert_eq!(diff(&old, &new)["r"], Change::Restart);
+        // An edit that keeps `rollout:` needs nothing new.
+        let edited = tempfile::tempdir().unwrap();
+        let body = RULE
+            .replace("NAME", "r")
+            .replace("KIND", "A")
+            .replace("TEXT", "y")
+            + "  rollout:\n    steps:\n      - percent: 50\n";
+        fs::write(edited.path().join("r.yaml"), body).unwrap();
+        let edited = load_dir(edited.path()).unwrap();
+        assert_eq!(diff(&new, &edited)["r"], Change::Update);
     }
 
     #[test]
