@@ -330,3 +330,53 @@ async fn revision_configmaps(home: &TestNamespace, rule: &str) -> Vec<String> {
         .map(|cm| cm.name_any())
         .collect()
 }
+
+/// A rule without `rollout:` needs no ConfigMaps in the operator's
+/// namespace (the Role grants none then): it runs, and looking for leftover
+/// revisions of it once is not a 403 every tick.
+#[tokio::test]
+async fn a_rule_without_rollout_runs_with_no_configmaps_granted_in_the_operator_namespace() {
+    let logs = LogCapture::start();
+    let Setup {
+        home,
+        ns,
+        kind,
+        mut cleanup,
+        rule,
+        name,
+    } = setup("rollout-rbac-none").await;
+    let rule = rule.replace("  rollout:\n    steps:\n      - percent: 50\n", "");
+    let set = rule_set(&[&rule]);
+    assert!(set.rules[0].rollout.is_none(), "{rule}");
+    let role_name = support::unique_name("trellis-no-rollout");
+    let role = trellis::rbac::namespaced_role(&set, &role_name, home.name());
+    assert!(
+        !role.to_string().contains("\"configmaps\""),
+        "no ConfigMaps granted: {role}"
+    );
+    bind_role(&home, &ns, role).await;
+    let secrets = ResourceAttributes {
+        resource: Some("secrets".into()),
+        verb: Some("list".into()),
+        namespace: Some(ns.name().to_owned()),
+        ..Default::default()
+    };
+    let cluster_role = trellis::rbac::cluster_role(&set, &role_name);
+    let client = service_account_with_role(&ns, cluster_role, secrets, &mut cleanup).await;
+    let running = Running::spawn(&ns, &home, &client, set);
+    kind.create(&ns, "shop", json!({}), &[]).await;
+
+    running.wait_state(&name, "Running").await;
+    let secrets: Api<Secret> = ns.api();
+    wait_exists(&secrets, "shop-secret").await;
+    // Three of the rollout's 2 s ticks.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(forbidden_lines(&logs), Vec::<String>::new());
+    let notices: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("not looking for leftover revision ConfigMaps"))
+        .collect();
+    assert_eq!(notices.len(), 1, "said once: {notices:?}");
+    running.operator.stop().await;
+}

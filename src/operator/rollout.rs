@@ -113,7 +113,19 @@ async fn once(
         publish(ctx, None, None);
         if ctx.shared.gate.may_write() && ctx.versions.needs_clearing(&newest.revision) {
             let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
-            let deleted = versions::delete_all(client, ns, &newest.name).await?;
+            let deleted = match versions::delete_all(client, ns, &newest.name).await {
+                Ok(deleted) => deleted,
+                Err(kube::Error::Api(e)) if e.code == 403 => {
+                    // `trellis rbac` grants ConfigMaps in the operator's
+                    // namespace only while some rule has `rollout:`, and the
+                    // preflight does not ask for them for a rule without
+                    // it: said once, not retried every tick.
+                    info!(rule = %newest.name, namespace = ns, "rollout: not looking for leftover revision ConfigMaps of the rule: the operator may not list ConfigMaps in its namespace (any left stay)");
+                    ctx.versions.cleared(&newest.revision);
+                    return Ok(());
+                }
+                Err(err) => return Err(err),
+            };
             if deleted > 0 {
                 info!(rule = %newest.name, deleted, "rollout: the rule has no rollout: any more; its revision ConfigMaps deleted");
             }
