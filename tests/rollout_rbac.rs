@@ -7,7 +7,8 @@
 //! rbac` prints: the ClusterRole cluster-wide and the Role in the operator's
 //! namespace, which is a namespace of its own here (not the one watched),
 //! so only that Role grants ConfigMaps there. The rule's child is a Secret,
-//! so the ClusterRole grants no ConfigMaps at all.
+//! so the ClusterRole grants no ConfigMaps at all. A rule without
+//! `rollout:` runs under a Role that grants no ConfigMaps, without a 403.
 mod support;
 
 use std::net::SocketAddr;
