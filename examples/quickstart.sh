@@ -5,6 +5,7 @@
 #   examples/quickstart.sh            # build (first time: ~10 min), start, deploy trellis, apply parents
 #   TRELLIS_QUICKSTART_DIR=/some/dir examples/quickstart.sh
 #   TRELLIS_QUICKSTART_NODE=0 examples/quickstart.sh   # never start a node: trellis as a local process
+#   TRELLIS_QUICKSTART_BINARY=path/to/trellis ...      # use this binary instead of building one
 #
 # The control plane is etcd + kube-apiserver + kube-controller-manager built
 # from source by tests/cluster/cluster. As root, with the node's Debian
@@ -62,9 +63,14 @@ else
     say "No example CRDs in examples/crds/ yet; skipping"
 fi
 
-say "Building trellis"
-cargo build --quiet --manifest-path "$ROOT/Cargo.toml" --bin trellis
-TRELLIS="$ROOT/target/debug/trellis"
+if [[ -n "${TRELLIS_QUICKSTART_BINARY:-}" ]]; then
+    # tests/quickstart.rs: the binary cargo built for the test run.
+    TRELLIS="$TRELLIS_QUICKSTART_BINARY"
+else
+    say "Building trellis"
+    cargo build --quiet --manifest-path "$ROOT/Cargo.toml" --bin trellis
+    TRELLIS="$ROOT/target/debug/trellis"
+fi
 
 say "Checking the example rules"
 "$TRELLIS" check --rules "$ROOT/rules"
@@ -96,7 +102,9 @@ else
 fi
 
 say "Creating the sample parents"
-for ns in team-a team-b; do
+# Every namespace a sample parent lives in, as the platform team would have
+# made it (a Team moves into a Namespace someone else made).
+for ns in $(sed -n 's/^  namespace: *//p' "$ROOT"/examples/parents/*.yaml | sort -u); do
     "$KUBECTL" create namespace "$ns" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
 done
 for parent in "$ROOT"/examples/parents/*.yaml; do
