@@ -83,6 +83,8 @@ fn the_quickstart_runs_to_the_end_and_trellis_writes_every_sample_parents_status
     let _started = Started { dir: state.clone() };
     let out = Command::new(root().join("examples/quickstart.sh"))
         .env("TRELLIS_QUICKSTART_NODE", "0")
+        // `cluster up` would start a node with it set, beside the shared one.
+        .env("TRELLIS_CLUSTER_NODE", "0")
         .env("TRELLIS_QUICKSTART_DIR", &state)
         .env("TRELLIS_QUICKSTART_BINARY", env!("CARGO_BIN_EXE_trellis"))
         .output()
