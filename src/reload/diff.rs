@@ -86,15 +86,29 @@ mod tests {
     use crate::reload::{RULE, fingerprint};
     use crate::rules::load_dir;
 
+    /// The test rule `name` on parent kind `kind`, its ConfigMap holding `text`.
+    fn rule(name: &str, kind: &str, text: &str) -> String {
+        RULE.replace("NAME", name)
+            .replace("KIND", kind)
+            .replace("TEXT", text)
+    }
+
     fn set(rules: &[(&str, &str, &str)]) -> RuleSet {
         let dir = tempfile::tempdir().unwrap();
         for (name, kind, text) in rules {
-            let body = RULE
-                .replace("NAME", name)
-                .replace("KIND", kind)
-                .replace("TEXT", text);
-            fs::write(dir.path().join(format!("{name}.yaml")), body).unwrap();
+            fs::write(
+                dir.path().join(format!("{name}.yaml")),
+                rule(name, kind, text),
+            )
+            .unwrap();
         }
+        load_dir(dir.path()).unwrap()
+    }
+
+    /// A rule set of the one rule file `r.yaml` holding `body`.
+    fn one(body: &str) -> RuleSet {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("r.yaml"), body).unwrap();
         load_dir(dir.path()).unwrap()
     }
 
@@ -128,31 +142,18 @@ mod tests {
     #[test]
     fn new_child_kind_restarts_watches() {
         let old = set(&[("r", "A", "x")]);
-        let dir = tempfile::tempdir().unwrap();
-        let body = RULE
-            .replace("NAME", "r")
-            .replace("KIND", "A")
-            .replace("TEXT", "x")
-            + "    - id: s\n      apiVersion: v1\n      kind: Secret\n      template: 'metadata: {name: s}'\n";
-        fs::write(dir.path().join("r.yaml"), body).unwrap();
-        let new = load_dir(dir.path()).unwrap();
+        let new = one(&(rule("r", "A", "x")
+            + "    - id: s\n      apiVersion: v1\n      kind: Secret\n      template: 'metadata: {name: s}'\n"));
         assert_eq!(diff(&old, &new)["r"], Change::Restart);
     }
 
     #[test]
     fn a_policy_change_that_needs_new_verbs_restarts() {
         let old = set(&[("r", "A", "x")]);
-        let dir = tempfile::tempdir().unwrap();
-        let body = RULE
-            .replace("NAME", "r")
-            .replace("KIND", "A")
-            .replace("TEXT", "x")
-            .replace(
-                "      kind: ConfigMap\n",
-                "      kind: ConfigMap\n      policy: createOnly\n",
-            );
-        fs::write(dir.path().join("r.yaml"), body).unwrap();
-        let new = load_dir(dir.path()).unwrap();
+        let new = one(&rule("r", "A", "x").replace(
+            "      kind: ConfigMap\n",
+            "      kind: ConfigMap\n      policy: createOnly\n",
+        ));
         // createOnly needs no `patch`: the preflight must run again.
         assert_eq!(diff(&old, &new)["r"], Change::Restart);
     }
@@ -160,34 +161,19 @@ mod tests {
     #[test]
     fn adding_rollout_restarts_so_the_preflight_asks_for_the_revision_configmaps() {
         let old = set(&[("r", "A", "x")]);
-        let dir = tempfile::tempdir().unwrap();
-        let body = RULE
-            .replace("NAME", "r")
-            .replace("KIND", "A")
-            .replace("TEXT", "x")
-            + "  rollout:\n    steps:\n      - percent: 50\n";
-        fs::write(dir.path().join("r.yaml"), body).unwrap();
-        let new = load_dir(dir.path()).unwrap();
+        let rollout = "  rollout:\n    steps:\n      - percent: 50\n";
+        let new = one(&(rule("r", "A", "x") + rollout));
         assert!(new.rules[0].rollout.is_some());
         assert_eq!(diff(&old, &new)["r"], Change::Restart);
         // An edit that keeps `rollout:` needs nothing new.
-        let edited = tempfile::tempdir().unwrap();
-        let body = RULE
-            .replace("NAME", "r")
-            .replace("KIND", "A")
-            .replace("TEXT", "y")
-            + "  rollout:\n    steps:\n      - percent: 50\n";
-        fs::write(edited.path().join("r.yaml"), body).unwrap();
-        let edited = load_dir(edited.path()).unwrap();
+        let edited = one(&(rule("r", "A", "y") + rollout));
         assert_eq!(diff(&new, &edited)["r"], Change::Update);
     }
 
     #[test]
     fn template_file_edit_is_an_update() {
         let dir = tempfile::tempdir().unwrap();
-        let body = RULE
-            .replace("NAME", "r")
-            .replace("KIND", "A")
+        let body = rule("r", "A", "TEXT")
             .replace("      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n        data: {v: TEXT}\n", "      templateFile: cm.j2\n");
         fs::write(dir.path().join("r.yaml"), body).unwrap();
         fs::write(dir.path().join("cm.j2"), "metadata: {name: a}\n").unwrap();
