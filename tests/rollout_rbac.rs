@@ -13,9 +13,7 @@ mod support;
 
 use std::net::SocketAddr;
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams, PostParams};
@@ -26,7 +24,7 @@ use trellis::operator::Options;
 use support::TestNamespace;
 use support::operator::{
     Cleanup, LogCapture, Operator, QUIET, TestKind, WAIT, assert_absent, install_kind, rule_set,
-    service_account_with_role, wait_exists,
+    service_account_with_role, wait_allowed, wait_exists,
 };
 
 /// One Secret per parent, staged by `rollout:`.
@@ -173,37 +171,6 @@ async fn bind_role(home: &TestNamespace, ns: &TestNamespace, role: Value) {
         .create(&PostParams::default(), &binding)
         .await
         .expect("create RoleBinding");
-}
-
-/// Waits until `client` may do `what` (the authorizer learns of new
-/// bindings through a watch).
-async fn wait_allowed(client: &Client, what: ResourceAttributes) {
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    support::eventually("the Role's binding to take effect", WAIT, || async {
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(what.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| e.to_string())?;
-        answer
-            .status
-            .is_some_and(|s| s.allowed)
-            .then_some(())
-            .ok_or("not allowed yet".to_owned())
-    })
-    .await;
-}
-
-fn free_local_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
 }
 
 /// The operator's namespace, the watched one, a fresh parent kind, and
@@ -380,4 +347,10 @@ async fn a_rule_without_rollout_runs_with_no_configmaps_granted_in_the_operator_
         .collect();
     assert_eq!(notices.len(), 1, "said once: {notices:?}");
     running.operator.stop().await;
+}
+
+fn free_local_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
 }

@@ -422,11 +422,18 @@ pub async fn service_account_with_role(
         .expect("create ClusterRoleBinding");
 
     let client = impersonating(&format!("system:serviceaccount:{}:trellis", ns.name())).await;
+    wait_allowed(&client, probe).await;
+    client
+}
+
+/// Waits until `client` may do `what`: the authorizer learns of new
+/// bindings through a watch.
+pub async fn wait_allowed(client: &Client, what: ResourceAttributes) {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     super::eventually("the new binding to take effect", WAIT, || async {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(probe.clone()),
+                resource_attributes: Some(what.clone()),
                 ..Default::default()
             },
             ..Default::default()
@@ -442,7 +449,6 @@ pub async fn service_account_with_role(
             .ok_or("not allowed yet".to_owned())
     })
     .await;
-    client
 }
 
 /// The condition `type_` of an object's `.status.conditions`.
