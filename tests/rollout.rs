@@ -912,3 +912,121 @@ async fn rbac_from_cluster_covers_the_older_version_a_rollout_still_runs() {
     assert!(!stderr.contains(&old), "stderr:\n{stderr}");
     running.operator.stop().await;
 }
+
+/// Every `data.version` any of `rule`'s children in `ns` shows from now on,
+/// as a watch sees them (so a version written and replaced in between two
+/// looks is still seen).
+fn versions_ever_seen(
+    ns: &TestNamespace,
+    rule: &str,
+) -> (
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let cms: Api<ConfigMap> = ns.api();
+    let config = watcher::Config::default().labels(&format!("trellis.dev/rule={rule}"));
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut events = watcher(cms, config).applied_objects().boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(cm) = event
+                    && let Some(v) = config_data(&cm, "version")
+                {
+                    seen.lock().unwrap().insert(v);
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Issue 36: a rule edit moments after trellis starts was taken as the
+/// rule's "first" version, and moved every parent at once, when parents
+/// had already run the version trellis started with. Whatever the timing,
+/// a parent that ran v1 is moved to v2 only by the rollout's steps (25 %,
+/// then a manual pause: at most 2 of 8); parents may all start on v2 only
+/// when none ever ran v1. Many rounds, the edit landing at a different
+/// moment of the first seconds in each; then a restart with an edit
+/// within its first second: staged too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_in_the_first_seconds_after_a_start_is_staged_from_the_version_parents_ran() {
+    const PARENTS: usize = 8;
+    const MOVED_AT_FIRST_STEP: usize = 2; // ⌈25 % of 8⌉
+    let rollout = "    steps:\n      - percent: 25\n        pause: manual\n";
+    let first = support::namespace().await;
+    let (app, _cleanup) = install_kind(&first, "App").await;
+    let mut staged_rounds = 0;
+    for (round, edit_after_ms) in [150u64, 400, 700, 1000, 1500, 2200].into_iter().enumerate() {
+        let ns = support::namespace().await;
+        let rule = support::unique_name("first");
+        let cms: Api<ConfigMap> = ns.api();
+        for i in 0..PARENTS {
+            app.create(&ns, &format!("p{i}"), json!({"greeting": "hi"}), &[])
+                .await;
+        }
+        let (seen, watching) = versions_ever_seen(&ns, &rule);
+        let mut rules =
+            ConfigMapDir::new(&[("app.yaml", &rollout_rule(&app, &rule, "v1", rollout))]);
+        let running = Running::start(&ns.client, &ns, &rules);
+        tokio::time::sleep(Duration::from_millis(edit_after_ms)).await;
+        rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v2", rollout))]);
+        // Settled: every parent has its children, and the rollout is paused
+        // at its manual step (v1 recorded first) or complete (v2 first).
+        let state = running
+            .wait_rollout(&rule, "the rollout settled", |r| {
+                r["state"] == "Paused" || (r["state"] == "Complete" && r["to"] == r["from"])
+            })
+            .await;
+        support::eventually("every parent has its children", WAIT, || async {
+            let v = versions(&cms, &rule).await;
+            if v.len() == PARENTS { Ok(()) } else { Err(v) }
+        })
+        .await;
+        // Time for any wrong move to show.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = versions(&cms, &rule).await;
+        let ran_v1 = seen.lock().unwrap().contains("v1");
+        if ran_v1 {
+            staged_rounds += 1;
+            assert!(
+                count(&now, "v2") <= MOVED_AT_FIRST_STEP,
+                "round {round} (edit after {edit_after_ms} ms): parents ran v1, and the edit moved {} of {PARENTS} at once: {now:?}; rollout {state}",
+                count(&now, "v2")
+            );
+        } else {
+            assert_eq!(count(&now, "v2"), PARENTS, "round {round}: {now:?}");
+        }
+
+        // A restart, and an edit within its first second: staged from the
+        // version each parent is on, never everyone at once.
+        let on_v3_before = count(&now, "v3");
+        running.operator.stop().await;
+        let running = Running::start(&ns.client, &ns, &rules);
+        tokio::time::sleep(Duration::from_millis(100 + 150 * round as u64)).await;
+        rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v3", rollout))]);
+        running
+            .wait_rollout(&rule, "the edit after the restart is staged", |r| {
+                r["state"] == "Paused" && r["moved"] == MOVED_AT_FIRST_STEP
+            })
+            .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = versions(&cms, &rule).await;
+        assert_eq!(on_v3_before, 0);
+        assert!(
+            count(&after, "v3") <= MOVED_AT_FIRST_STEP,
+            "round {round}: an edit right after a restart moved {} of {PARENTS} at once: {after:?}",
+            count(&after, "v3")
+        );
+        running.operator.stop().await;
+        watching.abort();
+    }
+    // Not vacuous: some rounds had parents run v1 before the edit.
+    assert!(
+        staged_rounds > 0,
+        "no round had a parent run v1 before the edit: the test proved nothing"
+    );
+}

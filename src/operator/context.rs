@@ -36,6 +36,9 @@ pub struct RuleCtx {
     pub children: Vec<ChildCache>,
     /// The parent cache.
     pub parents: Store<ParentObject>,
+    /// Parents that may have left the rule's scope, to release (see
+    /// [`super::released`]).
+    pub released: super::released::Sender,
     /// Consecutive failures per parent: backoff and Warning dedup.
     pub failures: super::retry::Failures,
     /// Parents whose pass failed for want of the API server, retried once

@@ -431,12 +431,19 @@ async fn run_controller(
     for (_, why) in &kinds.unserved_related {
         warn!(rule = %rule.name, "its readers wait: {why}");
     }
-    // A deleted parent reads nothing any more.
+    // A deleted parent reads nothing any more. The watch also reports a
+    // parent whose labels left the selector as deleted: it may still be
+    // there, to release (see `released`).
+    let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
     let forget = {
         let (caches, resource) = (related.caches.clone(), parent_kind.resource.clone());
+        let (released, rules) = (released_tx.clone(), rules.clone());
         move |event: &Result<watcher::Event<ParentObject>, watcher::Error>| {
             if let Ok(watcher::Event::Delete(p)) = event {
                 caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
+            }
+            if let Some(candidate) = super::released::from_event(&rules.borrow(), event) {
+                let _ = released.send(candidate);
             }
         }
     };
@@ -522,6 +529,7 @@ async fn run_controller(
         shared: shared.clone(),
         children: child_stores,
         parents: parents.clone(),
+        released: released_tx,
         failures: Failures::default(),
         outage: Outage::default(),
         warned: Mutex::new(BTreeSet::new()),
@@ -538,6 +546,7 @@ async fn run_controller(
     // The rollout's moves (and, on the leader, its decisions).
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::unbounded_channel();
     let rollout_task = tokio::spawn(super::rollout::run(ctx.clone(), wake_tx));
+    let released_task = tokio::spawn(super::released::run(ctx.clone(), released_rx));
     let controller =
         controller.reconcile_on(futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx)));
     // A reloaded rule with the same kinds, or a watch that had to relist
@@ -587,6 +596,7 @@ async fn run_controller(
     }
     listing.abort();
     rollout_task.abort();
+    released_task.abort();
 }
 
 fn error_policy(parent: Arc<ParentObject>, err: &context::Error, ctx: Arc<RuleCtx>) -> Action {

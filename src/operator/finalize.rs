@@ -84,10 +84,51 @@ pub(super) async fn finalize(
     if !parent.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
+    match remove_children(parent, ctx, uid, "parent is being deleted").await? {
+        Removal::Waiting(after) => Ok(Action::requeue(after)),
+        Removal::Done { .. } => {
+            release_finalizer(ctx, parent).await?;
+            info!(rule = %ctx.rule().name, parent = %parent_key(parent), "children removed; finalizer released");
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Drops trellis's finalizer from `parent` (as read), keeping the others.
+pub(super) async fn release_finalizer(ctx: &RuleCtx, parent: &DynamicObject) -> Result<(), Error> {
+    let rest: Vec<String> = parent
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(ctx, parent, rest).await
+}
+
+/// Where removing a parent's children stands after one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// Deletes were sent (or a child the cache missed is still there):
+    /// look again after this long.
+    Waiting(Duration),
+    /// Nothing of the rule's is left on the parent's children or targets;
+    /// `acted` when this round released or deleted anything.
+    Done { acted: bool },
+}
+
+/// One round of taking a parent's children and contributions away, as on
+/// its deletion: patch contributions released, then children deleted
+/// (retained ones released), in reverse dependency order when the rule asks
+/// for it, a live check that none is left. `why` ends each log line.
+pub(super) async fn remove_children(
+    parent: &DynamicObject,
+    ctx: &RuleCtx,
+    uid: &str,
+    why: &str,
+) -> Result<Removal, Error> {
     let rule = &ctx.rule();
-    let key = parent_key(parent);
     // Contributions to objects the rule does not own go first.
-    super::patch::release_parent(ctx, rule, uid).await?;
+    let released = super::patch::release_parent(ctx, rule, uid).await?;
     let observed = ctx.observed(uid);
     let id_of = |o: &Value| {
         o.pointer("/metadata/labels")
@@ -115,17 +156,9 @@ pub(super) async fn finalize(
         // The cache may not have seen a child created moments ago: ask the
         // API server before letting the parent go.
         if live_children_remain(ctx, parent, uid).await? {
-            return Ok(Action::requeue(Duration::from_secs(1)));
+            return Ok(Removal::Waiting(Duration::from_secs(1)));
         }
-        let rest: Vec<String> = parent
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(ctx, parent, rest).await?;
-        info!(rule = %rule.name, parent = %key, "children removed; finalizer released");
-        return Ok(Action::await_change());
+        return Ok(Removal::Done { acted: released });
     }
     for obj in wave {
         if obj.pointer("/metadata/deletionTimestamp").is_some() {
@@ -148,7 +181,7 @@ pub(super) async fn finalize(
             ctx.check_write(uid)?;
             match super::release::release_child(&api, &key.name).await {
                 Ok(_) => {
-                    info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "released (deletionPolicy: retain; parent is being deleted)")
+                    info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "released (deletionPolicy: retain; {why})")
                 }
                 Err(source) => {
                     return Err(ctx.attribute(Error::Apply {
@@ -173,7 +206,7 @@ pub(super) async fn finalize(
         ctx.check_write(uid)?;
         match api.delete(&key.name, &params).await {
             Ok(_) => {
-                info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted (parent is being deleted)")
+                info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted ({why})")
             }
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
             Err(source) => {
@@ -185,5 +218,5 @@ pub(super) async fn finalize(
         }
     }
     // Watches on the children wake us as they go; poll as a safety net.
-    Ok(Action::requeue(Duration::from_secs(2)))
+    Ok(Removal::Waiting(Duration::from_secs(2)))
 }

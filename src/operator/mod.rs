@@ -32,6 +32,7 @@ pub mod identity;
 pub mod leader;
 mod patch;
 mod reconcile;
+mod released;
 pub mod related;
 mod release;
 mod relisted;

@@ -196,14 +196,14 @@ pub(super) async fn release_all(
     Ok(())
 }
 
-/// Takes back every contribution of a parent being deleted: those the
-/// caches show under its manager, and those this process sent that the
-/// caches may not show yet.
+/// Takes back every contribution of a parent being deleted (or leaving the
+/// rule): those the caches show under its manager, and those this process
+/// sent that the caches may not show yet. `Ok(true)` when there were any.
 pub(super) async fn release_parent(
     ctx: &RuleCtx,
     rule: &CompiledRule,
     parent_uid: &str,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let manager = crate::plan::field_manager(&rule.name, parent_uid);
     let mut releases: BTreeMap<ObjectKey, Release> = ctx
         .patches
@@ -219,7 +219,7 @@ pub(super) async fn release_parent(
     release_all(ctx, rule, &releases, parent_uid, &mut errors).await?;
     match errors.into_iter().next() {
         Some(err) => Err(err),
-        None => Ok(()),
+        None => Ok(!releases.is_empty()),
     }
 }
 

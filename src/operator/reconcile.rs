@@ -129,7 +129,21 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     }
     let parent_ref = super::related::parent_ref(parent, &ctx.kinds.parent.resource);
     if !plan::parent_matches(rule, &parent_json) {
+        // Outside the rule (a watch not yet restarted after a reload
+        // narrowed it): finalized as one that left it.
         ctx.related.forget(&parent_ref);
+        if let Some(candidate) = super::released::Candidate::of(parent, true) {
+            let _ = ctx.released.send(candidate);
+        }
+        return Ok(Action::await_change());
+    }
+    // A rule with `rollout:` runs no pass until the version its parents are
+    // on is recorded in the cluster: a pass on an unrecorded version, then
+    // an edit, would make the edit the "first" version and move every
+    // parent at once. The leader records it at the rollout's first look,
+    // which wakes every parent.
+    if rule.rollout.is_some() && ctx.versions.record().is_none() {
+        debug!(rule = %rule.name, parent = %key, "waiting for the rule's first version to be recorded");
         return Ok(Action::await_change());
     }
     // The version this parent is due to run: the newest, unless a staged

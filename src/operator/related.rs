@@ -431,6 +431,19 @@ fn to_entry(gvk: &Gvk, o: &ParentObject) -> Result<Option<(ObjectKey, Value)>, U
     Ok(ObjectKey::of(&value).map(|k| (k, value)))
 }
 
+impl Caches {
+    /// The parent uids whose contributions under `rule` the patch targets'
+    /// caches show (managers `trellis/<rule>/<uid>`).
+    pub fn contributors(&self, rule: &str) -> Vec<String> {
+        let prefix = crate::plan::field_manager(rule, "");
+        super::lock(&self.managers)
+            .named(&prefix)
+            .into_iter()
+            .filter_map(|m| m.strip_prefix(&prefix).map(str::to_owned))
+            .collect()
+    }
+}
+
 impl RelatedSource for Caches {
     fn managed_by(&self, manager: &str) -> Vec<(ObjectKey, Value)> {
         let targets = super::lock(&self.managers).of(manager);

@@ -151,8 +151,9 @@ async fn once(
         let record = ctx.versions.record();
         // Under --shards the leader decides but each parent's owner moves
         // it: a decision read back here wakes this replica's parents (those
-        // of other buckets end their pass at once).
-        if ctx.shared.shards.is_some() && before.is_some() && record != before {
+        // of other buckets end their pass at once), and so does the first
+        // version recorded, which their passes wait for.
+        if ctx.shared.shards.is_some() && record.is_some() && record != before {
             wake_all(ctx, wake);
         }
         publish(ctx, Some(&settings), record.as_ref());
@@ -161,15 +162,19 @@ async fn once(
     let now = unix_now();
     let current = versions::current_record(&stored, &newest.revision);
     let Some(mut record) = current.and_then(|s| s.record.clone()) else {
-        // The first version kept: every parent is on it already.
+        // The first version, made durable before any parent runs it: no
+        // pass of a rule with `rollout:` runs without a record (see
+        // `reconcile`), so no parent is on another version of this text's
+        // history, and an edit from now on is staged from this version.
         let record = Record {
             state: State::start(&newest.revision, &newest.revision, now),
             handled: Vec::new(),
         };
         revisions.wrote(&versions::write(client, ns, &newest, Some(&record)).await?);
         ctx.versions.set(Some(record.clone()), &newest);
-        info!(rule = %newest.name, revision = %newest.revision, "rollout: first version of the rule kept");
+        info!(rule = %newest.name, revision = %newest.revision, "rollout: first version of the rule recorded; its parents' passes may run");
         publish(ctx, Some(&settings), Some(&record));
+        wake_all(ctx, wake);
         return Ok(());
     };
     let mut decision = current.and_then(|s| s.decision.clone());

@@ -51,6 +51,16 @@ impl Managers {
         });
     }
 
+    /// The managers whose names start with `prefix` (a rule's patch
+    /// managers: `trellis/<rule>/`).
+    pub fn named(&self, prefix: &str) -> Vec<String> {
+        self.by_manager
+            .keys()
+            .filter(|m| m.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
     pub fn of(&self, manager: &str) -> Vec<At> {
         self.by_manager
             .get(manager)
@@ -89,6 +99,8 @@ mod tests {
         index.add(&ns, &meta(&["trellis/r/u2"]));
         assert!(index.of("trellis/r/u1").is_empty());
         assert_eq!(index.of("trellis/r/u2"), vec![ns.clone()]);
+        assert_eq!(index.named("trellis/r/"), vec!["trellis/r/u2".to_owned()]);
+        assert!(index.named("trellis/other/").is_empty());
         index.clear(0);
         assert!(index.of("trellis/r/u2").is_empty());
     }
