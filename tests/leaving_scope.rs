@@ -246,14 +246,18 @@ async fn a_parent_that_left_the_selector_while_trellis_was_down_is_released_at_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_that_narrows_the_selector_or_the_namespaces_releases_the_parents_left_outside()
-{
+async fn a_reload_that_narrows_the_selector_or_the_namespaces_releases_the_parents_left_outside() {
     let ns = support::namespace().await;
     let other = support::namespace().await;
     let (kind, _cleanup) = install_kind(&ns, "Box").await;
     let name = support::unique_name("narrow");
     let both = [ns.name(), other.name()];
-    let wide = rule(&kind, &name, "{matchExpressions: [{key: tier, operator: In, values: [web, db]}]}", &both);
+    let wide = rule(
+        &kind,
+        &name,
+        "{matchExpressions: [{key: tier, operator: In, values: [web, db]}]}",
+        &both,
+    );
     let narrow = rule(&kind, &name, "{matchLabels: {tier: web}}", &[ns.name()]);
     let mut rules = ConfigMapDir::new(&[("box.yaml", &wide)]);
     let mut options = trellis::operator::Options::new(
@@ -280,7 +284,8 @@ async fn a_reload_that_narrows_the_selector_or_the_namespaces_releases_the_paren
     wait_released(&kind, client, other.name(), "far").await;
     wait_served(&kind, client, ns.name(), "web").await;
     for (namespace, parent) in [(ns.name(), "web"), (ns.name(), "db"), (other.name(), "far")] {
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &kind.resource);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, &kind.resource);
         delete_does_not_hang(&api, parent).await;
     }
     operator.stop().await;

@@ -975,21 +975,37 @@ async fn an_edit_in_the_first_seconds_after_a_start_is_staged_from_the_version_p
         tokio::time::sleep(Duration::from_millis(edit_after_ms)).await;
         rules.update(&[("app.yaml", &rollout_rule(&app, &rule, "v2", rollout))]);
         // Settled: every parent has its children, and the rollout is paused
-        // at its manual step (v1 recorded first) or complete (v2 first).
-        let state = running
-            .wait_rollout(&rule, "the rollout settled", |r| {
-                r["state"] == "Paused" || (r["state"] == "Complete" && r["to"] == r["from"])
-            })
-            .await;
-        support::eventually("every parent has its children", WAIT, || async {
-            let v = versions(&cms, &rule).await;
-            if v.len() == PARENTS { Ok(()) } else { Err(v) }
+        // at its manual step with 2 moved (v1 recorded first), or complete
+        // with everyone on v2 (v2 first, or every parent moved at once).
+        let (state, now) = support::eventually("the rollout settled", WAIT, || async {
+            let now = versions(&cms, &rule).await;
+            let status = http_get_json(running.addr, "/status").await?;
+            let r = status["rules"][rule.as_str()]["rollout"].clone();
+            let v2 = count(&now, "v2");
+            let paused = r["state"] == "Paused" && r["moved"] == MOVED_AT_FIRST_STEP;
+            let complete = r["state"] == "Complete" && v2 == PARENTS;
+            if now.len() == PARENTS && (paused && v2 == MOVED_AT_FIRST_STEP || complete) {
+                Ok((r, now))
+            } else {
+                Err(format!("rollout {r}, children {now:?}"))
+            }
         })
         .await;
-        // Time for any wrong move to show.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let now = versions(&cms, &rule).await;
+        // Time for any further move to show.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = {
+            let later = versions(&cms, &rule).await;
+            assert_eq!(
+                later, now,
+                "round {round}: parents moved after the rollout settled"
+            );
+            later
+        };
         let ran_v1 = seen.lock().unwrap().contains("v1");
+        eprintln!(
+            "[rollout] round {round}, edit after {edit_after_ms} ms: parents ran v1: {ran_v1}; on v2: {}; rollout {state}",
+            count(&now, "v2")
+        );
         if ran_v1 {
             staged_rounds += 1;
             assert!(

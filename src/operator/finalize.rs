@@ -42,16 +42,19 @@ pub(super) async fn set_finalizers(
     Ok(())
 }
 
-/// Whether any child of this parent still exists, by a live list per child
-/// kind (not the cache).
-async fn live_children_remain(
+/// The children of this parent that exist, by a live list per child kind
+/// (not the cache), as objects of their metadata: a child created moments
+/// ago that the cache has not seen, or one in a namespace the rule's
+/// watches no longer cover (a reload narrowed its namespaces).
+async fn live_children(
     ctx: &RuleCtx,
     parent: &DynamicObject,
     uid: &str,
-) -> Result<bool, Error> {
+) -> Result<Vec<Value>, Error> {
     let rule = ctx.rule();
     let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
-    let params = kube::api::ListParams::default().labels(&selector).limit(1);
+    let params = kube::api::ListParams::default().labels(&selector);
+    let mut out = Vec::new();
     for kind in &ctx.kinds.children {
         // Children live in the parent's namespace unless the rule lets them out.
         let anywhere = rule
@@ -61,8 +64,13 @@ async fn live_children_remain(
         let namespace = parent.namespace().filter(|_| !anywhere);
         let api = ctx.api_for(kind, namespace.as_deref());
         match api.list_metadata(&params).await {
-            Ok(list) if !list.items.is_empty() => return Ok(true),
-            Ok(_) => {}
+            Ok(list) => out.extend(list.items.into_iter().map(|c| {
+                json!({
+                    "apiVersion": kind.gvk.api_version(),
+                    "kind": kind.gvk.kind,
+                    "metadata": c.metadata,
+                })
+            })),
             Err(source) => {
                 return Err(ctx.attribute(Error::Delete {
                     key: format!("children of kind {}", kind.gvk),
@@ -71,7 +79,7 @@ async fn live_children_remain(
             }
         }
     }
-    Ok(false)
+    Ok(out)
 }
 
 /// A parent being deleted: remove children (in reverse dependency order when
@@ -129,7 +137,16 @@ pub(super) async fn remove_children(
     let rule = &ctx.rule();
     // Contributions to objects the rule does not own go first.
     let released = super::patch::release_parent(ctx, rule, uid).await?;
-    let observed = ctx.observed(uid);
+    let mut observed = ctx.observed(uid);
+    if observed.is_empty() {
+        // The cache may not have seen a child created moments ago, or may
+        // not cover its namespace any more: ask the API server before
+        // letting the parent go.
+        observed = live_children(ctx, parent, uid).await?;
+        if observed.is_empty() {
+            return Ok(Removal::Done { acted: released });
+        }
+    }
     let id_of = |o: &Value| {
         o.pointer("/metadata/labels")
             .and_then(|l| l.get(LABEL_CHILD))
@@ -152,14 +169,6 @@ pub(super) async fn remove_children(
     } else {
         observed.iter().collect()
     };
-    if wave.is_empty() {
-        // The cache may not have seen a child created moments ago: ask the
-        // API server before letting the parent go.
-        if live_children_remain(ctx, parent, uid).await? {
-            return Ok(Removal::Waiting(Duration::from_secs(1)));
-        }
-        return Ok(Removal::Done { acted: released });
-    }
     for obj in wave {
         if obj.pointer("/metadata/deletionTimestamp").is_some() {
             continue;

@@ -77,20 +77,27 @@ impl Candidate {
 /// Where a pass or a watch hands a parent that may have left the rule.
 pub(super) type Sender = mpsc::UnboundedSender<Candidate>;
 
-/// The candidate a parent watch event names: the label-selected watch
-/// reports a parent that stopped matching as deleted, in its new state. A
-/// parent really deleted still matches in its last state: no candidate, so
-/// a deletion costs no read.
+/// The candidate a parent watch event names. The label-selected watch
+/// reports a parent whose labels left the selector as deleted, carrying
+/// its state from before the change (so its labels cannot tell): any
+/// delete of a rule with a selector is a candidate, but for the last event
+/// of a real deletion (marked for deletion, trellis's finalizer already
+/// gone), so a deletion through the finalizer costs no read. Without a
+/// selector a delete is always a deletion.
 pub(super) fn from_event(
     rule: &CompiledRule,
     event: &Result<watcher::Event<ParentObject>, watcher::Error>,
 ) -> Option<Candidate> {
-    match event {
-        Ok(watcher::Event::Delete(p)) if !in_scope(rule, &p.object.metadata) => {
-            Candidate::of(&p.object, true)
-        }
-        _ => None,
+    let Ok(watcher::Event::Delete(p)) = event else {
+        return None;
+    };
+    rule.rule.spec.parent.selector.as_ref()?;
+    let meta = &p.object.metadata;
+    let finalized = meta.finalizers.iter().flatten().any(|f| f == FINALIZER);
+    if meta.deletion_timestamp.is_some() && !finalized {
+        return None;
     }
+    Candidate::of(&p.object, true)
 }
 
 /// Whether the rule serves a parent, from its metadata: what
@@ -434,22 +441,33 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_delete_of_a_parent_that_left_the_selector_is_a_candidate_a_real_deletion_is_not() {
+    fn a_watch_delete_under_a_selector_is_a_candidate_but_the_end_of_a_finalized_deletion_is_not() {
         let r = rule(
             "{apiVersion: demo.trellis.dev/v1, kind: Box, selector: {matchLabels: {managed: 'yes'}}}",
         );
-        let box_labelled = |labels: &str| {
+        let box_labelled = |labels: &str, more: &str| {
             ParentObject::from_json(&format!(
-                r#"{{"apiVersion":"demo.trellis.dev/v1","kind":"Box","metadata":{{"name":"p","namespace":"a","uid":"u","labels":{labels}}}}}"#
+                r#"{{"apiVersion":"demo.trellis.dev/v1","kind":"Box","metadata":{{"name":"p","namespace":"a","uid":"u","labels":{labels}{more}}}}}"#
             ))
             .unwrap()
         };
-        let left = box_labelled(r#"{"managed":"no"}"#);
+        // The event carries the state before the labels changed.
+        let left = box_labelled(r#"{"managed":"yes"}"#, "");
         let c = from_event(&r, &Ok(watcher::Event::Delete(left.clone()))).unwrap();
-        assert_eq!((c.name.as_str(), c.uid.as_str(), c.served), ("p", "u", true));
+        assert_eq!(
+            (c.name.as_str(), c.uid.as_str(), c.served),
+            ("p", "u", true)
+        );
         assert!(from_event(&r, &Ok(watcher::Event::Apply(left))).is_none());
-        // Really deleted: its last state still matches.
-        let deleted = box_labelled(r#"{"managed":"yes"}"#);
+        // The last event of a deletion through the finalizer.
+        let deleted = box_labelled(
+            r#"{"managed":"yes"}"#,
+            r#","deletionTimestamp":"2026-12-04T00:00:00Z","finalizers":[]"#,
+        );
         assert!(from_event(&r, &Ok(watcher::Event::Delete(deleted))).is_none());
+        // Without a selector, a delete is a deletion.
+        let plain = rule("{apiVersion: demo.trellis.dev/v1, kind: Box}");
+        let gone = box_labelled("{}", "");
+        assert!(from_event(&plain, &Ok(watcher::Event::Delete(gone))).is_none());
     }
 }
