@@ -441,7 +441,7 @@ use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
 use parent::{ParentInfo, with_spec};
-pub use parent::{deep_merge, parent_matches};
+pub use parent::{deep_merge, parent_matches, why_not_selected};
 pub use patch::{PatchApply, Release, TARGET_NOT_FOUND, field_manager, has_manager};
 pub use related::{
     MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,

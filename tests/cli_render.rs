@@ -413,3 +413,25 @@ fn observed_and_parent_files_may_be_lists_as_kubectl_get_prints_them() {
         out.stderr
     );
 }
+
+/// Issue 36: a parent outside its rule's selector was reported as "no rule
+/// matches a parent of kind …", as if no rule served the kind at all.
+#[test]
+fn render_of_a_parent_outside_the_selector_names_the_rule_and_why() {
+    let rule = app_rule("spec.greeting", "").replace(
+        "    kind: App\n",
+        "    kind: App\n    selector: {matchLabels: {managed: \"yes\"}}\n",
+    );
+    let out = render(&rule, APP, None, &[]);
+    assert_ne!(out.code, Some(0), "stdout:\n{}", out.stdout);
+    assert!(
+        out.stderr.contains("rule app does not select this parent")
+            && out.stderr.contains("parent.selector (managed=yes)"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("no rule matches"), "{}", out.stderr);
+    // Selected, it renders.
+    let labelled = APP.replace("metadata: {", "metadata: {labels: {managed: \"yes\"}, ");
+    assert_exit(&render(&rule, &labelled, None, &[]), 0);
+}

@@ -28,12 +28,21 @@ pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule
         .and_then(Value::as_str)
         .unwrap_or_default();
     let gvk = Gvk::new(api_version, kind);
-    let candidates: Vec<&CompiledRule> = set
-        .for_parent(&gvk)
-        .map(|r| r.as_ref())
+    let of_kind: Vec<&CompiledRule> = set.for_parent(&gvk).map(|r| r.as_ref()).collect();
+    let candidates: Vec<&CompiledRule> = of_kind
+        .iter()
+        .copied()
         .filter(|r| crate::plan::parent_matches(r, parent))
         .collect();
     match candidates.as_slice() {
+        [] if !of_kind.is_empty() => Err(of_kind
+            .iter()
+            .map(|r| {
+                let why = crate::plan::why_not_selected(r, parent).unwrap_or_default();
+                format!("rule {} does not select this parent: {why}", r.name)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")),
         [] => Err(format!("no rule matches a parent of kind {gvk}")),
         [one] => Ok(one),
         many => Err(format!(

@@ -100,25 +100,13 @@ pub(super) fn from_event(
     Candidate::of(&p.object, true)
 }
 
-/// Whether the rule serves a parent, from its metadata: what
-/// [`crate::plan::parent_matches`] says of its namespace and labels.
-pub(super) fn in_scope(rule: &CompiledRule, metadata: &kube::api::ObjectMeta) -> bool {
+/// Why the rule does not serve a parent, from its metadata (see
+/// [`crate::plan::why_not_selected`]); `None` when it does.
+pub(super) fn why_out(rule: &CompiledRule, metadata: &kube::api::ObjectMeta) -> Option<String> {
     let parent = json!({
         "metadata": {"namespace": metadata.namespace, "labels": metadata.labels}
     });
-    crate::plan::parent_matches(rule, &parent)
-}
-
-/// Why a parent is outside the rule, for logs and the Event.
-pub(super) fn why_out(rule: &CompiledRule, metadata: &kube::api::ObjectMeta) -> String {
-    let namespaces = &rule.rule.spec.parent.namespaces;
-    match &metadata.namespace {
-        Some(ns) if !namespaces.is_empty() && !namespaces.contains(ns) => format!(
-            "its namespace {ns} is not among the rule's namespaces ({})",
-            namespaces.join(", ")
-        ),
-        _ => "its labels no longer match the rule's parent.selector".to_owned(),
-    }
+    crate::plan::why_not_selected(rule, &parent)
 }
 
 /// Whether the rule itself ever sets trellis's finalizer on a parent (see
@@ -231,11 +219,10 @@ async fn release(ctx: &RuleCtx, c: &Candidate) -> Fate {
             return Fate::Settled;
         }
         let rule = ctx.rule();
-        if in_scope(&rule, &parent.metadata) {
+        let Some(why) = why_out(&rule, &parent.metadata) else {
             debug!(rule = %rule.name, parent = %parent_key(&parent), "back in the rule's scope");
             return Fate::Settled;
-        }
-        let why = why_out(&rule, &parent.metadata);
+        };
         let result = remove_children(&parent, ctx, &c.uid, "parent left the rule").await;
         match result {
             Ok(Removal::Waiting(after)) => {
@@ -265,7 +252,7 @@ async fn release(ctx: &RuleCtx, c: &Candidate) -> Fate {
                 if acted || (finalized && c.served) {
                     info!(rule = %rule.name, parent = %parent_key(&parent), "released: {why}");
                     let note = format!(
-                        "rule {} no longer serves this parent ({why}): its children and contributions were removed",
+                        "rule {} no longer selects this parent ({why}): its children and contributions were removed",
                         rule.name
                     );
                     ctx.event(&parent, EventType::Normal, "Released", note)
@@ -336,7 +323,7 @@ async fn sweep(ctx: &RuleCtx) -> Vec<Candidate> {
                 let Some(uid) = p.metadata.uid.as_deref() else {
                     continue;
                 };
-                if held.contains(uid) || in_scope(&rule, &p.metadata) {
+                if held.contains(uid) || why_out(&rule, &p.metadata).is_none() {
                     continue;
                 }
                 let finalized = p
@@ -393,24 +380,22 @@ mod tests {
         let r = rule(
             "{apiVersion: demo.trellis.dev/v1, kind: Box, selector: {matchLabels: {managed: 'yes'}}}",
         );
-        assert!(in_scope(&r, &meta("a", &[("managed", "yes")])));
+        assert_eq!(why_out(&r, &meta("a", &[("managed", "yes")])), None);
         let left = meta("a", &[("managed", "no")]);
-        assert!(!in_scope(&r, &left));
         assert_eq!(
-            why_out(&r, &left),
-            "its labels no longer match the rule's parent.selector"
+            why_out(&r, &left).as_deref(),
+            Some("its labels (managed=no) do not match the rule's parent.selector (managed=yes)")
         );
     }
 
     #[test]
     fn a_parent_outside_the_rules_namespaces_is_out_of_scope_and_says_why() {
         let r = rule("{apiVersion: demo.trellis.dev/v1, kind: Box, namespaces: [a, b]}");
-        assert!(in_scope(&r, &meta("b", &[])));
+        assert_eq!(why_out(&r, &meta("b", &[])), None);
         let elsewhere = meta("c", &[]);
-        assert!(!in_scope(&r, &elsewhere));
         assert_eq!(
-            why_out(&r, &elsewhere),
-            "its namespace c is not among the rule's namespaces (a, b)"
+            why_out(&r, &elsewhere).as_deref(),
+            Some("its namespace c is not among the rule's namespaces (a, b)")
         );
     }
 

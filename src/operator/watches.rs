@@ -24,7 +24,7 @@ use tracing::warn;
 use super::compact::CompactObject;
 use super::discovery::Resolved;
 use super::retry::WatchBackoff;
-use crate::rules::model::{LabelSelector, SelectorOperator};
+use crate::rules::model::LabelSelector;
 use crate::shard::BucketSet;
 
 /// What a watch here can hold: an object of a kind found by discovery.
@@ -57,21 +57,7 @@ type EventStream<K> =
 
 /// `matchLabels`/`matchExpressions` as a label selector string.
 pub fn selector_string(selector: &LabelSelector) -> String {
-    let mut parts: Vec<String> = selector
-        .match_labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    for req in &selector.match_expressions {
-        let values = req.values.join(",");
-        parts.push(match req.operator {
-            SelectorOperator::In => format!("{} in ({values})", req.key),
-            SelectorOperator::NotIn => format!("{} notin ({values})", req.key),
-            SelectorOperator::Exists => req.key.clone(),
-            SelectorOperator::DoesNotExist => format!("!{}", req.key),
-        });
-    }
-    parts.join(",")
+    selector.query()
 }
 
 /// Drops what the planner never reads before it reaches a cache, and fills
@@ -340,6 +326,7 @@ mod tests {
     use super::super::compact::ByParent;
     use super::*;
     use crate::rules::model::LabelSelectorRequirement;
+    use crate::rules::model::SelectorOperator;
     use kube::runtime::reflector::store::Writer;
 
     #[test]

@@ -15,6 +15,12 @@ use crate::rules::model::Scope;
 
 /// Whether `parent` falls under the rule's `namespaces` and `selector`.
 pub fn parent_matches(rule: &CompiledRule, parent: &Value) -> bool {
+    why_not_selected(rule, parent).is_none()
+}
+
+/// Why the rule does not select `parent` (its namespace outside the rule's
+/// `namespaces`, or its labels outside `selector`); `None` when it does.
+pub fn why_not_selected(rule: &CompiledRule, parent: &Value) -> Option<String> {
     let spec = &rule.rule.spec.parent;
     let namespace = parent
         .pointer("/metadata/namespace")
@@ -22,17 +28,32 @@ pub fn parent_matches(rule: &CompiledRule, parent: &Value) -> bool {
     if !spec.namespaces.is_empty()
         && !namespace.is_some_and(|ns| spec.namespaces.iter().any(|n| n == ns))
     {
-        return false;
+        return Some(format!(
+            "its namespace {} is not among the rule's namespaces ({})",
+            namespace.unwrap_or("(none)"),
+            spec.namespaces.join(", ")
+        ));
     }
-    let Some(selector) = &spec.selector else {
-        return true;
-    };
-    selector_matches(
-        selector,
-        parent
-            .pointer("/metadata/labels")
-            .and_then(Value::as_object),
-    )
+    let selector = spec.selector.as_ref()?;
+    let labels = parent
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object);
+    if selector_matches(selector, labels) {
+        return None;
+    }
+    Some(format!(
+        "its labels ({}) do not match the rule's parent.selector ({})",
+        labels
+            .map(|l| {
+                l.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| "none".to_owned()),
+        selector.query()
+    ))
 }
 
 /// Deep-merges `over` onto `base`: objects merge key by key, anything else replaces.

@@ -272,6 +272,28 @@ pub struct LabelSelector {
     pub match_expressions: Vec<LabelSelectorRequirement>,
 }
 
+impl LabelSelector {
+    /// The selector as the API server's label selector string
+    /// (`tier=web,env in (a,b),!legacy`): for watches, and for messages.
+    pub fn query(&self) -> String {
+        let mut parts: Vec<String> = self
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        for req in &self.match_expressions {
+            let values = req.values.join(",");
+            parts.push(match req.operator {
+                SelectorOperator::In => format!("{} in ({values})", req.key),
+                SelectorOperator::NotIn => format!("{} notin ({values})", req.key),
+                SelectorOperator::Exists => req.key.clone(),
+                SelectorOperator::DoesNotExist => format!("!{}", req.key),
+            });
+        }
+        parts.join(",")
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LabelSelectorRequirement {
