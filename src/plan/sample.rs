@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::child::{ChildResult, Outcome, plan_child};
 use super::children::Children;
 use super::parent::{ParentInfo, effective_spec, scope_error, with_spec};
+use super::vars::Vars;
 use super::{Input, related};
 use crate::render;
 use crate::rules::CompiledRule;
@@ -85,10 +86,9 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     let with_children = |fixed: &minijinja::Value, children: &Children| {
         context! { children => children.context(), ..fixed.clone() }
     };
-    // A var that fails leaves `vars` empty, as in a pass; the children that
-    // read it then fail on their own.
-    let vars = related::eval_vars(rule, &with_children(&reads_ctx, &children)).unwrap_or_default();
-    let fixed = context! { vars => minijinja::Value::from(vars), ..reads_ctx };
+    // As in a pass, a var that fails withholds itself from whatever reads it.
+    let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));
+    let fixed = context! { vars => minijinja::Value::from(vars.values.clone()), ..reads_ctx };
     let mut base = with_children(&fixed, &children);
 
     // Every dependency reads as ready, so no child waits.
@@ -99,6 +99,10 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     for &i in &rule.order {
         let child = &rule.children[i];
         let id = &child.spec.id;
+        if let Some(err) = vars.withheld(&child.reads_vars, &format!("child \"{id}\"")) {
+            out.push((i, Sampled::Failed(err.to_string())));
+            continue;
+        }
         let sampled = match plan_child(rule, child, &base, &info, input, &ready) {
             Ok(ChildResult::Rendered(rendered)) => {
                 if children.rendered(id, rendered.iter().map(|(a, _)| &a.key)) {
@@ -121,7 +125,7 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     // Patches after the children, as in a pass; no related entry holds
     // them back. A patch waiting for another whose target the sample lacks
     // renders nothing.
-    let patched = super::patch::plan_patches(rule, &base, &info, input, &ready, &[]);
+    let patched = super::patch::plan_patches(rule, &base, &info, input, &ready, &[], &vars);
     let mut patches: Vec<(usize, Vec<Value>)> = Vec::new();
     for apply in patched.apply {
         let Some(i) = rule.patches.iter().position(|p| p.spec.id == apply.id) else {

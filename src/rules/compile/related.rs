@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use super::lint::{Code, lint};
 use super::{Checker, context_names, is_api_version, is_child_id, is_kind};
 use crate::kinds::Gvk;
-use crate::render::{EngineBuilder, ExprId, TemplateId, TemplateKind};
+use crate::render::{Calls, EngineBuilder, ExprId, TemplateId, TemplateKind};
 use crate::rules::model::{
     RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
 };
@@ -61,6 +61,39 @@ pub struct CompiledRequirement {
 pub struct CompiledVar {
     pub name: String,
     pub source: VarSource,
+    /// The vars before it that it reads.
+    pub reads: VarReads,
+}
+
+/// The vars a template or expression reads, found statically: what a var
+/// that fails in a pass withholds from it (`plan::vars`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct VarReads {
+    /// Read by a constant name: `vars.x`, `vars["x"]`.
+    pub names: BTreeSet<String>,
+    /// `vars` read some other way (a computed subscript, whole, in a
+    /// loop): it may read any var.
+    pub any: bool,
+}
+
+impl VarReads {
+    /// The vars `calls` (one piece of code, or several merged) read.
+    pub fn of(calls: &Calls) -> VarReads {
+        VarReads {
+            names: calls
+                .reads
+                .iter()
+                .filter(|(root, _)| root == "vars")
+                .map(|(_, name)| name.clone())
+                .collect(),
+            any: calls.dynamic.contains("vars"),
+        }
+    }
+
+    /// Whether the code may read `var`.
+    pub fn reads(&self, var: &str) -> bool {
+        self.any || self.names.contains(var)
+    }
 }
 
 #[derive(Debug)]
@@ -344,6 +377,7 @@ pub(super) fn compile_vars(
             ck.error(&format!("{at}.name"), format!("duplicate var `{}`", v.name));
         }
         let allowed = context_names(false, false);
+        let mut reads = VarReads::default();
         let source = match (&v.value, &v.template) {
             (Some(src), None) => {
                 let field = format!("{at}.value");
@@ -352,6 +386,7 @@ pub(super) fn compile_vars(
                         lint(ck, builder, &field, Code::Expression(id, src));
                         let names = builder.expression_names(id, true);
                         ck.check_names(&field, "a var", names, &allowed, known);
+                        reads = VarReads::of(&builder.expression_calls(id));
                         Some(VarSource::Value(id))
                     }
                     Err(err) => {
@@ -367,6 +402,7 @@ pub(super) fn compile_vars(
                         lint(ck, builder, &field, Code::Object(&id, src));
                         let names = builder.template_names(&id, true);
                         ck.check_names(&field, "a var", names, &allowed, known);
+                        reads = VarReads::of(&builder.template_calls(&id));
                         Some(VarSource::Template(id))
                     }
                     Err(err) => {
@@ -388,6 +424,7 @@ pub(super) fn compile_vars(
             out.push(CompiledVar {
                 name: v.name.clone(),
                 source,
+                reads,
             });
         }
     }
