@@ -250,7 +250,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     // A var that fails is reported once; only what reads it is withheld.
     let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));
     plan.errors
-        .extend(vars.errors.iter().map(ToString::to_string));
+        .extend(vars.errors().map(|(_, err)| err.to_string()));
     let fixed = context! { vars => minijinja::Value::from(vars.values.clone()), ..reads_ctx };
     // `children` changes as `forEach` children render (item order): the
     // context is rebuilt then, around the same fixed part.

@@ -12,11 +12,17 @@
 //! without it (a `| default` would hide the failure). What each piece of
 //! code reads is found when the rule is compiled ([`VarReads`]).
 //!
+//! A `template:` var whose text writes a block sequence (`- ` items) or
+//! mapping (`key:` lines) and that renders no YAML node — its loop had no
+//! items, its `if` was false — is `[]` or `{}`, not the null of an empty
+//! document ([`shape`]); one whose text writes neither stays as YAML reads
+//! it.
+//!
 //! What an error does to the pass (nothing is pruned) is `plan`'s to decide.
 
 use std::collections::BTreeMap;
 
-use crate::render::{self, RenderError};
+use crate::render::{self, RenderError, shape};
 use crate::rules::{CompiledRule, VarReads, VarSource};
 use crate::yaml;
 
@@ -25,8 +31,6 @@ use crate::yaml;
 pub(super) struct Vars {
     /// The vars that have a value, by name.
     pub values: BTreeMap<String, minijinja::Value>,
-    /// One per var whose own evaluation failed, in declaration order.
-    pub errors: Vec<RenderError>,
     /// The vars without a value, in declaration order, and why.
     missing: Vec<(String, Missing)>,
 }
@@ -35,7 +39,7 @@ pub(super) struct Vars {
 #[derive(Debug)]
 enum Missing {
     /// Its own evaluation failed.
-    Failed,
+    Failed(RenderError),
     /// It reads this earlier var, which has no value.
     Reads(String),
 }
@@ -60,15 +64,23 @@ impl Vars {
                     vars.values.insert(var.name.clone(), value);
                 }
                 Err(err) => {
-                    vars.errors.push(err);
-                    vars.missing.push((var.name.clone(), Missing::Failed));
+                    vars.missing.push((var.name.clone(), Missing::Failed(err)));
                 }
             }
         }
         vars
     }
 
-    /// The error of `reader` (`child "web"`, `status field `url``) when
+    /// Each var whose own evaluation failed, with its error, in declaration
+    /// order: the errors of the pass (a withheld var is not one).
+    pub fn errors(&self) -> impl Iterator<Item = (&str, &RenderError)> {
+        self.missing.iter().filter_map(|(name, why)| match why {
+            Missing::Failed(err) => Some((name.as_str(), err)),
+            Missing::Reads(_) => None,
+        })
+    }
+
+    /// The error of `reader` (e.g. child "web", status field `url`) when
     /// code that `reads` reads a var without a value: the first such var
     /// in declaration order, and why it has none.
     pub fn withheld(&self, reads: &VarReads, reader: &str) -> Option<RenderError> {
@@ -116,8 +128,15 @@ fn evaluate_one(
     let what = format!("var `{name}`");
     match source {
         VarSource::Value(expr) => rule.engine.eval(*expr, ctx, &what),
-        VarSource::Template(t) => {
-            let text = rule.engine.render(t, ctx, &what)?;
+        VarSource::Template { template, shape } => {
+            let text = rule.engine.render(template, ctx, &what)?;
+            // A loop with no items leaves an empty document, which YAML
+            // reads as null: the template's text says what it builds.
+            if let Some(shape) = shape
+                && shape::holds_nothing(&text)
+            {
+                return Ok(render::to_value(&shape.empty()));
+            }
             let limits = yaml::Limits {
                 max_bytes: rule.engine.limits().max_bytes,
                 ..yaml::Limits::FILES

@@ -158,3 +158,94 @@ fn a_patch_and_a_condition_reading_a_failed_var_are_errors() {
     );
     assert_eq!(condition(&p, "Named")["status"], "True");
 }
+
+/// `hosts` (a list built by a loop), `labels` (a map built by a loop) and
+/// `maybe` (a list item behind an `if`), a ConfigMap per host, and status
+/// fields reading them.
+const BUILT: &str = "  vars:
+    - name: hosts
+      template: |
+        {% for h in spec.hosts %}
+        - {{ h }}
+        {% endfor %}
+    - name: labels
+      template: |
+        {% for k, v in spec.labels | items %}
+        {{ k }}: {{ v }}
+        {% endfor %}
+    - name: maybe
+      template: |
+        # only when asked
+        {% if spec.extra %}
+        - extra
+        {% endif %}
+  children:
+    - id: host
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: vars.hosts
+      template: |
+        metadata:
+          name: {{ item }}
+  status:
+    fields:
+      - path: hosts
+        value: \"vars.hosts | length\"
+      - path: labels
+        value: vars.labels
+      - path: maybe
+        value: vars.maybe
+";
+
+#[test]
+fn a_template_var_whose_loop_has_no_items_is_empty_not_none() {
+    let r = rule(&format!("{PARENT_KIND}{BUILT}"));
+    let p = run(
+        &r,
+        &parent(json!({"hosts": [], "labels": {}, "extra": false})),
+        vec![],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert!(p.apply.is_empty());
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(
+        (&status["hosts"], &status["labels"], &status["maybe"]),
+        (&json!(0), &json!({}), &json!([]))
+    );
+    let p = run(
+        &r,
+        &parent(json!({"hosts": ["a"], "labels": {"k": "v"}, "extra": true})),
+        vec![],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(
+        (&status["hosts"], &status["labels"], &status["maybe"]),
+        (&json!(1), &json!({"k": "v"}), &json!(["extra"]))
+    );
+}
+
+#[test]
+fn a_template_var_that_writes_null_or_a_bare_value_stays_as_written() {
+    let vars = "  vars:
+    - name: explicit
+      template: \"~\"
+    - name: bare
+      template: \"{% if spec.on %}{{ 'on' }}{% endif %}\"
+  status:
+    fields:
+      - path: explicit
+        value: \"vars.explicit is none\"
+      - path: bare
+        value: \"vars.bare is none\"
+";
+    let r = rule(&format!("{PARENT_KIND}{vars}"));
+    let p = run(&r, &parent(json!({"on": false})), vec![]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(
+        (&status["explicit"], &status["bare"]),
+        (&json!(true), &json!(true)),
+        "no block sequence or mapping to take the shape of: an empty document is null"
+    );
+}

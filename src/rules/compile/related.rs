@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use super::lint::{Code, lint};
 use super::{Checker, context_names, is_api_version, is_child_id, is_kind};
 use crate::kinds::Gvk;
+use crate::render::shape::Shape;
 use crate::render::{Calls, EngineBuilder, ExprId, TemplateId, TemplateKind};
 use crate::rules::model::{
     RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
@@ -99,7 +100,12 @@ impl VarReads {
 #[derive(Debug)]
 pub enum VarSource {
     Value(ExprId),
-    Template(TemplateId),
+    Template {
+        template: TemplateId,
+        /// What its text writes: the value it yields when it renders no
+        /// YAML node (a loop with no items) is that shape's empty one.
+        shape: Option<Shape>,
+    },
 }
 
 /// Names a related entry's name/namespace/selector templates may use.
@@ -403,7 +409,11 @@ pub(super) fn compile_vars(
                         let names = builder.template_names(&id, true);
                         ck.check_names(&field, "a var", names, &allowed, known);
                         reads = VarReads::of(&builder.template_calls(&id));
-                        Some(VarSource::Template(id))
+                        let shape = builder.template_shape(&id);
+                        Some(VarSource::Template {
+                            template: id,
+                            shape,
+                        })
                     }
                     Err(err) => {
                         ck.error(&field, format!("template syntax: {err}"));
