@@ -5,7 +5,8 @@
 //!     │    (not an object, a namespace that does not fit its kind's scope,
 //!     │     a spec the schema refuses: stop, touch nothing)
 //!     ▼
-//!  related entries ─▶ vars           (related; a refused read: stop)
+//!  related entries ─▶ vars     (related, vars; a refused read: stop;
+//!     │                          a failed var: an error, its readers too)
 //!     │
 //!     ▼ for each child in dependency order                            (child)
 //!  related entry missing? ── yes ─▶ pending (RelatedNotFound, …; objects kept)
@@ -22,8 +23,8 @@
 //! ```
 //!
 //! The modules, one concept each: `observed` (what the cluster holds for
-//! the parent), `parent` (the parent as the pass sees it), `related` (reads
-//! and `vars`), `children` (`children.<id>` as templates and status see
+//! the parent), `parent` (the parent as the pass sees it), `related`
+//! (reads), `vars` (what a failing var withholds), `children` (`children.<id>` as templates and status see
 //! it), `child` (one child's includeWhen, dependencies, items and render),
 //! `object` (a rendered object made safe to apply), `conditions` (readiness
 //! and the parent's new status). This file holds the pass itself and what it
@@ -246,14 +247,11 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     let with_children = |fixed: &minijinja::Value, children: &Children| {
         context! { children => children.context(), ..fixed.clone() }
     };
-    let vars = match related::eval_vars(rule, &with_children(&reads_ctx, &children)) {
-        Ok(vars) => vars,
-        Err(err) => {
-            plan.errors.push(err.to_string());
-            BTreeMap::new()
-        }
-    };
-    let fixed = context! { vars => minijinja::Value::from(vars), ..reads_ctx };
+    // A var that fails is reported once; only what reads it is withheld.
+    let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));
+    plan.errors
+        .extend(vars.errors().map(|(_, err)| err.to_string()));
+    let fixed = context! { vars => minijinja::Value::from(vars.values.clone()), ..reads_ctx };
     // `children` changes as `forEach` children render (item order): the
     // context is rebuilt then, around the same fixed part.
     let mut base = with_children(&fixed, &children);
@@ -267,6 +265,11 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         if let Some(pending) = related::holding_back(rule, child, &related_states) {
             plan.pending.push(pending);
             outcome.insert(i, Outcome::Pending);
+            continue;
+        }
+        if let Some(err) = vars.withheld(&child.reads_vars, &format!("child \"{id}\"")) {
+            plan.errors.push(err.to_string());
+            outcome.insert(i, Outcome::Failed);
             continue;
         }
         let result = plan_child(rule, child, &base, &info, input, &outcome);
@@ -325,7 +328,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         }
     }
     // Patches, after every child; they see `patches`, and so does status.
-    let patched = patch::plan_patches(rule, &base, &info, input, &outcome, &related_states);
+    let patched = patch::plan_patches(rule, &base, &info, input, &outcome, &related_states, &vars);
     plan.pending.extend(patched.pending);
     plan.errors.extend(patched.errors);
     plan.reads.extend(patched.reads);
@@ -345,6 +348,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
 
     if rule.writes_status() {
         let outcomes = Outcomes {
+            vars: &vars,
             children: &outcome,
             patches: &patched.outcome,
         };
@@ -433,6 +437,7 @@ mod parent;
 mod patch;
 mod related;
 pub mod sample;
+mod vars;
 
 pub use child::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};
@@ -447,6 +452,7 @@ pub use related::{
     MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,
     selector_matches_with,
 };
+use vars::Vars;
 
 #[cfg(test)]
 mod tests;

@@ -294,6 +294,7 @@ mod tests {
                 text: text.into(),
             },
             default: Some(json!(0)),
+            reads_vars: Default::default(),
         };
         for singular in ["$", "$.status.ready", "$.items[0]"] {
             assert_eq!(json_path_unobserved(&field(singular)), None, "{singular}");

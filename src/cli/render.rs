@@ -175,6 +175,24 @@ pub fn label_observed(
     Observed::from_objects(observed)
 }
 
+/// Counts the parent file as observed: the operator's caches hold the
+/// parent, so a patch of the parent itself (or a related entry reading it)
+/// finds it there, and offline it must too. A parent file without a uid
+/// takes the placeholder that labels and ownerReferences use; a copy of
+/// the parent in `--observed` gives way to the file, which is the parent
+/// this pass renders for.
+fn observe_parent(observed: &mut Observed, parent: &Value) {
+    let Some(key) = ObjectKey::of(parent) else {
+        return;
+    };
+    let mut object = parent.clone();
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.entry("uid")
+            .or_insert_with(|| json!(plan::PLACEHOLDER_UID));
+    }
+    observed.objects.insert(key, object);
+}
+
 /// The document `trellis render` prints.
 pub fn render_document(
     rule: &CompiledRule,
@@ -195,7 +213,8 @@ pub fn render_document_with(
     crds: Option<&OfflineCrds>,
 ) -> Value {
     let scope_of = offline_scope_with(rule, crate::crd::offline::parent_scope(rule, parent, crds));
-    let observed = label_observed(rule, parent, observed, now, &scope_of);
+    let mut observed = label_observed(rule, parent, observed, now, &scope_of);
+    observe_parent(&mut observed, parent);
     let input = Input {
         parent,
         observed: &observed,
@@ -548,6 +567,44 @@ mod tests {
         assert_eq!(
             super::offline_scope(&plain)(&Gvk::new("v1", "ConfigMap")),
             Scope::Namespaced
+        );
+    }
+
+    /// A rule whose one patch labels the parent itself.
+    const SELF_PATCH: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}
+  patches:
+    - id: mark
+      apiVersion: demo.trellis.dev/v1
+      kind: App
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+          labels: {marked: \"yes\"}
+";
+
+    #[test]
+    fn a_patch_of_the_parent_itself_finds_the_parent_file_as_its_target() {
+        let r = rule(SELF_PATCH);
+        let doc = render_document(&r, &parent(Some("ns")), vec![], NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(
+            doc["patches"],
+            json!([{"apiVersion": "demo.trellis.dev/v1", "kind": "App", "metadata": {
+                "name": "a", "namespace": "ns", "uid": "uid-1",
+                "labels": {"marked": "yes"}}}]),
+            "the body carries the parent's uid, as for any observed target: {doc:#}"
+        );
+        // Without a uid in the file, the placeholder that labels and
+        // ownerReferences use stands for it here too.
+        let mut anonymous = parent(Some("ns"));
+        anonymous["metadata"].as_object_mut().unwrap().remove("uid");
+        let doc = render_document(&r, &anonymous, vec![], NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert_eq!(
+            doc["patches"][0]["metadata"]["uid"],
+            crate::plan::PLACEHOLDER_UID,
+            "{doc:#}"
         );
     }
 

@@ -8,28 +8,35 @@
 //!            built-in kinds: the bundled Kubernetes 1.35 definitions (builtin)
 //!            custom kinds:   --crds, else the CRDs the rules' `crd:` blocks generate
 //!       ─▶ unknown fields, wrong types ─▶ warnings on the template's line
+//!  rule with a schema ─▶ the same sample with every list empty
+//!       ─▶ a child, patch or var that worked and now fails ─▶ a warning
+//!       ─▶ each object against its kind's schema, as above
 //! ```
 //!
 //! What one sample cannot show is not reported: a child whose
 //! `includeWhen` is false for it, a template branch it does not take, a
 //! template that fails to render for it (it reads a child or related object
-//! the sample lacks), a kind with no known schema. `docs/rules.md` says so
-//! to rule authors.
+//! the sample lacks), a kind with no known schema. The empty-list sample
+//! differs from the first in its lists alone, so what fails only there is
+//! the lists' doing and is reported. `docs/rules.md` says so to rule
+//! authors.
 
 pub mod builtin;
 mod lines;
 mod sample;
 mod validate;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::crd::offline::OfflineCrds;
 use crate::kinds::Gvk;
-use crate::plan::sample::{Sampled, render_children};
+use crate::plan::sample::{Sample, Sampled, render_children};
 use crate::plan::{Input, Observed};
-use crate::rules::{CompiledChild, CompiledRule, Diagnostic, code_line};
+use crate::rules::model::Scope;
+use crate::rules::{CompiledChild, CompiledRule, Diagnostic, VarSource, code_line};
 pub use validate::{Finding, closest, validate};
 
 /// What the check knows besides the rule.
@@ -53,7 +60,8 @@ pub struct Context<'a> {
 /// The timestamp the sample pass uses (conditions are not looked at).
 const NOW: &str = "1970-01-01T00:00:00Z";
 
-/// Warnings about the children `rule` renders for a sample parent.
+/// Warnings about the children `rule` renders for a sample parent, and,
+/// unless a parent is given, about what breaks when its lists are empty.
 pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
     let given = cx.parents.iter().find(|p| {
         Gvk::new(
@@ -65,42 +73,12 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
     });
     let candidates: Vec<Value> = match given {
         Some(parent) => vec![parent.clone()],
-        None => {
-            // What the CRD or the rule says, else the built-in table (which
-            // takes a kind it does not know as namespaced, as most are).
-            let declared = cx
-                .crds
-                .and_then(|c| c.find(&rule.parent))
-                .map(|(crd, _)| crate::crd::offline::scope_of(crd))
-                .or(rule.rule.spec.parent.scope)
-                .or_else(|| {
-                    rule.rule
-                        .spec
-                        .crd
-                        .as_ref()
-                        .map(|_| crate::crd::scope(&rule.rule))
-                });
-            let scope = declared.unwrap_or_else(|| crate::kinds::scope(&rule.parent));
-            sample::parents(rule, scope)
-        }
+        None => sample::parents(rule, parent_scope(rule, cx)),
     };
     let mut refusals = Vec::new();
     let mut rendered = None;
     for parent in &candidates {
-        let hint = crate::crd::offline::parent_scope(rule, parent, cx.crds);
-        let scope_of = crate::cli::offline_scope_with(rule, hint);
-        let observed = if cx.observed.is_empty() {
-            Observed::from_objects(Vec::new())
-        } else {
-            crate::cli::label_observed(rule, parent, cx.observed.to_vec(), NOW, &scope_of)
-        };
-        let input = Input {
-            parent,
-            observed: &observed,
-            now: NOW,
-            scope_of: &scope_of,
-        };
-        match render_children(rule, &input) {
+        match render_sample(rule, parent, cx) {
             Ok(children) => {
                 rendered = Some(children);
                 break;
@@ -131,33 +109,151 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
         if let Sampled::Failed(why) = sampled
             && SHAPE_ERRORS.iter().any(|e| why.contains(e))
         {
-            out.push(unrenderable(rule, *i, why, cx));
+            out.push(on_template(
+                rule,
+                Entry::Child(*i),
+                format!("cannot be applied as it renders for the sample parent: {why}"),
+                cx,
+            ));
         }
     }
+    let mut seen = BTreeSet::new();
+    out.extend(schema_findings(rule, &sample, cx, &mut seen));
+    // A sample refused with its lists empty (a `minItems`, a `oneOf`) has
+    // nothing to add: the schema keeps such parents out.
+    let empty = given
+        .is_none()
+        .then(|| sample::with_empty_lists(rule, parent_scope(rule, cx)))
+        .flatten()
+        .and_then(|parent| render_sample(rule, &parent, cx).ok());
+    if let Some(empty) = empty {
+        out.extend(empty_list_findings(rule, &sample, &empty, cx));
+        out.extend(schema_findings(rule, &empty, cx, &mut seen));
+    }
+    out
+}
+
+/// The parent kind's scope for a sample: what the CRD or the rule says,
+/// else the built-in table (which takes a kind it does not know as
+/// namespaced, as most are).
+fn parent_scope(rule: &CompiledRule, cx: &Context) -> Scope {
+    cx.crds
+        .and_then(|c| c.find(&rule.parent))
+        .map(|(crd, _)| crate::crd::offline::scope_of(crd))
+        .or(rule.rule.spec.parent.scope)
+        .or_else(|| {
+            rule.rule
+                .spec
+                .crd
+                .as_ref()
+                .map(|_| crate::crd::scope(&rule.rule))
+        })
+        .unwrap_or_else(|| crate::kinds::scope(&rule.parent))
+}
+
+/// Every child and patch rendered for `parent`; `Err` when it is refused.
+fn render_sample(rule: &CompiledRule, parent: &Value, cx: &Context) -> Result<Sample, Vec<String>> {
+    let hint = crate::crd::offline::parent_scope(rule, parent, cx.crds);
+    let scope_of = crate::cli::offline_scope_with(rule, hint);
+    let observed = if cx.observed.is_empty() {
+        Observed::from_objects(Vec::new())
+    } else {
+        crate::cli::label_observed(rule, parent, cx.observed.to_vec(), NOW, &scope_of)
+    };
+    let input = Input {
+        parent,
+        observed: &observed,
+        now: NOW,
+        scope_of: &scope_of,
+    };
+    render_children(rule, &input)
+}
+
+/// Each object rendered in `sample` against its kind's schema; `seen`
+/// holds the findings already reported (by entry, path and message).
+fn schema_findings(
+    rule: &CompiledRule,
+    sample: &Sample,
+    cx: &Context,
+    seen: &mut BTreeSet<(String, String, String)>,
+) -> Vec<Diagnostic> {
     let rendered = sample
         .children
-        .into_iter()
+        .iter()
         .filter_map(|(i, sampled)| match sampled {
-            Sampled::Rendered(objects) => Some((Entry::Child(i), objects)),
+            Sampled::Rendered(objects) => Some((Entry::Child(*i), objects)),
             _ => None,
         });
     let patches = sample
         .patches
-        .into_iter()
-        .map(|(i, bodies)| (Entry::Patch(i), bodies));
+        .iter()
+        .map(|(i, bodies)| (Entry::Patch(*i), bodies));
+    let mut out = Vec::new();
     for (entry, objects) in rendered.chain(patches) {
         let compiled = entry.compiled(rule);
         let Some((root, crd)) = schema_for(&compiled.gvk, cx) else {
             continue;
         };
-        let mut seen = std::collections::BTreeSet::new();
-        for object in &objects {
+        for object in objects {
             for finding in validate(object, &root, builtin::definitions(), crd) {
-                if seen.insert((finding.path.clone(), finding.message.clone())) {
+                let key = (entry.at(), finding.path.clone(), finding.message.clone());
+                if seen.insert(key) {
                     out.push(diagnostic(rule, entry, &finding, cx));
                 }
             }
         }
+    }
+    out
+}
+
+/// What breaks when every list is empty: each child, patch or var that
+/// rendered (or was excluded) for the `rich` sample but fails for `empty`.
+/// Whatever reads a var that fails is left out: the var is reported.
+fn empty_list_findings(
+    rule: &CompiledRule,
+    rich: &Sample,
+    empty: &Sample,
+    cx: &Context,
+) -> Vec<Diagnostic> {
+    const WHEN: &str = "fails for the sample parent with every list empty (`[]`)";
+    let mut out = Vec::new();
+    for (i, sampled) in &empty.children {
+        let Sampled::Failed(why) = sampled else {
+            continue;
+        };
+        let before = rich.children.iter().find(|(j, _)| j == i).map(|(_, s)| s);
+        if matches!(before, Some(Sampled::Rendered(_) | Sampled::Excluded)) {
+            let message = format!("{WHEN}: {why}");
+            out.push(on_template(rule, Entry::Child(*i), message, cx));
+        }
+    }
+    for (i, why) in &empty.failed_patches {
+        if !rich.failed_patches.iter().any(|(j, _)| j == i) {
+            let message = format!("{WHEN}: {why}");
+            out.push(on_template(rule, Entry::Patch(*i), message, cx));
+        }
+    }
+    for (i, why) in &empty.vars {
+        if rich.vars.iter().any(|(j, _)| j == i) {
+            continue;
+        }
+        let Some(var) = rule.vars.get(*i) else {
+            continue;
+        };
+        let Some(at) = rule.rule.spec.vars.iter().position(|v| v.name == var.name) else {
+            continue;
+        };
+        let field = match var.source {
+            VarSource::Value(_) => format!("spec.vars[{at}].value"),
+            VarSource::Template { .. } => format!("spec.vars[{at}].template"),
+        };
+        let line = rule.lines.line_of(&field);
+        out.push(Diagnostic::warning(
+            &rule.file,
+            line,
+            &field,
+            format!("{WHEN}: {why}"),
+        ));
     }
     out
 }
@@ -197,16 +293,16 @@ const SHAPE_ERRORS: &[&str] = &[
     "metadata.name must be set",
 ];
 
-/// A child whose rendered YAML cannot be an object, on its template's
-/// first line.
-fn unrenderable(rule: &CompiledRule, i: usize, why: &str, cx: &Context) -> Diagnostic {
+/// A warning about a child or a patch as a whole, on its template's first
+/// line.
+fn on_template(rule: &CompiledRule, entry: Entry, message: String, cx: &Context) -> Diagnostic {
     let finding = Finding {
         path: String::new(),
         keys: Vec::new(),
         message: String::new(),
     };
-    let mut d = diagnostic(rule, Entry::Child(i), &finding, cx);
-    d.message = format!("cannot be applied as it renders for the sample parent: {why}");
+    let mut d = diagnostic(rule, entry, &finding, cx);
+    d.message = message;
     d
 }
 

@@ -11,7 +11,9 @@
 //! `oneOf`), the sample falls back to `defaults` and the required fields
 //! alone. A built-in parent kind (a rule decorating Deployments) has no
 //! `schema`: its sample spec is filled the same way from the kind's own
-//! schema in the bundle.
+//! schema in the bundle. For a rule with a `schema`, a second sample
+//! empties every list the schema lets be empty, since one item in every
+//! list never shows what a template does with none.
 
 use serde_json::{Map, Value, json};
 
@@ -23,10 +25,70 @@ use crate::rules::model::Scope;
 /// through `$defs`, which a sample does not follow anyway).
 const MAX_DEPTH: usize = 16;
 
+/// How much of a schema a sample fills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Every declared field; one item in every list.
+    Rich,
+    /// The required fields alone.
+    Lean,
+    /// As `Rich`, but every list empty (`[]`) where the schema allows one
+    /// (no `minItems` above 0), whatever `defaults` says.
+    EmptyLists,
+}
+
+impl Fill {
+    fn rich(self) -> bool {
+        self != Fill::Lean
+    }
+}
+
 /// Sample parents to try in order: the rich one, then the lean one.
 pub fn parents(rule: &CompiledRule, scope: Scope) -> Vec<Value> {
     let spec_rule = &rule.rule.spec;
     let defaults = spec_rule.defaults.clone().unwrap_or_else(|| json!({}));
+    let parent = |spec: Value| sample_parent(rule, scope, spec);
+    let none = Map::new();
+    let Some(schema) = &spec_rule.schema else {
+        // A built-in parent kind: its own schema, from the bundle.
+        let defs = super::builtin::definitions();
+        let spec = super::builtin::schema_of(&rule.parent)
+            .and_then(|root| resolve(&root, defs).pointer("/properties/spec").cloned());
+        return match spec {
+            Some(spec) if rule.parent.is_builtin() => {
+                vec![
+                    parent(sample(&spec, Some(&defaults), "spec", Fill::Rich, 0, defs)),
+                    parent(defaults),
+                ]
+            }
+            _ => vec![parent(defaults)],
+        };
+    };
+    let rich = sample(schema, Some(&defaults), "spec", Fill::Rich, 0, &none);
+    let lean = deep_merge(
+        &sample(schema, None, "spec", Fill::Lean, 0, &none),
+        &defaults,
+    );
+    vec![parent(rich), parent(lean)]
+}
+
+/// The rich sample parent with every list in its spec empty, where the
+/// rule's `schema` allows that: what a template that only ever saw one
+/// item (a loop, `| first`, `[0]`) does with none. `None` for a rule
+/// without a `schema` (a built-in parent kind's lists, such as a Pod's
+/// containers, are seldom empty, though their schemas allow it).
+pub fn with_empty_lists(rule: &CompiledRule, scope: Scope) -> Option<Value> {
+    let schema = rule.rule.spec.schema.as_ref()?;
+    let defaults = rule.rule.spec.defaults.clone().unwrap_or_else(|| json!({}));
+    let none = Map::new();
+    let spec = sample(schema, Some(&defaults), "spec", Fill::EmptyLists, 0, &none);
+    Some(sample_parent(rule, scope, spec))
+}
+
+/// A parent of the rule's kind with `spec`, named `sample`, selected by
+/// the rule's selector.
+fn sample_parent(rule: &CompiledRule, scope: Scope, spec: Value) -> Value {
+    let spec_rule = &rule.rule.spec;
     let mut metadata = json!({
         "name": "sample",
         "uid": PLACEHOLDER_UID,
@@ -47,33 +109,12 @@ pub fn parents(rule: &CompiledRule, scope: Scope) -> Vec<Value> {
     {
         metadata["labels"] = json!(selector.match_labels);
     }
-    let parent = |spec: Value| {
-        json!({
-            "apiVersion": rule.parent.api_version(),
-            "kind": rule.parent.kind,
-            "metadata": metadata,
-            "spec": spec,
-        })
-    };
-    let none = Map::new();
-    let Some(schema) = &spec_rule.schema else {
-        // A built-in parent kind: its own schema, from the bundle.
-        let defs = super::builtin::definitions();
-        let spec = super::builtin::schema_of(&rule.parent)
-            .and_then(|root| resolve(&root, defs).pointer("/properties/spec").cloned());
-        return match spec {
-            Some(spec) if rule.parent.is_builtin() => {
-                vec![
-                    parent(sample(&spec, Some(&defaults), "spec", true, 0, defs)),
-                    parent(defaults),
-                ]
-            }
-            _ => vec![parent(defaults)],
-        };
-    };
-    let rich = sample(schema, Some(&defaults), "spec", true, 0, &none);
-    let lean = deep_merge(&sample(schema, None, "spec", false, 0, &none), &defaults);
-    vec![parent(rich), parent(lean)]
+    json!({
+        "apiVersion": rule.parent.api_version(),
+        "kind": rule.parent.kind,
+        "metadata": metadata,
+        "spec": spec,
+    })
 }
 
 /// Follows `$ref`s into `defs` (the bundle's bare definition names).
@@ -90,16 +131,17 @@ fn resolve<'s>(mut schema: &'s Value, defs: &'s Map<String, Value>) -> &'s Value
     schema
 }
 
-/// A value for `schema`; `given` is what `defaults` says there. `rich`
-/// fills every declared field, else only the required ones.
+/// A value for `schema`; `given` is what `defaults` says there; `fill`
+/// how much to fill.
 fn sample(
     schema: &Value,
     given: Option<&Value>,
     name: &str,
-    rich: bool,
+    fill: Fill,
     depth: usize,
     defs: &Map<String, Value>,
 ) -> Value {
+    let rich = fill.rich();
     let schema = resolve(schema, defs);
     let declared = |key: &str| schema.get(key).filter(|v| !v.is_null());
     let typ = schema.get("type").and_then(Value::as_str).or_else(|| {
@@ -127,7 +169,7 @@ fn sample(
             && rich
             && out.is_empty()
         {
-            let value = sample(extra, None, name, rich, depth + 1, defs);
+            let value = sample(extra, None, name, fill, depth + 1, defs);
             out.insert(string_for(name, &json!({})), value);
         }
         if let Some(props) = schema.get("properties").and_then(Value::as_object) {
@@ -135,7 +177,7 @@ fn sample(
                 if !rich && !required.contains(&key.as_str()) {
                     continue;
                 }
-                let value = sample(prop, out.get(key), key, rich, depth + 1, defs);
+                let value = sample(prop, out.get(key), key, fill, depth + 1, defs);
                 out.insert(key.clone(), value);
             }
         }
@@ -143,9 +185,11 @@ fn sample(
     }
     if typ == Some("array") {
         let items = schema.get("items").cloned().unwrap_or(json!({}));
+        let min_items = schema.get("minItems").and_then(Value::as_u64).unwrap_or(0);
         return match given {
+            _ if fill == Fill::EmptyLists && min_items == 0 => json!([]),
             Some(Value::Array(list)) if !list.is_empty() || !rich => Value::Array(list.clone()),
-            _ if rich => json!([sample(&items, None, name, rich, depth + 1, defs)]),
+            _ if rich => json!([sample(&items, None, name, fill, depth + 1, defs)]),
             _ => json!([]),
         };
     }

@@ -423,3 +423,138 @@ fn a_child_that_cannot_be_an_object_is_a_warning_but_a_value_the_sample_lacks_is
     let dir = Dir::new(&[("app.yaml", &rule(&lacking))]);
     assert_eq!(dir.check(), Vec::<String>::new());
 }
+
+/// A rule `hosts` with a list in its spec, and the given `vars:` and
+/// `children:` blocks.
+fn hosts_rule(vars: &str, children: &str) -> String {
+    format!(
+        "apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: hosts
+spec:
+  parent:
+    apiVersion: demo.example.com/v1
+    kind: Site
+  schema:
+    type: object
+    properties:
+      hosts: {{type: array, items: {{type: string}}}}
+      ports: {{type: array, minItems: 1, items: {{type: integer}}}}
+  defaults: {{hosts: [], ports: [80]}}
+{vars}  children:
+{children}"
+    )
+}
+
+#[test]
+fn check_warns_about_a_template_that_breaks_when_a_list_is_empty() {
+    let children = "    - id: front
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+        data:
+          first: {{ spec.hosts[0] }}
+          port: {{ spec.ports[0] | string }}
+";
+    let text = hosts_rule("", children);
+    let dir = Dir::new(&[("hosts.yaml", &text)]);
+    let line = text
+        .lines()
+        .position(|l| l.contains("template: |"))
+        .expect("line")
+        + 2;
+    assert_eq!(
+        dir.check(),
+        [format!(
+            "hosts.yaml:{line}: warning: children[0] (front) ConfigMap: fails for the sample \
+             parent with every list empty (`[]`): template of child \"front\": missing value: \
+             `spec.hosts[0]` is undefined (line 4); use `| default(...)` or `is defined`"
+        )],
+        "`ports` has `minItems: 1`: only `hosts` may be empty"
+    );
+    let guarded = text.replace(
+        "spec.hosts[0] }}",
+        "spec.hosts | first | default('none') }}",
+    );
+    let dir = Dir::new(&[("hosts.yaml", &guarded)]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+}
+
+#[test]
+fn check_warns_about_a_var_that_fails_when_a_list_is_empty_not_its_readers() {
+    let vars = "  vars:
+    - name: first
+      value: \"spec.hosts | first\"
+    - name: all
+      template: |
+        {% for h in spec.hosts %}
+        - {{ h }}
+        {% endfor %}
+";
+    let children = "    - id: each
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: vars.all
+      template: |
+        metadata:
+          name: {{ item }}
+    - id: front
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ vars.first }}
+";
+    let text = hosts_rule(vars, children);
+    let dir = Dir::new(&[("hosts.yaml", &text)]);
+    let line = text
+        .lines()
+        .position(|l| l.contains("spec.hosts | first"))
+        .expect("line")
+        + 1;
+    assert_eq!(
+        dir.check(),
+        [format!(
+            "hosts.yaml:{line}: warning: spec.vars[0].value: fails for the sample parent with \
+             every list empty (`[]`): var `first`: `spec.hosts | first` evaluated to a missing \
+             value; use `| default(...)` or `is defined`"
+        )],
+        "`all` is [] with no hosts, so `each` renders nothing and is fine"
+    );
+}
+
+#[test]
+fn check_warns_about_a_patch_that_breaks_when_a_list_is_empty() {
+    let text = hosts_rule(
+        "",
+        "    - id: front
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+  patches:
+    - id: mark
+      apiVersion: v1
+      kind: Namespace
+      allowCrossNamespace: true
+      template: |
+        metadata:
+          name: {{ spec.hosts[0] | dns_label }}
+          labels: {marked: \"yes\"}
+",
+    );
+    let dir = Dir::new(&[("hosts.yaml", &text)]);
+    let found = dir.check();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(
+            "warning: patches[0] (mark) Namespace: fails for the sample parent with every list \
+             empty (`[]`): template of patch \"mark\""
+        ),
+        "{found:?}"
+    );
+}

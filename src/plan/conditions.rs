@@ -118,8 +118,10 @@ pub(super) fn status_for_failure(
     Some(out)
 }
 
-/// What became of the children and the patches in a pass, by index.
+/// What became of the vars, and of the children and the patches by index,
+/// in a pass.
 pub(super) struct Outcomes<'a> {
+    pub vars: &'a super::vars::Vars,
     pub children: &'a BTreeMap<usize, Outcome>,
     pub patches: &'a BTreeMap<usize, Outcome>,
 }
@@ -149,7 +151,11 @@ pub(super) fn build_status(
             },
             FieldSource::Value(expr) => {
                 let what = format!("status field `{}`", field.path.join("."));
-                match rule.engine.eval(*expr, base, &what).and_then(|v| {
+                let value = match outcome.vars.withheld(&field.reads_vars, &what) {
+                    Some(err) => Err(err),
+                    None => rule.engine.eval(*expr, base, &what),
+                };
+                match value.and_then(|v| {
                     render::to_json(&v).map_err(|message| RenderError { what, message })
                 }) {
                     Ok(v) => Some(v),
@@ -170,20 +176,21 @@ pub(super) fn build_status(
     let mut rule_conditions = Vec::new();
     for c in &rule.conditions {
         let what = format!("condition {}", c.type_);
-        let result = rule
-            .engine
-            .eval_bool(c.when, base, &format!("{what} when"))
-            .and_then(|ok| {
-                let message = match &c.message {
-                    Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
-                    None => String::new(),
-                };
-                Ok(if ok {
-                    Condition::new(&c.type_, true, &c.reason, message)
-                } else {
-                    Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
-                })
-            });
+        let result = match outcome.vars.withheld(&c.reads_vars, &what) {
+            Some(err) => Err(err),
+            None => rule.engine.eval_bool(c.when, base, &format!("{what} when")),
+        };
+        let result = result.and_then(|ok| {
+            let message = match &c.message {
+                Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
+                None => String::new(),
+            };
+            Ok(if ok {
+                Condition::new(&c.type_, true, &c.reason, message)
+            } else {
+                Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
+            })
+        });
         match result {
             Ok(cond) => rule_conditions.push(cond),
             Err(err) => errors.push(err.to_string()),

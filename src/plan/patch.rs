@@ -30,6 +30,7 @@ use super::child::{ChildResult, Item, Outcome, plan_entry, waiting_for};
 use super::object::{identity, namespace_for};
 use super::observed::strip_noise;
 use super::related::{RelatedState, holding_back};
+use super::vars::Vars;
 use super::*;
 use crate::render::RenderError;
 use crate::rules::CompiledChild;
@@ -126,7 +127,8 @@ pub(super) struct Patched {
     pub holding: bool,
 }
 
-/// Plans every patch after the children (`children`: what became of them).
+/// Plans every patch after the children (`children`: what became of them;
+/// `vars`: the pass's, a patch reading one without a value fails).
 pub(super) fn plan_patches(
     rule: &CompiledRule,
     base: &minijinja::Value,
@@ -134,6 +136,7 @@ pub(super) fn plan_patches(
     input: &Input,
     children: &BTreeMap<usize, Outcome>,
     related: &[RelatedState],
+    vars: &Vars,
 ) -> Patched {
     let mut out = Patched::default();
     for &i in &rule.patch_order {
@@ -142,6 +145,12 @@ pub(super) fn plan_patches(
         if let Some(pending) = holding_back(rule, patch, related) {
             out.pending.push(pending);
             out.outcome.insert(i, Outcome::Pending);
+            out.holding = true;
+            continue;
+        }
+        if let Some(err) = vars.withheld(&patch.reads_vars, &format!("patch \"{id}\"")) {
+            out.errors.push(err.to_string());
+            out.outcome.insert(i, Outcome::Failed);
             out.holding = true;
             continue;
         }

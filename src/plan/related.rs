@@ -6,8 +6,6 @@
 //! from watch-backed caches. An entry that would read outside what the rule
 //! allows fails the whole pass before anything is read or written.
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -520,34 +518,4 @@ pub(super) fn holding_back(
         });
     }
     None
-}
-
-/// Vars in declaration order; each sees those before it.
-pub(super) fn eval_vars(
-    rule: &CompiledRule,
-    ctx: &minijinja::Value,
-) -> Result<BTreeMap<String, minijinja::Value>, RenderError> {
-    let mut vars: BTreeMap<String, minijinja::Value> = BTreeMap::new();
-    for var in &rule.vars {
-        let here =
-            minijinja::context! { vars => minijinja::Value::from(vars.clone()), ..ctx.clone() };
-        let what = format!("var `{}`", var.name);
-        let value = match &var.source {
-            crate::rules::VarSource::Value(expr) => rule.engine.eval(*expr, &here, &what)?,
-            crate::rules::VarSource::Template(t) => {
-                let text = rule.engine.render(t, &here, &what)?;
-                let limits = yaml::Limits {
-                    max_bytes: rule.engine.limits().max_bytes,
-                    ..yaml::Limits::FILES
-                };
-                let parsed = yaml::parse_value(&text, &limits).map_err(|e| RenderError {
-                    what: what.clone(),
-                    message: format!("rendered text is not valid YAML: {e}"),
-                })?;
-                render::to_value(&parsed)
-            }
-        };
-        vars.insert(var.name.clone(), value);
-    }
-    Ok(vars)
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::child::{ChildResult, Outcome, plan_child};
 use super::children::Children;
 use super::parent::{ParentInfo, effective_spec, scope_error, with_spec};
+use super::vars::Vars;
 use super::{Input, related};
 use crate::render;
 use crate::rules::CompiledRule;
@@ -34,6 +35,9 @@ pub enum Sampled {
     /// An expression or its template failed for this parent (often: it
     /// reads a child or related object the sample does not have).
     Failed(String),
+    /// It reads a var that has no value for this parent (one that failed,
+    /// which [`Sample::vars`] holds).
+    Withheld(String),
 }
 
 /// What a rule renders for one parent.
@@ -44,6 +48,12 @@ pub struct Sample {
     /// The bodies each patch renders (by index into `rule.patches`), its
     /// target found or not; a patch that renders nothing is left out.
     pub patches: Vec<(usize, Vec<Value>)>,
+    /// Each patch that failed for this parent (by index), and why; one
+    /// that reads a var without a value is left out.
+    pub failed_patches: Vec<(usize, String)>,
+    /// Each var that failed for this parent (by index into `rule.vars`),
+    /// and why.
+    pub vars: Vec<(usize, String)>,
 }
 
 /// Every child and patch rendered for `input.parent`; `Err` when the
@@ -85,10 +95,9 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     let with_children = |fixed: &minijinja::Value, children: &Children| {
         context! { children => children.context(), ..fixed.clone() }
     };
-    // A var that fails leaves `vars` empty, as in a pass; the children that
-    // read it then fail on their own.
-    let vars = related::eval_vars(rule, &with_children(&reads_ctx, &children)).unwrap_or_default();
-    let fixed = context! { vars => minijinja::Value::from(vars), ..reads_ctx };
+    // As in a pass, a var that fails withholds itself from whatever reads it.
+    let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));
+    let fixed = context! { vars => minijinja::Value::from(vars.values.clone()), ..reads_ctx };
     let mut base = with_children(&fixed, &children);
 
     // Every dependency reads as ready, so no child waits.
@@ -99,6 +108,10 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     for &i in &rule.order {
         let child = &rule.children[i];
         let id = &child.spec.id;
+        if let Some(err) = vars.withheld(&child.reads_vars, &format!("child \"{id}\"")) {
+            out.push((i, Sampled::Withheld(err.to_string())));
+            continue;
+        }
         let sampled = match plan_child(rule, child, &base, &info, input, &ready) {
             Ok(ChildResult::Rendered(rendered)) => {
                 if children.rendered(id, rendered.iter().map(|(a, _)| &a.key)) {
@@ -121,7 +134,20 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     // Patches after the children, as in a pass; no related entry holds
     // them back. A patch waiting for another whose target the sample lacks
     // renders nothing.
-    let patched = super::patch::plan_patches(rule, &base, &info, input, &ready, &[]);
+    let patched = super::patch::plan_patches(rule, &base, &info, input, &ready, &[], &vars);
+    let failed_patches = patched
+        .outcome
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, Outcome::Failed))
+        .filter_map(|(&i, _)| {
+            let patch = &rule.patches[i];
+            // The pass's errors name the patch they are about.
+            let named = format!("patch \"{}\"", patch.spec.id);
+            let why = patched.errors.iter().find(|e| e.contains(&named))?;
+            let withheld = vars.withheld(&patch.reads_vars, &named).is_some();
+            (!withheld).then(|| (i, why.clone()))
+        })
+        .collect();
     let mut patches: Vec<(usize, Vec<Value>)> = Vec::new();
     for apply in patched.apply {
         let Some(i) = rule.patches.iter().position(|p| p.spec.id == apply.id) else {
@@ -132,8 +158,17 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
             None => patches.push((i, vec![apply.object])),
         }
     }
+    let vars = vars
+        .errors()
+        .filter_map(|(name, err)| {
+            let i = rule.vars.iter().position(|v| v.name == name)?;
+            Some((i, err.to_string()))
+        })
+        .collect();
     Ok(Sample {
         children: out,
         patches,
+        failed_patches,
+        vars,
     })
 }

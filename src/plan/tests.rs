@@ -437,3 +437,4 @@ mod related;
 mod scope;
 mod spec_schema;
 mod status;
+mod vars;

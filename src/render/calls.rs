@@ -23,17 +23,20 @@ pub struct Calls {
     /// Variables and macros the code assigns (`set`, `for`, `macro`).
     pub locals: BTreeSet<String>,
     /// `(root, id)` for every static read of `children.<id>`,
-    /// `children["<id>"]` and the same under `related`.
+    /// `children["<id>"]` and the same under `related`, `patches` and `vars`.
     pub reads: BTreeSet<(String, String)>,
-    /// Roots (`children`, `related`) read other than by a constant id.
+    /// Roots (`children`, `related`, `patches`, `vars`) read other than by a
+    /// constant id: by a computed subscript, or whole (`vars | tojson`).
     pub dynamic: BTreeSet<String>,
     /// Whether the code reads `self` from the context (minijinja reserves
     /// the name in templates, so it never counts as undeclared there).
     pub reads_self: bool,
 }
 
-/// Context names whose static reads are dependency edges.
-const EDGE_ROOTS: [&str; 3] = ["children", "related", "patches"];
+/// Context names whose reads are recorded: `children`, `related` and
+/// `patches` for dependency edges, `vars` for what a var that fails in a
+/// pass withholds.
+const READ_ROOTS: [&str; 4] = ["children", "related", "patches", "vars"];
 
 /// Scans `source` (a template; wrap an expression in `{{ }}` first).
 pub fn scan(source: &str) -> Calls {
@@ -65,7 +68,7 @@ pub fn scan(source: &str) -> Calls {
                     calls.locals.insert((*name).to_owned());
                 }
                 Instruction::Lookup("self") => calls.reads_self = true,
-                Instruction::Lookup(root) if EDGE_ROOTS.contains(root) => {
+                Instruction::Lookup(root) if READ_ROOTS.contains(root) => {
                     let id = match (instructions.get(pc + 1), instructions.get(pc + 2)) {
                         (Some(Instruction::GetAttr(id)), _) => Some((*id).to_owned()),
                         (Some(Instruction::LoadConst(v)), Some(Instruction::GetItem)) => {
@@ -151,6 +154,24 @@ mod tests {
             .map(|(_, line)| *line)
             .collect();
         assert_eq!(safe, vec![1, 3, 5]);
+    }
+
+    #[test]
+    fn vars_read_by_name_or_whole_are_told_apart() {
+        let calls = scan("{{ vars.full }} {{ vars['short'] | default('') }}");
+        assert_eq!(
+            calls.reads.into_iter().collect::<Vec<_>>(),
+            [
+                ("vars".to_owned(), "full".to_owned()),
+                ("vars".to_owned(), "short".to_owned())
+            ]
+        );
+        assert!(scan("{{ vars | tojson }}").dynamic.contains("vars"));
+        assert!(
+            scan("{% for k in vars %}{{ k }}{% endfor %}")
+                .dynamic
+                .contains("vars")
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod convert;
 pub use convert::parse_quantity;
 mod filters;
 mod patterns;
+pub mod shape;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -208,6 +209,11 @@ impl EngineBuilder {
             .get(&id.0)
             .map(|s| calls::scan(s))
             .unwrap_or_default()
+    }
+
+    /// The YAML collection a compiled template's own text writes.
+    pub fn template_shape(&self, id: &TemplateId) -> Option<shape::Shape> {
+        self.sources.get(&id.0).and_then(|s| shape::of(s))
     }
 
     /// Filters, tests and functions of a compiled expression.

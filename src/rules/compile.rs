@@ -34,7 +34,7 @@ use entry::{Entry, Role};
 use lint::{Code, lint};
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
-    VarSource,
+    VarReads, VarSource,
 };
 use related::{compile_related, compile_vars};
 use status::compile_status;
@@ -113,6 +113,8 @@ pub struct CompiledChild {
     pub depends_on_related: Vec<usize>,
     /// A patch: indexes of the patches it depends on (always empty for a child).
     pub depends_on_patches: Vec<usize>,
+    /// The vars its template and expressions read.
+    pub reads_vars: VarReads,
 }
 
 #[derive(Debug)]
@@ -121,6 +123,8 @@ pub struct CompiledField {
     pub path: Vec<String>,
     pub source: FieldSource,
     pub default: Option<Value>,
+    /// The vars its `value` reads (none for a `jsonPath`).
+    pub reads_vars: VarReads,
 }
 
 #[derive(Debug)]
@@ -139,6 +143,8 @@ pub struct CompiledCondition {
     pub when: ExprId,
     pub reason: String,
     pub message: Option<TemplateId>,
+    /// The vars its `when` and `message` read.
+    pub reads_vars: VarReads,
 }
 
 /// Names every template and expression may use.

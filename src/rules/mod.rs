@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 pub use compile::{
     CompiledChild, CompiledCondition, CompiledField, CompiledRelated, CompiledRequirement,
-    CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarSource,
-    code_line, context_names, scope,
+    CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarReads,
+    VarSource, code_line, context_names, scope,
 };
 
 use crate::kinds::Gvk;

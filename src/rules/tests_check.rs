@@ -123,6 +123,34 @@ fn reading_own_id_adds_no_edge_and_dynamic_subscript_warns() {
 }
 
 #[test]
+fn vars_read_by_a_computed_name_or_named_like_a_related_entry_add_no_edge() {
+    let rule = "  related:
+    - id: settings
+      apiVersion: v1
+      kind: ConfigMap
+      name: x
+  vars:
+    - name: settings
+      value: \"'s'\"
+  children:
+    - id: a
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {name: {{ vars[spec.which] | default('a') ~ vars.settings }}}
+";
+    let d = diagnostics(&format!("{TWO}{rule}"));
+    assert!(d.is_empty(), "{d:?}");
+    let set = crate::rules::testing::load_texts(&[("r.yaml", &format!("{TWO}{rule}"))]);
+    let a = &set.rules[0].children[0];
+    assert!(
+        a.depends_on_related.is_empty(),
+        "vars.settings is not related.settings"
+    );
+    assert!(a.reads_vars.any && a.reads_vars.names.contains("settings"));
+}
+
+#[test]
 fn related_entries_are_validated() {
     let related = "  related:\n    - id: a\n      apiVersion: v1\n      kind: ConfigMap\n      name: x\n      selector: {}\n    - id: b\n      apiVersion: v1\n      kind: Secret\n      name: \"{{ children.a }}\"\n  children:\n    - id: b\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata: {name: {{ related.nope.x | default('y') }}}\n";
     let d = diagnostics(&format!("{TWO}{related}"));

@@ -1,7 +1,7 @@
 //! One child or one patch, compiled: id, kind, template (inline or from a
 //! file), `includeWhen`, `forEach`, `readyWhen`, and its dependencies,
 //! explicit (`dependsOn`) and implicit (static reads of `children.X`,
-//! `related.Y` and, for a patch, `patches.Z`).
+//! `related.Y` and, for a patch, `patches.Z`), and the vars it reads.
 //!
 //! Children and patches share all of this; they differ only in where they
 //! sit (`spec.children[i]`, `spec.patches[i]`), in what they may read
@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use super::lint::{Code, lint};
 use super::{
-    Checker, CompiledChild, Known, context_names, is_api_version, is_child_id, is_kind,
+    Checker, CompiledChild, Known, VarReads, context_names, is_api_version, is_child_id, is_kind,
     merge_reads, scope,
 };
 use crate::kinds::Gvk;
@@ -242,16 +242,18 @@ impl Entry<'_, '_> {
                     }
                     _ => {}
                 },
-                _ => {
+                "related" => {
                     if let Some(k) = own(&related_ids, id)
                         && !depends_on_related.contains(&k)
                     {
                         depends_on_related.push(k);
                     }
                 }
+                // `vars.*` adds no edge: a var sees whatever is observed.
+                _ => {}
             }
         }
-        for root in &reads.dynamic {
+        for root in reads.dynamic.iter().filter(|r| *r != "vars") {
             ck.warning(
                 &at,
                 format!(
@@ -270,6 +272,7 @@ impl Entry<'_, '_> {
             depends_on,
             depends_on_related,
             depends_on_patches,
+            reads_vars: VarReads::of(&reads),
         })
     }
 }

@@ -12,7 +12,8 @@ use std::collections::BTreeSet;
 use super::lint::{Code, lint};
 use super::{Checker, context_names, is_api_version, is_child_id, is_kind};
 use crate::kinds::Gvk;
-use crate::render::{EngineBuilder, ExprId, TemplateId, TemplateKind};
+use crate::render::shape::Shape;
+use crate::render::{Calls, EngineBuilder, ExprId, TemplateId, TemplateKind};
 use crate::rules::model::{
     RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
 };
@@ -61,12 +62,50 @@ pub struct CompiledRequirement {
 pub struct CompiledVar {
     pub name: String,
     pub source: VarSource,
+    /// The vars before it that it reads.
+    pub reads: VarReads,
+}
+
+/// The vars a template or expression reads, found statically: what a var
+/// that fails in a pass withholds from it (`plan::vars`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct VarReads {
+    /// Read by a constant name: `vars.x`, `vars["x"]`.
+    pub names: BTreeSet<String>,
+    /// `vars` read some other way (a computed subscript, whole, in a
+    /// loop): it may read any var.
+    pub any: bool,
+}
+
+impl VarReads {
+    /// The vars `calls` (one piece of code, or several merged) read.
+    pub fn of(calls: &Calls) -> VarReads {
+        VarReads {
+            names: calls
+                .reads
+                .iter()
+                .filter(|(root, _)| root == "vars")
+                .map(|(_, name)| name.clone())
+                .collect(),
+            any: calls.dynamic.contains("vars"),
+        }
+    }
+
+    /// Whether the code may read `var`.
+    pub fn reads(&self, var: &str) -> bool {
+        self.any || self.names.contains(var)
+    }
 }
 
 #[derive(Debug)]
 pub enum VarSource {
     Value(ExprId),
-    Template(TemplateId),
+    Template {
+        template: TemplateId,
+        /// What its text writes: the value it yields when it renders no
+        /// YAML node (a loop with no items) is that shape's empty one.
+        shape: Option<Shape>,
+    },
 }
 
 /// Names a related entry's name/namespace/selector templates may use.
@@ -344,6 +383,7 @@ pub(super) fn compile_vars(
             ck.error(&format!("{at}.name"), format!("duplicate var `{}`", v.name));
         }
         let allowed = context_names(false, false);
+        let mut reads = VarReads::default();
         let source = match (&v.value, &v.template) {
             (Some(src), None) => {
                 let field = format!("{at}.value");
@@ -352,6 +392,7 @@ pub(super) fn compile_vars(
                         lint(ck, builder, &field, Code::Expression(id, src));
                         let names = builder.expression_names(id, true);
                         ck.check_names(&field, "a var", names, &allowed, known);
+                        reads = VarReads::of(&builder.expression_calls(id));
                         Some(VarSource::Value(id))
                     }
                     Err(err) => {
@@ -367,7 +408,12 @@ pub(super) fn compile_vars(
                         lint(ck, builder, &field, Code::Object(&id, src));
                         let names = builder.template_names(&id, true);
                         ck.check_names(&field, "a var", names, &allowed, known);
-                        Some(VarSource::Template(id))
+                        reads = VarReads::of(&builder.template_calls(&id));
+                        let shape = builder.template_shape(&id);
+                        Some(VarSource::Template {
+                            template: id,
+                            shape,
+                        })
                     }
                     Err(err) => {
                         ck.error(&field, format!("template syntax: {err}"));
@@ -388,6 +434,7 @@ pub(super) fn compile_vars(
             out.push(CompiledVar {
                 name: v.name.clone(),
                 source,
+                reads,
             });
         }
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
+use crate::render::Calls;
 
 /// Validates and compiles the `status:` block: fields (JSONPath or
 /// expression) and the rule's own conditions.
@@ -44,6 +45,7 @@ pub(super) fn compile_status(
                 format!("`{}` is written by trellis itself", f.path),
             );
         }
+        let mut reads_vars = VarReads::default();
         let source = match (&f.from, &f.json_path, &f.value) {
             (Some(from), Some(jp), None) => {
                 if !known.children.contains(from.as_str()) {
@@ -89,6 +91,7 @@ pub(super) fn compile_status(
                         &base,
                         known,
                     );
+                    reads_vars = VarReads::of(&builder.expression_calls(id));
                     Some(FieldSource::Value(id))
                 }
                 Err(err) => {
@@ -106,6 +109,7 @@ pub(super) fn compile_status(
                 path,
                 source,
                 default: f.default.clone(),
+                reads_vars,
             });
         }
     }
@@ -136,6 +140,8 @@ pub(super) fn compile_status(
                 format!("`{}` is not a CamelCase reason", c.reason),
             );
         }
+        // What `when` and `message` read of `vars`.
+        let mut reads = Calls::default();
         let when = match builder.add_expression(&c.when) {
             Ok(id) => {
                 lint(
@@ -152,6 +158,7 @@ pub(super) fn compile_status(
                     &base,
                     known,
                 );
+                merge_reads(&mut reads, builder.expression_calls(id));
                 Some(id)
             }
             Err(err) => {
@@ -172,6 +179,7 @@ pub(super) fn compile_status(
                         &base,
                         known,
                     );
+                    merge_reads(&mut reads, builder.template_calls(&id));
                     Some(id)
                 }
                 Err(err) => {
@@ -186,6 +194,7 @@ pub(super) fn compile_status(
                 when,
                 reason: c.reason.clone(),
                 message,
+                reads_vars: VarReads::of(&reads),
             });
         }
     }
