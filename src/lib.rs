@@ -5,28 +5,22 @@
 //!                                                    (children to apply / delete / hold, status)
 //! ```
 //!
-//! The offline commands (`check`, `render`, `rbac`, `schema`) and the operator
-//! share this library; `plan` is the only place that decides anything.
+//! Two crates: `trellis-core` (`crates/trellis-core`) holds everything that
+//! decides — the rule format, rendering, the planner, CRD and RBAC
+//! generation, the rollout and shard state machines — with no cluster
+//! client and no async runtime; this crate is the shell around it: the
+//! operator, the CLI, the LSP, `diff`, hot reload and telemetry. The
+//! core's modules are re-exported here under their own names, so
+//! `trellis::plan` is `trellis_core::plan`.
+
+pub use trellis_core::{
+    clock, conform, crd, drift, field_path, graph, kinds, manifests, offline, plan, rbac, render,
+    rollout, rules, shard, status, yaml,
+};
 
 pub mod cli;
-pub mod clock;
-pub mod conform;
-pub mod crd;
 pub mod diff;
-pub mod drift;
-pub mod field_path;
-pub mod graph;
-pub mod kinds;
 pub mod lsp;
-pub mod manifests;
 pub mod operator;
-pub mod plan;
-pub mod rbac;
 pub mod reload;
-pub mod render;
-pub mod rollout;
-pub mod rules;
-pub mod shard;
-pub mod status;
 pub mod telemetry;
-pub mod yaml;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use trellis::cli::rule_for;
+use trellis::offline::render::rule_for;
 use trellis::render::Limits;
 use trellis::rules::RuleSet;
 use trellis::yaml;

@@ -79,9 +79,9 @@ impl Case {
             .observed
             .map(|o| read_stream(&root().join("examples/observed").join(o)))
             .unwrap_or_default();
-        let rule = trellis::cli::rule_for(&set, &parent)
+        let rule = trellis::offline::render::rule_for(&set, &parent)
             .unwrap_or_else(|e| panic!("{}: {e}", self.parent));
-        let doc = trellis::cli::render_document(rule, &parent, observed, NOW);
+        let doc = trellis::offline::render::render_document(rule, &parent, observed, NOW);
         to_text(&self.redact(doc))
     }
 
@@ -392,9 +392,9 @@ fn database_password_is_random_alphanumeric() {
     let [parent] = read_stream(&root().join("examples/parents/database-orders.yaml"))
         .try_into()
         .expect("one parent");
-    let rule = trellis::cli::rule_for(&set, &parent).expect("rule");
+    let rule = trellis::offline::render::rule_for(&set, &parent).expect("rule");
     let password = || {
-        let doc = trellis::cli::render_document(rule, &parent, Vec::new(), NOW);
+        let doc = trellis::offline::render::render_document(rule, &parent, Vec::new(), NOW);
         let encoded = doc
             .pointer("/children/0/data/password")
             .and_then(Value::as_str)

@@ -29,13 +29,10 @@ pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
     RolloutAction, RolloutOutput,
 };
-pub use check::{Checked, Inputs, check, diagnostics, lsp};
+pub use check::{check, lsp};
 pub use commands::{crd, crd_documents, diff, graph, schema};
 pub use rbac::rbac;
-pub use render::{
-    label_observed, offline_scope, offline_scope_with, render, render_document,
-    render_document_with, rule_for,
-};
+pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).

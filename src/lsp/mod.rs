@@ -37,7 +37,7 @@ use lsp_types::{
 };
 use serde_json::Value;
 
-use crate::cli::Inputs;
+use crate::offline::check::Inputs;
 use crate::rules::{Diagnostic, Severity};
 use workspace::{Workspace, canonical};
 pub use workspace::{holds_rule, path_to_uri, uri_to_path};

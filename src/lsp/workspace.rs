@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use crate::cli::{Inputs, diagnostics};
+use crate::offline::check::{Inputs, diagnostics};
 use crate::render::Limits;
 use crate::rules::Diagnostic;
 use crate::rules::load::Read;

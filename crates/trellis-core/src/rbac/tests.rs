@@ -27,7 +27,7 @@ fn role_for(rule: &str) -> Value {
 
 fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/rbac")
+        .join("../../tests/fixtures/rbac")
         .join(case)
 }
 

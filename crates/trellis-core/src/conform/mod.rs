@@ -154,11 +154,11 @@ fn parent_scope(rule: &CompiledRule, cx: &Context) -> Scope {
 /// Every child and patch rendered for `parent`; `Err` when it is refused.
 fn render_sample(rule: &CompiledRule, parent: &Value, cx: &Context) -> Result<Sample, Vec<String>> {
     let hint = crate::crd::offline::parent_scope(rule, parent, cx.crds);
-    let scope_of = crate::cli::offline_scope_with(rule, hint);
+    let scope_of = crate::offline::render::offline_scope_with(rule, hint);
     let observed = if cx.observed.is_empty() {
         Observed::from_objects(Vec::new())
     } else {
-        crate::cli::label_observed(rule, parent, cx.observed.to_vec(), NOW, &scope_of)
+        crate::offline::render::label_observed(rule, parent, cx.observed.to_vec(), NOW, &scope_of)
     };
     let input = Input {
         parent,

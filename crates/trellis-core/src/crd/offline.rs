@@ -311,7 +311,7 @@ mod tests {
             parent_scope(&rule, &parent, Some(&crds)),
             Some(crate::rules::model::Scope::Cluster)
         );
-        let doc = crate::cli::render_document_with(
+        let doc = crate::offline::render::render_document_with(
             &rule,
             &parent,
             vec![],

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::cli::{Inputs, diagnostics};
 use crate::crd::offline::OfflineCrds;
+use crate::offline::check::{Inputs, diagnostics};
 use crate::render::Limits;
 use crate::rules::load::disk;
 

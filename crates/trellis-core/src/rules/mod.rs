@@ -267,9 +267,10 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, Vec<Diagnostic>> {
     RuleSet::load(&[dir.to_path_buf()], Limits::default())
 }
 
-/// Helpers for the crate's unit tests: rules from text.
-#[cfg(test)]
-pub(crate) mod testing {
+/// Helpers for unit tests, here and in the binary crate (feature
+/// `testing`): rules from text.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use std::sync::Arc;
 
     use super::{CompiledRule, RuleSet, load_dir};

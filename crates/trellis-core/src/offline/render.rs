@@ -1,0 +1,583 @@
+//! One pass offline, as `trellis render` prints it and the golden tests,
+//! `check` and the LSP use it: which rule takes a parent, the scope of
+//! kinds without a cluster, observed objects labelled as trellis would have
+//! labelled them, and the document a pass prints.
+
+use serde_json::{Value, json};
+
+use crate::crd::offline::OfflineCrds;
+use crate::kinds::{self, Gvk};
+use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
+use crate::rules::model::Scope;
+use crate::rules::{CompiledRule, RuleSet};
+
+/// The rule for a parent object: same apiVersion/kind, and its namespaces and
+/// selector (if any) match.
+pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, String> {
+    let api_version = parent
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = parent
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let gvk = Gvk::new(api_version, kind);
+    let of_kind: Vec<&CompiledRule> = set.for_parent(&gvk).map(|r| r.as_ref()).collect();
+    let candidates: Vec<&CompiledRule> = of_kind
+        .iter()
+        .copied()
+        .filter(|r| crate::plan::parent_matches(r, parent))
+        .collect();
+    match candidates.as_slice() {
+        [] if !of_kind.is_empty() => Err(of_kind
+            .iter()
+            .map(|r| {
+                let why = crate::plan::why_not_selected(r, parent).unwrap_or_default();
+                format!("rule {} does not select this parent: {why}", r.name)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")),
+        [] => Err(format!("no rule matches a parent of kind {gvk}")),
+        [one] => Ok(one),
+        many => Err(format!(
+            "several rules match a parent of kind {gvk}: {}",
+            many.iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// Scope of a kind offline: for the parent kind, the rule's
+/// `spec.parent.scope`, else its generated CRD's (`crd:`); else the built-in
+/// table (children may override it per child).
+pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
+    let hint = rule.rule.spec.parent.scope.or_else(|| {
+        rule.rule
+            .spec
+            .crd
+            .as_ref()
+            .map(|_| crate::crd::scope(&rule.rule))
+    });
+    offline_scope_with(rule, hint)
+}
+
+/// Like [`offline_scope`], with the parent kind's scope given. A child's or
+/// related entry's `scope:` hint comes next, then the built-in table. Hints
+/// are offline only: on a live cluster discovery alone says (the planner
+/// never reads them), so a wrong hint cannot move a child's namespace.
+pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&Gvk) -> Scope + '_ {
+    move |gvk: &Gvk| {
+        if gvk.group == rule.parent.group
+            && gvk.kind == rule.parent.kind
+            && let Some(scope) = hint
+        {
+            return scope;
+        }
+        let same = |g: &Gvk| g.group == gvk.group && g.kind == gvk.kind;
+        let children = rule
+            .children
+            .iter()
+            .filter(|c| same(&c.gvk))
+            .map(|c| c.spec.scope);
+        let related = rule
+            .related
+            .iter()
+            .filter(|r| same(&r.gvk))
+            .map(|r| r.spec.scope);
+        children
+            .chain(related)
+            .flatten()
+            .next()
+            .unwrap_or_else(|| kinds::scope(gvk))
+    }
+}
+
+/// Gives unlabelled observed objects the labels trellis would have put on
+/// them, by matching kind and name against a render. Hand-written
+/// `--observed` files can then omit the labels.
+///
+/// A child held back by `dependsOn` is only rendered once its dependencies
+/// are found ready, so this labels, renders again and labels again until a
+/// pass labels nothing new (each pass that does adds at least one child id).
+pub fn label_observed(
+    rule: &CompiledRule,
+    parent: &Value,
+    mut observed: Vec<Value>,
+    now: &str,
+    scope_of: &dyn Fn(&Gvk) -> Scope,
+) -> Observed {
+    let uid = parent
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or(plan::PLACEHOLDER_UID)
+        .to_owned();
+    for _ in 0..=rule.children.len() {
+        let labelled = Observed::from_objects(observed.iter().cloned());
+        let trial = plan::plan(
+            rule,
+            &Input {
+                parent,
+                observed: &labelled,
+                now,
+                scope_of,
+            },
+        );
+        let mut changed = false;
+        for obj in &mut observed {
+            let has_label = obj
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(LABEL_CHILD))
+                .is_some();
+            if has_label {
+                continue;
+            }
+            let Some(key) = ObjectKey::of(obj) else {
+                continue;
+            };
+            // The namespace counts when the file gives one: a related
+            // object (config-propagation's source ConfigMap) shares its
+            // copies' kind and name, and is not one of them.
+            let Some(apply) = trial.apply.iter().find(|a| {
+                a.key.group == key.group
+                    && a.key.kind == key.kind
+                    && a.key.name == key.name
+                    && (key.namespace.is_none() || key.namespace == a.key.namespace)
+            }) else {
+                continue;
+            };
+            let meta = &mut obj["metadata"];
+            if meta.get("namespace").is_none()
+                && let Some(ns) = &apply.key.namespace
+            {
+                meta["namespace"] = json!(ns);
+            }
+            let labels = &mut meta["labels"];
+            if !labels.is_object() {
+                *labels = json!({});
+            }
+            labels[LABEL_RULE] = json!(rule.name);
+            labels[LABEL_CHILD] = json!(apply.id);
+            labels[plan::LABEL_PARENT_UID] = json!(uid);
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+    Observed::from_objects(observed)
+}
+
+/// Counts the parent file as observed: the operator's caches hold the
+/// parent, so a patch of the parent itself (or a related entry reading it)
+/// finds it there, and offline it must too. A parent file without a uid
+/// takes the placeholder that labels and ownerReferences use; a copy of
+/// the parent in `--observed` gives way to the file, which is the parent
+/// this pass renders for.
+fn observe_parent(observed: &mut Observed, parent: &Value) {
+    let Some(key) = ObjectKey::of(parent) else {
+        return;
+    };
+    let mut object = parent.clone();
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.entry("uid")
+            .or_insert_with(|| json!(plan::PLACEHOLDER_UID));
+    }
+    observed.objects.insert(key, object);
+}
+
+/// The document `trellis render` prints.
+pub fn render_document(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+) -> Value {
+    render_document_with(rule, parent, observed, now, None)
+}
+
+/// [`render_document`], with CRD manifests (`--crds`): the parent's scope
+/// comes from its CRD, and its spec is checked against the CRD's schema.
+pub fn render_document_with(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+    crds: Option<&OfflineCrds>,
+) -> Value {
+    let scope_of = offline_scope_with(rule, crate::crd::offline::parent_scope(rule, parent, crds));
+    let mut observed = label_observed(rule, parent, observed, now, &scope_of);
+    observe_parent(&mut observed, parent);
+    let input = Input {
+        parent,
+        observed: &observed,
+        now,
+        scope_of: &scope_of,
+    };
+    // A parent its CRD refuses would not even be stored: nothing to render.
+    let refusals = crds
+        .and_then(|c| c.find(&rule.parent))
+        .map(|(_, version)| crate::crd::offline::validate_parent(version, parent))
+        .unwrap_or_default();
+    let mut plan = plan::plan(rule, &input);
+    if !refusals.is_empty() {
+        // What the pass would also have said is worth knowing too.
+        let mut errors = std::mem::take(&mut plan.errors);
+        errors.extend(refusals);
+        plan = plan::refused_by_crd(rule, &input, errors);
+    }
+    // `createOnly` children that exist are never sent again: show them apart.
+    let (kept, applied): (Vec<_>, Vec<_>) = plan.apply.iter().partition(|a| {
+        a.policy == crate::rules::model::Policy::CreateOnly && observed.objects.contains_key(&a.key)
+    });
+    let mut doc = json!({
+        "children": applied.iter().map(|a| a.object.clone()).collect::<Vec<_>>(),
+        "status": plan.status,
+        "pending": plan.pending,
+        "rule": rule.name,
+    });
+    if !rule.patches.is_empty() {
+        // Contributions as they would be sent; one whose target is missing
+        // (pending, TargetNotFound) has no uid and is not sent.
+        doc["patches"] = json!(
+            plan.patches
+                .iter()
+                .map(|p| p.object.clone())
+                .collect::<Vec<_>>()
+        );
+    }
+    if !plan.release.is_empty() {
+        doc["release"] = json!(
+            plan.release
+                .iter()
+                .map(|r| r.key.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
+    if !plan.retain.is_empty() {
+        doc["retain"] = json!(
+            plan.retain
+                .iter()
+                .map(|d| d.key.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
+    if !kept.is_empty() {
+        doc["unchanged"] = json!(kept.iter().map(|a| a.key.to_string()).collect::<Vec<_>>());
+    }
+    if !plan.delete.is_empty() {
+        doc["delete"] = json!(
+            plan.delete
+                .iter()
+                .map(|d| d.key.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
+    if !plan.errors.is_empty() {
+        doc["errors"] = json!(plan.errors);
+    }
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
+    use super::render_document;
+    use crate::rules::CompiledRule;
+
+    const NOW: &str = "2026-11-29T00:00:00Z";
+
+    fn rule(spec: &str) -> Arc<CompiledRule> {
+        crate::rules::testing::rule_with_spec(spec)
+    }
+
+    /// ConfigMaps `a-one` ← `a-two` ← `a-three`, each behind the one before.
+    const CHAIN: &str = "  children:
+    - id: one
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-one' }}}
+    - id: two
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [one]
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-two' }}}
+    - id: three
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [two]
+      template: |
+        metadata: {name: {{ parent.metadata.name ~ '-three' }}}
+";
+
+    fn parent(namespace: Option<&str>) -> Value {
+        let mut p = json!({
+            "apiVersion": "demo.trellis.dev/v1",
+            "kind": "App",
+            "metadata": {"name": "a", "uid": "uid-1", "generation": 1},
+        });
+        if let Some(ns) = namespace {
+            p["metadata"]["namespace"] = json!(ns);
+        }
+        p
+    }
+
+    fn unlabelled(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+    }
+
+    fn ready(doc: &Value) -> &Value {
+        doc["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+    }
+
+    #[test]
+    fn observed_children_behind_depends_on_are_matched() {
+        let r = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        let observed = vec![
+            unlabelled("a-three"),
+            unlabelled("a-two"),
+            unlabelled("a-one"),
+        ];
+        let doc = render_document(&r, &parent(Some("ns")), observed, NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"].as_array().unwrap().len(), 3, "{doc:#}");
+        assert_eq!(ready(&doc)["status"], "True", "{doc:#}");
+    }
+
+    /// A copy per item into namespace `item`, of the source `src/cfg`.
+    const COPIES: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}
+  related:
+    - id: source
+      apiVersion: v1
+      kind: ConfigMap
+      namespace: src
+      name: cfg
+  children:
+    - id: copy
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: \"['team-a', 'team-b']\"
+      template: |
+        metadata: {name: cfg, namespace: {{ item }}}
+        data: {{ related.source.data }}
+  status:
+    fields:
+      - path: copies
+        value: \"children.copy | default([]) | length\"
+";
+
+    #[test]
+    fn an_observed_related_object_named_like_a_child_elsewhere_is_not_that_child() {
+        let r = rule(COPIES);
+        let object = |ns: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "cfg", "namespace": ns}, "data": {"k": "v"}})
+        };
+        let doc = render_document(&r, &parent(None), vec![object("src")], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["status"]["copies"], 0, "no copy exists yet: {doc:#}");
+        assert!(
+            doc.get("delete").is_none(),
+            "the source is never pruned: {doc:#}"
+        );
+        assert_eq!(doc["children"].as_array().map(Vec::len), Some(2));
+        let doc = render_document(
+            &r,
+            &parent(None),
+            vec![object("src"), object("team-a")],
+            NOW,
+        );
+        assert_eq!(doc["status"]["copies"], 1, "{doc:#}");
+        assert!(doc.get("delete").is_none(), "{doc:#}");
+    }
+
+    #[test]
+    fn parent_scope_comes_from_the_rule_offline() {
+        let cluster = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}}\n{}",
+            CHAIN.replace("{name: {{", "{namespace: team, name: {{")
+        ));
+        let doc = render_document(&cluster, &parent(None), vec![], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"][0]["metadata"]["namespace"], "team");
+        let doc = render_document(&cluster, &parent(Some("ns")), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!(["App ns/a: cluster-scoped parent must not have metadata.namespace"])
+        );
+
+        // Without a hint, a CRD parent written without a namespace is
+        // cluster-scoped (so its namespaced children must name one)...
+        let unhinted = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        let doc = render_document(&unhinted, &parent(None), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!(["template of child \"one\": the parent is cluster-scoped: \
+                 a namespaced child must set metadata.namespace"])
+        );
+        // ...and one with a namespace is namespaced.
+        let doc = render_document(&unhinted, &parent(Some("ns")), vec![], NOW);
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(doc["children"][0]["metadata"]["namespace"], "ns");
+
+        // A rule's `crd:` block is its parent's CRD: namespaced by default.
+        let with_crd = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n  crd: {{}}\n{CHAIN}"
+        ));
+        let doc = render_document(&with_crd, &parent(None), vec![], NOW);
+        assert_eq!(
+            doc["errors"],
+            json!([
+                "App a: the parent has no metadata.namespace (App is namespaced; \
+                 if it is not, set spec.parent.scope: Cluster in the rule)"
+            ])
+        );
+        assert_eq!(doc["children"], json!([]));
+    }
+
+    #[test]
+    fn offline_a_childs_scope_hint_comes_before_the_built_in_table() {
+        use crate::kinds::Gvk;
+        use crate::rules::model::Scope;
+        let hinted = rule(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App, scope: Cluster}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      scope: Cluster
+      template: |
+        metadata: {name: x}
+",
+        );
+        let scope_of = super::offline_scope(&hinted);
+        assert_eq!(scope_of(&Gvk::new("v1", "ConfigMap")), Scope::Cluster);
+        assert_eq!(
+            scope_of(&Gvk::new("demo.trellis.dev/v1", "App")),
+            Scope::Cluster
+        );
+        assert_eq!(scope_of(&Gvk::new("v1", "Secret")), Scope::Namespaced);
+        let plain = rule(&format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
+        ));
+        assert_eq!(
+            super::offline_scope(&plain)(&Gvk::new("v1", "ConfigMap")),
+            Scope::Namespaced
+        );
+    }
+
+    /// A rule whose one patch labels the parent itself.
+    const SELF_PATCH: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}
+  patches:
+    - id: mark
+      apiVersion: demo.trellis.dev/v1
+      kind: App
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+          labels: {marked: \"yes\"}
+";
+
+    #[test]
+    fn a_patch_of_the_parent_itself_finds_the_parent_file_as_its_target() {
+        let r = rule(SELF_PATCH);
+        let doc = render_document(&r, &parent(Some("ns")), vec![], NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert!(doc.get("errors").is_none(), "{doc:#}");
+        assert_eq!(
+            doc["patches"],
+            json!([{"apiVersion": "demo.trellis.dev/v1", "kind": "App", "metadata": {
+                "name": "a", "namespace": "ns", "uid": "uid-1",
+                "labels": {"marked": "yes"}}}]),
+            "the body carries the parent's uid, as for any observed target: {doc:#}"
+        );
+        // Without a uid in the file, the placeholder that labels and
+        // ownerReferences use stands for it here too.
+        let mut anonymous = parent(Some("ns"));
+        anonymous["metadata"].as_object_mut().unwrap().remove("uid");
+        let doc = render_document(&r, &anonymous, vec![], NOW);
+        assert_eq!(doc["pending"], json!([]), "{doc:#}");
+        assert_eq!(
+            doc["patches"][0]["metadata"]["uid"],
+            crate::plan::PLACEHOLDER_UID,
+            "{doc:#}"
+        );
+    }
+
+    #[test]
+    fn a_parent_its_crd_refuses_prunes_nothing() {
+        let r = rule(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}
+  children:
+    - id: one
+      apiVersion: v1
+      kind: ConfigMap
+      includeWhen: spec.keep
+      template: |
+        metadata: {name: a-one}
+",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let crd = dir.path().join("crd.yaml");
+        std::fs::write(
+            &crd,
+            "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: apps.demo.trellis.dev}
+spec:
+  group: demo.trellis.dev
+  scope: Namespaced
+  names: {kind: App, plural: apps}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                keep: {type: boolean}
+                n: {type: integer}
+",
+        )
+        .unwrap();
+        let crds = crate::crd::offline::OfflineCrds::load(&crd).unwrap();
+        let mut p = parent(Some("ns"));
+        let live = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "a-one", "namespace": "ns", "labels": {
+                "trellis.dev/rule": "app", "trellis.dev/child": "one",
+                "trellis.dev/parent-uid": "uid-1"}}});
+        p["spec"] = json!({"keep": false, "n": 3});
+        let doc = super::render_document_with(&r, &p, vec![live.clone()], NOW, Some(&crds));
+        assert_eq!(doc["delete"], json!(["ConfigMap ns/a-one"]), "{doc:#}");
+        p["spec"]["n"] = json!("three");
+        let doc = super::render_document_with(&r, &p, vec![live], NOW, Some(&crds));
+        assert!(doc.get("delete").is_none(), "{doc:#}");
+        assert!(doc["errors"].to_string().contains("spec.n"), "{doc:#}");
+        let synced = &doc["status"]["conditions"][1];
+        assert_eq!(
+            (&synced["type"], &synced["reason"]),
+            (&json!("Synced"), &json!("InvalidSpec"))
+        );
+    }
+}
