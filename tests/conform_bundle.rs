@@ -1,5 +1,5 @@
 //! The built-in kinds' schemas that `check` validates children against
-//! (src/conform/kubernetes-1.35.json) are what a Kubernetes 1.35 API server
+//! (crates/trellis-core/src/conform/kubernetes-1.35.json) are what a Kubernetes 1.35 API server
 //! serves: regenerated here from the test cluster's `/openapi/v3`, trimmed
 //! the same way, they must equal the bundled file byte for byte.
 //! `TRELLIS_BLESS=1 cargo test --test conform_bundle` writes the file anew.
@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use trellis::kinds::Gvk;
 
 fn bundle_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/conform/kubernetes-1.35.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/trellis-core/src/conform/kubernetes-1.35.json")
 }
 
 async fn get_json(client: &kube::Client, path: &str) -> Value {
