@@ -12,7 +12,8 @@ use serde_json::{Map, Value, json};
 use trellis::kinds::Gvk;
 
 fn bundle_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/trellis-core/src/conform/kubernetes-1.35.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/trellis-core/src/conform/kubernetes-1.35.json")
 }
 
 async fn get_json(client: &kube::Client, path: &str) -> Value {

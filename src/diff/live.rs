@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 
 use super::{ChildChange, ChildDiff, FieldChange, ParentDiff};
 use crate::kinds::Gvk;
+use crate::operator::FINALIZER;
 use crate::operator::discovery::{Resolved, resolve};
-use crate::operator::{FINALIZER, PAUSED_ANNOTATION};
 use crate::plan::{
     self, Input, LABEL_PARENT_UID, LABEL_RULE, ObjectKey, Observed, RelatedRead, RelatedTarget,
 };
@@ -273,20 +273,9 @@ async fn diff_parent(
         parent: describe(&rule.parent.kind, namespace, name),
         ..ParentDiff::default()
     };
-    if !plan::parent_matches(rule, parent) {
-        out.skipped = Some("outside the rule's parent namespaces or selector".into());
-        return Ok(out);
-    }
-    if s("/metadata/deletionTimestamp").is_some() {
-        out.skipped = Some("being deleted: the operator only removes its children".into());
-        return Ok(out);
-    }
-    if parent.pointer(&format!(
-        "/metadata/annotations/{}",
-        PAUSED_ANNOTATION.replace('/', "~1")
-    )) == Some(&json!("true"))
-    {
-        out.skipped = Some(format!("paused ({PAUSED_ANNOTATION}=true)"));
+    // The operator's entry checks, in the operator's order.
+    if let Some(why) = crate::pass::entry(rule, parent, None).skipped() {
+        out.skipped = Some(why);
         return Ok(out);
     }
     let uid = s("/metadata/uid").unwrap_or_default();

@@ -74,7 +74,7 @@ pub use status_write::status_patch;
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";
 /// Annotation that pauses reconciliation of one parent.
-pub const PAUSED_ANNOTATION: &str = "trellis.dev/paused";
+pub use crate::pass::PAUSED_ANNOTATION;
 
 /// How `trellis run` was asked to behave.
 #[derive(Debug, Clone)]

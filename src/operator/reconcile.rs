@@ -6,26 +6,23 @@
 //! [`super::status_write`]; a parent being deleted goes to
 //! [`super::finalize`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::api::{DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::FINALIZER;
 use super::apply::{Outcome, apply_child};
 use super::context::{Error, RuleCtx, parent_key};
 use super::decode::ParentObject;
 use super::finalize::{finalize, set_finalizers};
 use super::status_write::{mark_apply_error, write_status};
 use super::summary::{self, Summary};
-use super::{FINALIZER, PAUSED_ANNOTATION};
+use crate::pass::{self, Entry, Finish, Next, Rounds, Sent};
 use crate::plan::{self, Input, ObjectKey, Observed};
-
-/// How soon a pass that relied on a child it cannot see yet looks again.
-const UNSEEN_RECHECK: Duration = Duration::from_secs(1);
 
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
@@ -109,33 +106,29 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         debug!(rule = %rule.name, parent = %key, retry_in = ?wait, "held back by its backoff");
         return Ok(Action::requeue(wait));
     }
-    // Deletion goes ahead even for a paused parent: holding the finalizer
-    // would leave a delete the user asked for hanging.
-    if parent.meta().deletion_timestamp.is_some() {
-        return finalize(parent, &ctx, &uid).await;
-    }
-    if parent
-        .annotations()
-        .get(PAUSED_ANNOTATION)
-        .map(String::as_str)
-        == Some("true")
-    {
-        debug!(rule = %rule.name, parent = %key, "paused");
-        return Ok(Action::await_change());
-    }
     let mut parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
     if let Some(status) = ctx.unseen_status(&uid, parent.resource_version().as_deref()) {
         parent_json["status"] = status;
     }
     let parent_ref = super::related::parent_ref(parent, &ctx.kinds.parent.resource);
-    if !plan::parent_matches(rule, &parent_json) {
-        // Outside the rule (a watch not yet restarted after a reload
-        // narrowed it): finalized as one that left it.
-        ctx.related.forget(&parent_ref);
-        if let Some(candidate) = super::released::Candidate::of(parent, true) {
-            let _ = ctx.released.send(candidate);
+    match pass::entry(rule, &parent_json, None) {
+        Entry::Proceed => {}
+        Entry::Deleting => return finalize(parent, &ctx, &uid).await,
+        Entry::OutOfScope(why) => {
+            // Outside the rule (a watch not yet restarted after a reload
+            // narrowed it): finalized as one that left it.
+            debug!(rule = %rule.name, parent = %key, "outside the rule: {why}");
+            ctx.related.forget(&parent_ref);
+            if let Some(candidate) = super::released::Candidate::of(parent, true) {
+                let _ = ctx.released.send(candidate);
+            }
+            return Ok(Action::await_change());
         }
-        return Ok(Action::await_change());
+        Entry::Paused => {
+            debug!(rule = %rule.name, parent = %key, "paused");
+            return Ok(Action::await_change());
+        }
+        Entry::Undecodable(why) => return undecodable(&ctx, parent, &why).await,
     }
     // A rule with `rollout:` runs no pass until the version its parents are
     // on is recorded in the cluster: a pass on an unrecorded version, then
@@ -185,84 +178,64 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     }
 
     // Each round applies what the plan asks, then plans again with the
-    // objects the API server answered as observed state: a child whose
-    // dependency this pass made is applied in the same pass, and the status
-    // written once describes what the pass left, not the caches before it.
+    // objects the API server answered as observed state (see `pass::Rounds`).
     let mut apply_errors = Vec::new();
     let mut summary = Summary::default();
-    // Key → hash sent this pass (or the recreate started): one write each,
-    // unless a later round renders it differently.
-    let mut sent: BTreeMap<ObjectKey, String> = BTreeMap::new();
-    let mut counted: BTreeSet<ObjectKey> = BTreeSet::new();
-    // A child taken as written without the cache showing it: look again.
-    let mut unseen = false;
+    let mut rounds = Rounds::new(rule);
     let mut patch_sent: BTreeMap<ObjectKey, String> = BTreeMap::new();
-    for _round in 0..=rule.children.len() + rule.patches.len() {
+    while rounds.begin_round() {
         let mut wrote = false;
-        for apply in &plan.apply {
-            if sent.get(&apply.key) == Some(&apply.hash) {
-                continue;
+        for apply in rounds.to_send(&plan) {
+            if !rounds.round_goes_on() {
+                break;
             }
             let live = observed.objects.get(&apply.key);
             let result = apply_child(&ctx, apply, live, &uid).await;
-            if let Err(Error::NotLeader(not)) = result {
-                return Err(not.into());
-            }
-            let op = match &result {
-                Ok(a) => match a.outcome {
-                    Outcome::Unchanged | Outcome::Unseen => "unchanged",
-                    Outcome::Created => "create",
-                    Outcome::Updated => "update",
-                },
-                Err(_) => "error",
-            };
-            if op != "unchanged" || counted.insert(apply.key.clone()) {
-                ctx.shared.metrics.child_op(&rule.name, op);
-            }
-            match result {
+            let (sent, object) = match result {
+                Err(Error::NotLeader(not)) => return Err(not.into()),
                 Ok(applied) => {
-                    match applied.outcome {
-                        Outcome::Unchanged if applied.object.is_none() => continue,
+                    let sent = match applied.outcome {
+                        Outcome::Unchanged if applied.object.is_none() => Sent::Unchanged,
                         // Read after a refused create, or arrived in the
                         // cache since the pass took its children: the
                         // status counts it as there.
-                        Outcome::Unchanged => {}
-                        Outcome::Unseen => {
-                            unseen = true;
-                            continue;
-                        }
+                        Outcome::Unchanged => Sent::Found,
+                        Outcome::Unseen => Sent::Unseen,
                         Outcome::Created => {
                             info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
                             summary.created.push(apply.key.to_string());
+                            Sent::Created
                         }
                         Outcome::Updated => {
                             info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "applied");
                             summary.updated.push(apply.key.to_string());
+                            Sent::Updated
                         }
-                    }
-                    sent.insert(apply.key.clone(), apply.hash.clone());
-                    if let Some(object) = applied.object {
-                        observed.objects.insert(apply.key.clone(), object);
-                        wrote = true;
-                    }
+                    };
+                    (sent, applied.object)
                 }
                 Err(err) => {
                     let err = ctx.attribute(err);
                     warn!(rule = %rule.name, parent = %key, child = %apply.id, "{err}");
                     ctx.count_api_error(&err);
-                    // No answer at all (the API server is gone): the other
-                    // children would fail the same way; the backoff retries.
-                    let unreachable = err.is_transport();
-                    sent.insert(apply.key.clone(), apply.hash.clone());
+                    let sent = Sent::Failed {
+                        unreachable: err.is_transport(),
+                    };
                     apply_errors.push(err);
-                    if unreachable {
-                        break;
-                    }
+                    (sent, None)
                 }
+            };
+            let recorded = rounds.record(apply, sent);
+            if recorded.count {
+                ctx.shared.metrics.child_op(&rule.name, op_label(sent));
+            }
+            if let (true, Some(object)) = (recorded.observe, object) {
+                observed.objects.insert(apply.key.clone(), object);
+                wrote = true;
             }
         }
         // Patches once the children of this round are sent.
-        if apply_errors.is_empty() {
+        if rounds.patches_due() {
             wrote |= super::patch::send_all(
                 &ctx,
                 rule,
@@ -273,8 +246,11 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 &mut apply_errors,
             )
             .await?;
+            if !apply_errors.is_empty() {
+                rounds.failed();
+            }
         }
-        if !wrote || !apply_errors.is_empty() {
+        if !rounds.round_done(wrote) {
             break;
         }
         plan = plan_with(&observed);
@@ -282,7 +258,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     }
 
     // Pruning waits for a pass in which everything applied.
-    if apply_errors.is_empty() {
+    if rounds.may_prune() {
         for delete in &plan.delete {
             let Some(kind) = ctx.child_kind(&delete.key.group, &delete.key.kind) else {
                 continue;
@@ -304,15 +280,21 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                     summary.deleted.push(delete.key.to_string());
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(source) => apply_errors.push(ctx.attribute(Error::Delete {
-                    key: delete.key.to_string(),
-                    source,
-                })),
+                Err(source) => {
+                    rounds.failed();
+                    apply_errors.push(ctx.attribute(Error::Delete {
+                        key: delete.key.to_string(),
+                        source,
+                    }));
+                }
             }
         }
         // Contributions and retained children no longer rendered.
         super::patch::release_all(&ctx, rule, &plan.release, &uid, &mut apply_errors).await?;
         super::release::retain_all(&ctx, rule, &plan.retain, &uid, &mut apply_errors).await?;
+        if !apply_errors.is_empty() {
+            rounds.failed();
+        }
     }
 
     if !plan.errors.is_empty() {
@@ -332,14 +314,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         mark_apply_error(status, reason, &message, &parent_json, &now);
         ctx.warn(parent, reason, message).await;
     }
-    // A pass that cannot see a child this process made moments ago (its
-    // watch event not in yet) knows less than the pass that made it, which
-    // wrote the status from the API server's answer: its own status would
-    // say the child "does not exist yet", and Ready would flap to False and
-    // back (two writes, a NotReady Event; a restart in between finds the
-    // False one and writes again). The child's event, or the requeue
-    // below, brings a pass that sees it.
-    if withholds_status(unseen, !apply_errors.is_empty() || !plan.errors.is_empty()) {
+    // A pass that cannot see a child this process made moments ago writes
+    // no status (see `pass::Rounds::withholds_status`): the child's event,
+    // or the requeue below, brings a pass that sees it.
+    if rounds.withholds_status(&plan) {
         status = None;
     } else {
         summary.ready = summary::ready_change(&parent_json, status.as_ref());
@@ -361,46 +339,35 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         write_status(&ctx, rule, parent, &parent_json, status).await?;
     }
 
-    if let Some(err) = apply_errors.into_iter().next() {
-        return Err(err);
+    match rounds.finish(&plan, rule.resync) {
+        Finish::WriteFailed => Err(apply_errors
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Error::Plan("a write failed".into()))),
+        Finish::Stop => Ok(Action::await_change()),
+        Finish::PlanFailed => Err(Error::Plan(plan.errors.join("; "))),
+        Finish::Next(next) => {
+            ctx.failures.clear(&key);
+            Ok(action(next))
+        }
     }
-    if plan.failure_reason == Some("InvalidSpec") {
-        // Only an edit of the parent (or the rule) can fix it; its Warning
-        // stays recorded so that a wake-up without an edit writes nothing.
-        return Ok(Action::await_change());
-    }
-    if !plan.errors.is_empty() {
-        return Err(Error::Plan(plan.errors.join("; ")));
-    }
-    ctx.failures.clear(&key);
-    Ok(next_pass(unseen, !plan.pending.is_empty(), rule.resync))
 }
 
-/// Whether a pass writes no status: it relied on a child it cannot see
-/// (see above), and has no error of its own to report.
-fn withholds_status(unseen: bool, failed: bool) -> bool {
-    unseen && !failed
+/// The metrics label of what became of a child.
+fn op_label(sent: Sent) -> &'static str {
+    match sent {
+        Sent::Unchanged | Sent::Found | Sent::Unseen => "unchanged",
+        Sent::Created => "create",
+        Sent::Updated => "update",
+        Sent::Failed { .. } => "error",
+    }
 }
 
-/// When a pass that ended without error looks again.
-fn next_pass(unseen: bool, pending: bool, resync: Option<Duration>) -> Action {
-    if unseen {
-        // Its status waits for a pass that sees the child: soon, not at
-        // the child's event alone (after a network outage a parent once
-        // waited the full 30 s, saying that a child which existed did not,
-        // no event having woken it). Until the child has been trusted unseen
-        // for `UNSEEN_TRUST`, each recheck is a pass without a write; then
-        // it is applied again (a deletion the cache saw before any pass
-        // saw the child would otherwise wait for the next change).
-        return Action::requeue(UNSEEN_RECHECK);
-    }
-    if pending {
-        // Child watches normally wake us when a dependency turns ready; this is the safety net.
-        return Action::requeue(Duration::from_secs(10));
-    }
-    match resync {
-        Some(every) => Action::requeue(every),
-        None => Action::await_change(),
+/// The controller's action for when the pass looks again.
+fn action(next: Next) -> Action {
+    match next {
+        Next::OnChange => Action::await_change(),
+        Next::After(after) => Action::requeue(after),
     }
 }
 
@@ -437,77 +404,4 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
         write_status(ctx, &rule, parent, &parent_json, status).await?;
     }
     Ok(Action::await_change())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::{Value, json};
-
-    const RULE: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  children:\n    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ parent.metadata.name ~ '-config' }}\n        data: {k: v}\n";
-
-    /// The status the plan gives a parent whose ConfigMap the cache does not show.
-    fn planned_without_the_child() -> Value {
-        let rule = crate::rules::testing::rule_with_spec(RULE);
-        let parent = json!({
-            "apiVersion": "demo.trellis.dev/v1", "kind": "App",
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "generation": 1},
-            "spec": {},
-        });
-        let observed = Observed::from_objects(Vec::new());
-        let plan = plan::plan(
-            &rule,
-            &Input {
-                parent: &parent,
-                observed: &observed,
-                now: "2026-12-01T00:00:00Z",
-                scope_of: &crate::kinds::scope,
-            },
-        );
-        assert!(plan.errors.is_empty(), "{:?}", plan.errors);
-        plan.status.expect("a status")
-    }
-
-    #[test]
-    fn a_pass_that_cannot_see_a_child_it_just_made_writes_no_status_and_looks_again_in_a_second() {
-        // What it would write is false: the child exists, the pass that
-        // made it wrote the status from the API server's answer.
-        let planned = planned_without_the_child();
-        assert!(
-            planned.to_string().contains("does not exist yet"),
-            "{planned}"
-        );
-        assert!(withholds_status(true, false));
-        let hour = Some(Duration::from_secs(3600));
-        for (pending, resync) in [(false, None), (true, None), (false, hour), (true, hour)] {
-            assert_eq!(
-                next_pass(true, pending, resync),
-                Action::requeue(Duration::from_secs(1)),
-                "pending {pending}, resync {resync:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_pass_that_cannot_see_a_child_it_just_made_still_reports_its_own_errors() {
-        assert!(!withholds_status(true, true));
-    }
-
-    #[test]
-    fn a_child_never_made_and_not_in_the_cache_is_reported_as_not_existing_yet() {
-        let planned = planned_without_the_child();
-        assert!(
-            planned.to_string().contains("does not exist yet"),
-            "{planned}"
-        );
-        assert!(
-            !withholds_status(false, false),
-            "the usual status is written"
-        );
-        assert_eq!(next_pass(false, false, None), Action::await_change());
-        assert_eq!(
-            next_pass(false, true, None),
-            Action::requeue(Duration::from_secs(10))
-        );
-    }
 }

@@ -20,6 +20,7 @@ pub mod graph;
 pub mod kinds;
 pub mod manifests;
 pub mod offline;
+pub mod pass;
 pub mod plan;
 pub mod rbac;
 pub mod render;
