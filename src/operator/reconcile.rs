@@ -19,10 +19,13 @@ use super::apply::{Outcome, apply_child};
 use super::context::{Error, RuleCtx, parent_key};
 use super::decode::ParentObject;
 use super::finalize::{finalize, set_finalizers};
+use super::related::ParentRef;
 use super::status_write::{mark_apply_error, write_status};
 use super::summary::{self, Summary};
 use crate::pass::{self, Entry, Finish, Next, Rounds, Sent};
-use crate::plan::{self, Input, ObjectKey, Observed};
+use crate::plan::{self, Input, ObjectKey, Observed, Plan};
+use crate::rules::CompiledRule;
+use serde_json::Value;
 
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
@@ -143,54 +146,140 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     // rollout keeps it on an earlier one. The whole pass uses it.
     let rule = &ctx.rule_for(&parent_json, &uid);
 
-    // Related objects are looked up in their caches per read; `since` lets
-    // the index catch an event landing between those reads and the record.
-    let since = ctx.related.seq();
-    let mut observed = Observed::from_objects(ctx.observed(&uid)).with_related(ctx.related.clone());
-    let now = crate::clock::now_rfc3339();
-    let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
-    let plan_with = |observed: &Observed| {
+    let pass = Pass {
+        ctx: &ctx,
+        rule,
+        parent,
+        parent_json: &parent_json,
+        parent_ref: &parent_ref,
+        key: &key,
+        uid: &uid,
+        now: crate::clock::now_rfc3339(),
+        // Related objects are looked up in their caches per read; `since`
+        // lets the index catch an event landing between those reads and
+        // the record.
+        since: ctx.related.seq(),
+        observed: Observed::from_objects(ctx.observed(&uid)).with_related(ctx.related.clone()),
+        rounds: Rounds::new(rule),
+        summary: Summary::default(),
+        errors: Vec::new(),
+        patch_sent: BTreeMap::new(),
+    };
+    pass.run().await
+}
+
+/// One pass over one parent that is due to run: what it reads, and what it
+/// has done so far. What to do next is the core's [`pass`] decider's; this
+/// carries it out.
+struct Pass<'a> {
+    ctx: &'a RuleCtx,
+    /// The version this parent runs.
+    rule: &'a CompiledRule,
+    parent: &'a DynamicObject,
+    parent_json: &'a Value,
+    parent_ref: &'a ParentRef,
+    key: &'a str,
+    uid: &'a str,
+    now: String,
+    since: u64,
+    /// The caches' children, then what the API server answered.
+    observed: Observed,
+    rounds: Rounds,
+    summary: Summary,
+    /// Every write that failed, in order.
+    errors: Vec<Error>,
+    /// Contribution key → hash sent this pass.
+    patch_sent: BTreeMap<ObjectKey, String>,
+}
+
+impl Pass<'_> {
+    fn plan(&self) -> Plan {
+        let scope_of = |g: &crate::kinds::Gvk| self.ctx.kinds.scope_of(g);
         plan::plan(
-            rule,
+            self.rule,
             &Input {
-                parent: &parent_json,
-                observed,
-                now: &now,
+                parent: self.parent_json,
+                observed: &self.observed,
+                now: &self.now,
                 scope_of: &scope_of,
             },
         )
-    };
-    let mut plan = plan_with(&observed);
-    ctx.related.record(parent_ref.clone(), &plan.reads, since);
-    debug!(
-        rule = %rule.name,
-        parent = %key,
-        reads = plan.reads.len(),
-        apply = plan.apply.len(),
-        pending = plan.pending.len(),
-        "planned"
-    );
-
-    if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {
-        let mut finalizers = parent.finalizers().to_vec();
-        finalizers.push(FINALIZER.to_owned());
-        set_finalizers(&ctx, parent, finalizers).await?;
     }
 
-    // Each round applies what the plan asks, then plans again with the
-    // objects the API server answered as observed state (see `pass::Rounds`).
-    let mut apply_errors = Vec::new();
-    let mut summary = Summary::default();
-    let mut rounds = Rounds::new(rule);
-    let mut patch_sent: BTreeMap<ObjectKey, String> = BTreeMap::new();
-    while rounds.begin_round() {
-        let mut wrote = false;
-        for apply in rounds.to_send(&plan) {
-            if !rounds.round_goes_on() {
+    async fn run(mut self) -> Result<Action, Error> {
+        let (ctx, rule, parent) = (self.ctx, self.rule, self.parent);
+        let mut plan = self.plan();
+        ctx.related
+            .record(self.parent_ref.clone(), &plan.reads, self.since);
+        debug!(
+            rule = %rule.name,
+            parent = %self.key,
+            reads = plan.reads.len(),
+            apply = plan.apply.len(),
+            pending = plan.pending.len(),
+            "planned"
+        );
+        if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {
+            let mut finalizers = parent.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_owned());
+            set_finalizers(ctx, parent, finalizers).await?;
+        }
+        // Each round applies what the plan asks, then plans again with the
+        // objects the API server answered as observed state.
+        while self.rounds.begin_round() {
+            let mut wrote = self.send_children(&plan).await?;
+            // Patches once the children of this round are sent.
+            if self.rounds.patches_due() {
+                wrote |= super::patch::send_all(
+                    ctx,
+                    rule,
+                    &plan,
+                    &mut self.observed,
+                    self.uid,
+                    &mut self.patch_sent,
+                    &mut self.errors,
+                )
+                .await?;
+                if !self.errors.is_empty() {
+                    self.rounds.failed();
+                }
+            }
+            if !self.rounds.round_done(wrote) {
                 break;
             }
-            let live = observed.objects.get(&apply.key);
-            let result = apply_child(&ctx, apply, live, &uid).await;
+            plan = self.plan();
+            ctx.related
+                .record(self.parent_ref.clone(), &plan.reads, self.since);
+        }
+        if self.rounds.may_prune() {
+            self.prune(&plan).await?;
+        }
+        self.report(&plan).await?;
+        match self.rounds.finish(&plan, rule.resync) {
+            Finish::WriteFailed => Err(self
+                .errors
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Error::Plan("a write failed".into()))),
+            Finish::Stop => Ok(Action::await_change()),
+            Finish::PlanFailed => Err(Error::Plan(plan.errors.join("; "))),
+            Finish::Next(next) => {
+                ctx.failures.clear(self.key);
+                Ok(action(next))
+            }
+        }
+    }
+
+    /// Sends this round's children; whether any answer is observed now.
+    async fn send_children(&mut self, plan: &Plan) -> Result<bool, Error> {
+        let (ctx, rule, key) = (self.ctx, self.rule, self.key);
+        let mut wrote = false;
+        for apply in self.rounds.to_send(plan) {
+            if !self.rounds.round_goes_on() {
+                break;
+            }
+            let live = self.observed.objects.get(&apply.key);
+            let result = apply_child(ctx, apply, live, self.uid).await;
             let (sent, object) = match result {
                 Err(Error::NotLeader(not)) => return Err(not.into()),
                 Ok(applied) => {
@@ -203,12 +292,12 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                         Outcome::Unseen => Sent::Unseen,
                         Outcome::Created => {
                             info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "created");
-                            summary.created.push(apply.key.to_string());
+                            self.summary.created.push(apply.key.to_string());
                             Sent::Created
                         }
                         Outcome::Updated => {
                             info!(rule = %rule.name, parent = %key, child = %apply.id, object = %apply.key, "applied");
-                            summary.updated.push(apply.key.to_string());
+                            self.summary.updated.push(apply.key.to_string());
                             Sent::Updated
                         }
                     };
@@ -221,44 +310,27 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                     let sent = Sent::Failed {
                         unreachable: err.is_transport(),
                     };
-                    apply_errors.push(err);
+                    self.errors.push(err);
                     (sent, None)
                 }
             };
-            let recorded = rounds.record(apply, sent);
+            let recorded = self.rounds.record(apply, sent);
             if recorded.count {
                 ctx.shared.metrics.child_op(&rule.name, op_label(sent));
             }
             if let (true, Some(object)) = (recorded.observe, object) {
-                observed.objects.insert(apply.key.clone(), object);
+                self.observed.objects.insert(apply.key.clone(), object);
                 wrote = true;
             }
         }
-        // Patches once the children of this round are sent.
-        if rounds.patches_due() {
-            wrote |= super::patch::send_all(
-                &ctx,
-                rule,
-                &plan,
-                &mut observed,
-                &uid,
-                &mut patch_sent,
-                &mut apply_errors,
-            )
-            .await?;
-            if !apply_errors.is_empty() {
-                rounds.failed();
-            }
-        }
-        if !rounds.round_done(wrote) {
-            break;
-        }
-        plan = plan_with(&observed);
-        ctx.related.record(parent_ref.clone(), &plan.reads, since);
+        Ok(wrote)
     }
 
-    // Pruning waits for a pass in which everything applied.
-    if rounds.may_prune() {
+    /// Deletes what the plan no longer renders, releases contributions and
+    /// retained children no longer rendered: only after a pass in which
+    /// everything applied.
+    async fn prune(&mut self, plan: &Plan) -> Result<(), Error> {
+        let (ctx, rule, key, uid) = (self.ctx, self.rule, self.key, self.uid);
         for delete in &plan.delete {
             let Some(kind) = ctx.child_kind(&delete.key.group, &delete.key.kind) else {
                 continue;
@@ -272,84 +344,77 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 propagation_policy: Some(PropagationPolicy::Background),
                 ..DeleteParams::default()
             };
-            ctx.check_write(&uid)?;
+            ctx.check_write(uid)?;
             match api.delete(&delete.key.name, &params).await {
                 Ok(_) => {
                     ctx.shared.metrics.child_op(&rule.name, "delete");
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
-                    summary.deleted.push(delete.key.to_string());
+                    self.summary.deleted.push(delete.key.to_string());
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                 Err(source) => {
-                    rounds.failed();
-                    apply_errors.push(ctx.attribute(Error::Delete {
+                    self.rounds.failed();
+                    self.errors.push(ctx.attribute(Error::Delete {
                         key: delete.key.to_string(),
                         source,
                     }));
                 }
             }
         }
-        // Contributions and retained children no longer rendered.
-        super::patch::release_all(&ctx, rule, &plan.release, &uid, &mut apply_errors).await?;
-        super::release::retain_all(&ctx, rule, &plan.retain, &uid, &mut apply_errors).await?;
-        if !apply_errors.is_empty() {
-            rounds.failed();
+        super::patch::release_all(ctx, rule, &plan.release, uid, &mut self.errors).await?;
+        super::release::retain_all(ctx, rule, &plan.retain, uid, &mut self.errors).await?;
+        if !self.errors.is_empty() {
+            self.rounds.failed();
         }
+        Ok(())
     }
 
-    if !plan.errors.is_empty() {
-        let reason = plan.failure_reason.unwrap_or("RenderError");
-        warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
-        ctx.warn(parent, reason, plan.errors.join("; ")).await;
-    }
-
-    let mut status = plan.status.clone();
-    if let (Some(status), false) = (status.as_mut(), apply_errors.is_empty()) {
-        let message = apply_errors
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("; ");
-        let reason = super::patch::failure_reason(&apply_errors);
-        mark_apply_error(status, reason, &message, &parent_json, &now);
-        ctx.warn(parent, reason, message).await;
-    }
-    // A pass that cannot see a child this process made moments ago writes
-    // no status (see `pass::Rounds::withholds_status`): the child's event,
-    // or the requeue below, brings a pass that sees it.
-    if rounds.withholds_status(&plan) {
-        status = None;
-    } else {
-        summary.ready = summary::ready_change(&parent_json, status.as_ref());
-    }
-    // Someone must fix it (the parent's Ready names it): a Warning, once,
-    // unless the lost-readiness Warning of this pass already tells it.
-    if let Some(note) = ctx
-        .related
-        .undecodable_warning(&parent_ref, &plan, &parent_json)
-        && !matches!(summary.ready, Some(summary::ReadyChange::Lost(_)))
-    {
-        ctx.warn(parent, crate::plan::Unreadable::UNDECODABLE, note)
-            .await;
-    }
-    if let Some((type_, reason, note)) = summary.event() {
-        ctx.event(parent, type_, reason, note).await;
-    }
-    if let Some(status) = status {
-        write_status(&ctx, rule, parent, &parent_json, status).await?;
-    }
-
-    match rounds.finish(&plan, rule.resync) {
-        Finish::WriteFailed => Err(apply_errors
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| Error::Plan("a write failed".into()))),
-        Finish::Stop => Ok(Action::await_change()),
-        Finish::PlanFailed => Err(Error::Plan(plan.errors.join("; "))),
-        Finish::Next(next) => {
-            ctx.failures.clear(&key);
-            Ok(action(next))
+    /// What the pass tells: Warnings for its errors, the status (unless
+    /// withheld), at most one summary Event.
+    async fn report(&mut self, plan: &Plan) -> Result<(), Error> {
+        let (ctx, rule, parent, key) = (self.ctx, self.rule, self.parent, self.key);
+        if !plan.errors.is_empty() {
+            let reason = plan.failure_reason.unwrap_or("RenderError");
+            warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
+            ctx.warn(parent, reason, plan.errors.join("; ")).await;
         }
+        let mut status = plan.status.clone();
+        if let (Some(status), false) = (status.as_mut(), self.errors.is_empty()) {
+            let message = self
+                .errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            let reason = super::patch::failure_reason(&self.errors);
+            mark_apply_error(status, reason, &message, self.parent_json, &self.now);
+            ctx.warn(parent, reason, message).await;
+        }
+        // A pass that cannot see a child this process made moments ago
+        // writes no status (see `pass::Rounds::withholds_status`): the
+        // child's event, or the requeue, brings a pass that sees it.
+        if self.rounds.withholds_status(plan) {
+            status = None;
+        } else {
+            self.summary.ready = summary::ready_change(self.parent_json, status.as_ref());
+        }
+        // Someone must fix it (the parent's Ready names it): a Warning,
+        // once, unless the lost-readiness Warning of this pass tells it.
+        if let Some(note) = ctx
+            .related
+            .undecodable_warning(self.parent_ref, plan, self.parent_json)
+            && !matches!(self.summary.ready, Some(summary::ReadyChange::Lost(_)))
+        {
+            ctx.warn(parent, crate::plan::Unreadable::UNDECODABLE, note)
+                .await;
+        }
+        if let Some((type_, reason, note)) = self.summary.event() {
+            ctx.event(parent, type_, reason, note).await;
+        }
+        if let Some(status) = status {
+            write_status(ctx, rule, parent, self.parent_json, status).await?;
+        }
+        Ok(())
     }
 }
 
