@@ -196,10 +196,16 @@ fn an_invalid_spec_stops_until_an_edit_and_a_render_error_fails_the_pass() {
 
 // Moved from the operator's `reconcile` with the decisions they test.
 
-/// The status the plan gives a parent whose ConfigMap the cache does not show.
+/// The plan for a parent whose ConfigMap the cache does not show: its
+/// status says the child "does not exist yet".
 fn planned_without_the_child() -> Plan {
     let plan = plan_with(&rule(), &parent(json!({})), &[]);
     assert!(plan.errors.is_empty(), "{:?}", plan.errors);
+    let planned = plan.status.clone().expect("a status");
+    assert!(
+        planned.to_string().contains("does not exist yet"),
+        "{planned}"
+    );
     plan
 }
 
@@ -208,11 +214,6 @@ fn a_pass_that_cannot_see_a_child_it_just_made_writes_no_status_and_looks_again_
     // What it would write is false: the child exists, the pass that made
     // it wrote the status from the API server's answer.
     let plan = planned_without_the_child();
-    let planned = plan.status.clone().expect("a status");
-    assert!(
-        planned.to_string().contains("does not exist yet"),
-        "{planned}"
-    );
     let mut rounds = Rounds::new(&rule());
     assert!(rounds.begin_round());
     rounds.record(&plan.apply[0], Sent::Unseen);
@@ -244,11 +245,6 @@ fn a_pass_that_cannot_see_a_child_it_just_made_still_reports_its_own_errors() {
 #[test]
 fn a_child_never_made_and_not_in_the_cache_is_reported_as_not_existing_yet() {
     let plan = planned_without_the_child();
-    let planned = plan.status.clone().expect("a status");
-    assert!(
-        planned.to_string().contains("does not exist yet"),
-        "{planned}"
-    );
     let rounds = Rounds::new(&rule());
     assert!(
         !rounds.withholds_status(&plan),
