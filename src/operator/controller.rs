@@ -24,18 +24,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
-use super::access;
-use super::by_uid::ByUid;
-use super::compact::{ByParent, CompactObject};
 use super::context::{self, ChildCache, RuleCtx};
-use super::decode::ParentObject;
-use super::discovery::{self, RuleKinds};
 use super::identity;
-use super::reconcile;
-use super::related;
+use super::identity::access;
+use super::pass::reconcile;
 use super::retry::{Failures, Outage};
-use super::triggers;
-use super::versions::Versions;
+use super::rollout::versions::Versions;
+use super::watches::by_uid::ByUid;
+use super::watches::compact::{ByParent, CompactObject};
+use super::watches::decode::ParentObject;
+use super::watches::discovery::{self, RuleKinds};
+use super::watches::related;
+use super::watches::triggers;
 use super::watches::{self, cached_watch, own_errors, selector_string, trim};
 use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
@@ -346,14 +346,15 @@ async fn with_versions(
     if rule.rollout.is_none() {
         return Ok(kinds);
     }
-    let stored = super::versions::list(&shared.client, &shared.operator_namespace, &rule.name)
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot read the rule's revision ConfigMaps in namespace {}: {e}",
-                shared.operator_namespace
-            )
-        })?;
+    let stored =
+        super::rollout::versions::list(&shared.client, &shared.operator_namespace, &rule.name)
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot read the rule's revision ConfigMaps in namespace {}: {e}",
+                    shared.operator_namespace
+                )
+            })?;
     versions.absorb(&stored, rule, shared.limits);
     for version in versions.all_compiled() {
         for child in &version.children {
@@ -442,7 +443,7 @@ async fn run_controller(
             if let Ok(watcher::Event::Delete(p)) = event {
                 caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
             }
-            if let Some(candidate) = super::released::from_event(&rules.borrow(), event) {
+            if let Some(candidate) = super::pass::released::from_event(&rules.borrow(), event) {
                 let _ = released.send(candidate);
             }
         }
@@ -546,7 +547,7 @@ async fn run_controller(
     // The rollout's moves (and, on the leader, its decisions).
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::unbounded_channel();
     let rollout_task = tokio::spawn(super::rollout::run(ctx.clone(), wake_tx));
-    let released_task = tokio::spawn(super::released::run(ctx.clone(), released_rx));
+    let released_task = tokio::spawn(super::pass::released::run(ctx.clone(), released_rx));
     let controller =
         controller.reconcile_on(futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx)));
     // A reloaded rule with the same kinds, or a watch that had to relist

@@ -22,9 +22,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::decode::ParentObject;
-use super::discovery::{Resolved, RuleKinds};
-use super::{FINALIZER, Shared, controller, discovery};
+use super::watches::decode::ParentObject;
+use super::watches::discovery::{Resolved, RuleKinds};
+use super::{FINALIZER, Shared, controller, watches::discovery};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::reload::{self, Change};
 use crate::rules::model::OnRuleRemoved;
@@ -151,7 +151,7 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
     // Retained children are released whatever onRuleRemoved says, and
     // with `delete` the parents' patch contributions too.
     let delete = rule.rule.spec.on_rule_removed == OnRuleRemoved::Delete;
-    super::release::after_rule_removed(shared, rule, &kinds, &parents, delete).await;
+    super::pass::release::after_rule_removed(shared, rule, &kinds, &parents, delete).await;
     if delete {
         let reason = "rule removed, onRuleRemoved: delete";
         delete_children(shared, rule, &kinds.children, &parents, reason).await;
@@ -168,7 +168,7 @@ async fn delete_revisions(shared: &Shared, rule: &CompiledRule) {
         return;
     }
     let ns = shared.operator_namespace.as_str();
-    match super::versions::delete_all(&shared.client, ns, &rule.name).await {
+    match super::rollout::versions::delete_all(&shared.client, ns, &rule.name).await {
         Ok(0) => {}
         Ok(deleted) => {
             info!(rule = %rule.name, deleted, namespace = ns, "rule removed: its revision ConfigMaps deleted")
@@ -216,7 +216,7 @@ async fn on_rule_restarted(shared: &Shared, old: &CompiledRule, new: &CompiledRu
         .filter(|k| old.patches.iter().any(|p| p.gvk == k.gvk) && !kept(&k.gvk))
         .cloned()
         .collect();
-    super::release::release_contributions(shared, old, &unpatched, &parents).await;
+    super::pass::release::release_contributions(shared, old, &unpatched, &parents).await;
     let dropped: Vec<Resolved> = kinds
         .children
         .into_iter()
@@ -366,7 +366,8 @@ async fn delete_children(
                     }
                     _ => Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
                 };
-                if let Err(err) = super::release::release_child(&api, &child.name_any()).await {
+                if let Err(err) = super::pass::release::release_child(&api, &child.name_any()).await
+                {
                     warn!(rule = %rule.name, name = %child.name_any(), "cannot release retained child: {err}");
                 }
                 continue;

@@ -38,7 +38,7 @@ pub struct CompactObject {
     rest: Box<RawValue>,
 }
 
-pub(super) type RawMap = BTreeMap<String, Box<RawValue>>;
+pub(in crate::operator) type RawMap = BTreeMap<String, Box<RawValue>>;
 
 /// The metadata fields a child keeps typed.
 const IDENTITY: [&str; 6] = [
@@ -85,7 +85,9 @@ impl CompactObject {
     /// An object (a parent) from its top-level fields, each still raw, with
     /// its metadata typed whole (without `managedFields`): the predicate,
     /// the selectors and the label index read it on every event.
-    pub(super) fn from_fields_whole(mut top: RawMap) -> Result<CompactObject, serde_json::Error> {
+    pub(in crate::operator) fn from_fields_whole(
+        mut top: RawMap,
+    ) -> Result<CompactObject, serde_json::Error> {
         let fields = metadata_fields(&mut top)?;
         let metadata: ObjectMeta = serde_json::from_str(&serde_json::to_string(&fields)?)?;
         let (types, rest) = types_and_rest(top)?;
@@ -107,7 +109,7 @@ impl CompactObject {
     }
 
     /// The text of the fields besides types and metadata (one JSON object).
-    pub(super) fn rest_text(&self) -> &str {
+    pub(in crate::operator) fn rest_text(&self) -> &str {
         self.rest.get()
     }
 
@@ -134,14 +136,14 @@ impl CompactObject {
 
 /// Takes `metadata` out of the top-level fields, as raw fields without
 /// `managedFields` (which mirror the spec's depth), except the names of
-/// patch managers ([`super::patch::managers_of_patches`]).
+/// patch managers ([`crate::operator::pass::patch_writes::managers_of_patches`]).
 fn metadata_fields(top: &mut RawMap) -> Result<RawMap, serde_json::Error> {
     let mut fields: RawMap = match top.remove("metadata") {
         Some(raw) => serde_json::from_str(raw.get())?,
         None => RawMap::new(),
     };
     if let Some(managed) = fields.remove("managedFields")
-        && let Some(kept) = super::patch::managers_of_patches(managed.get())
+        && let Some(kept) = crate::operator::pass::patch_writes::managers_of_patches(managed.get())
     {
         fields.insert("managedFields".into(), kept);
     }
@@ -184,7 +186,7 @@ impl ByParent {
     /// Follows one event of the cache's watch (before the store takes it,
     /// so that a pass the store's readiness wakes finds the index filled).
     pub fn observe(&self, event: &kube::runtime::watcher::Event<CompactObject>) {
-        super::lock(&self.state).follow(event, add, |index, o| {
+        crate::operator::lock(&self.state).follow(event, add, |index, o| {
             if let Some(uid) = o.parent_uid()
                 && let Some(names) = index.get_mut(uid)
             {
@@ -199,7 +201,7 @@ impl ByParent {
 
     /// The children indexed under the parent with `uid`.
     pub fn of(&self, uid: &str) -> Vec<ChildName> {
-        super::lock(&self.state)
+        crate::operator::lock(&self.state)
             .live()
             .get(uid)
             .map(|names| names.to_vec())
@@ -334,7 +336,7 @@ mod tests {
         assert_eq!(names(&index, "x"), ["x-web"]);
         index.observe(&Event::Delete(child("x-web", "x")));
         assert!(names(&index, "x").is_empty());
-        assert!(super::super::lock(&index.state).live().is_empty());
+        assert!(crate::operator::lock(&index.state).live().is_empty());
         for i in 0..10 {
             index.observe(&Event::Apply(child(&format!("y-{i}"), "y")));
         }

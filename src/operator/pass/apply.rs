@@ -12,12 +12,12 @@ use kube::api::{
 use serde_json::Value;
 use tracing::info;
 
-use super::context::{Error, RuleCtx};
+use crate::operator::context::{Error, RuleCtx};
 use crate::plan::{ANNOTATION_RENDER_HASH, Apply, LABEL_PARENT_UID, LABEL_RULE};
 use crate::rules::model::Policy;
 
 /// What happened to one child.
-pub(super) enum Outcome {
+pub(in crate::operator) enum Outcome {
     Unchanged,
     /// Written moments ago with this rendering, not in the cache yet: not
     /// sent again (the pass checks once more later).
@@ -28,7 +28,7 @@ pub(super) enum Outcome {
 
 /// The outcome, and the object as the API server answered a write: the
 /// pass reads it as observed state instead of waiting for the watch.
-pub(super) struct Applied {
+pub(in crate::operator) struct Applied {
     pub outcome: Outcome,
     pub object: Option<Value>,
 }
@@ -66,7 +66,7 @@ impl Applied {
 /// object exists. So an object someone else made is never written, not
 /// even for a moment. Only a refused write is followed by a read, to name
 /// the owner.
-pub(super) async fn apply_child(
+pub(in crate::operator) async fn apply_child(
     ctx: &RuleCtx,
     apply: &Apply,
     live: Option<&Value>,

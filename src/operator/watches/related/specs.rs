@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use super::super::watches::selector_string;
 use crate::kinds::Gvk;
+use crate::operator::watches::selector_string;
 use crate::rules::CompiledRule;
 use crate::rules::model::{
     LabelSelector, LabelSelectorRequirement, RelatedSpec, TemplatedExpressions, TemplatedLabels,

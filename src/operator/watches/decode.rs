@@ -157,22 +157,22 @@ macro_rules! raw_decoded_resource {
         }
 
         impl kube::Resource for $t {
-            type DynamicType = $crate::operator::decode::SharedResource;
+            type DynamicType = $crate::operator::watches::decode::SharedResource;
             type Scope = kube::core::DynamicResourceScope;
 
-            fn group(dt: &$crate::operator::decode::SharedResource) -> std::borrow::Cow<'_, str> {
+            fn group(dt: &$crate::operator::watches::decode::SharedResource) -> std::borrow::Cow<'_, str> {
                 <kube::api::DynamicObject as kube::Resource>::group(dt)
             }
-            fn version(dt: &$crate::operator::decode::SharedResource) -> std::borrow::Cow<'_, str> {
+            fn version(dt: &$crate::operator::watches::decode::SharedResource) -> std::borrow::Cow<'_, str> {
                 <kube::api::DynamicObject as kube::Resource>::version(dt)
             }
-            fn kind(dt: &$crate::operator::decode::SharedResource) -> std::borrow::Cow<'_, str> {
+            fn kind(dt: &$crate::operator::watches::decode::SharedResource) -> std::borrow::Cow<'_, str> {
                 <kube::api::DynamicObject as kube::Resource>::kind(dt)
             }
-            fn api_version(dt: &$crate::operator::decode::SharedResource) -> std::borrow::Cow<'_, str> {
+            fn api_version(dt: &$crate::operator::watches::decode::SharedResource) -> std::borrow::Cow<'_, str> {
                 <kube::api::DynamicObject as kube::Resource>::api_version(dt)
             }
-            fn plural(dt: &$crate::operator::decode::SharedResource) -> std::borrow::Cow<'_, str> {
+            fn plural(dt: &$crate::operator::watches::decode::SharedResource) -> std::borrow::Cow<'_, str> {
                 <kube::api::DynamicObject as kube::Resource>::plural(dt)
             }
             fn meta(&self) -> &kube::api::ObjectMeta {
@@ -184,7 +184,7 @@ macro_rules! raw_decoded_resource {
         }
     };
 }
-pub(super) use raw_decoded_resource;
+pub(in crate::operator) use raw_decoded_resource;
 
 raw_decoded_resource!(ParentObject, object.metadata);
 

@@ -22,9 +22,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tracing::{info, warn};
 
-use super::context::{Error, RuleCtx};
-use super::discovery::Resolved;
-use super::lock;
+use crate::operator::context::{Error, RuleCtx};
+use crate::operator::lock;
+use crate::operator::watches::discovery::Resolved;
 use crate::plan::{ObjectKey, PatchApply, Release};
 use crate::rules::CompiledRule;
 
@@ -77,7 +77,7 @@ fn target_kind<'a>(ctx: &'a RuleCtx, key: &ObjectKey) -> Option<&'a Resolved> {
 }
 
 /// What became of one contribution.
-pub(super) enum Sent {
+pub(in crate::operator) enum Sent {
     /// The target holds it and it was sent before with this body.
     Unchanged,
     /// Applied: the target as the API server answered.
@@ -89,7 +89,7 @@ pub(super) enum Sent {
 
 /// Sends one contribution of the parent with `parent_uid`, unless the
 /// target holds it and it was sent with this body before.
-pub(super) async fn apply_patch(
+pub(in crate::operator) async fn apply_patch(
     ctx: &RuleCtx,
     patch: &PatchApply,
     manager: &str,
@@ -138,7 +138,7 @@ pub(super) async fn apply_patch(
 /// Sends every contribution of `plan` not sent yet in this pass with its
 /// body (`sent`); a target the API server answered for is observed from
 /// then on. Whether anything was written.
-pub(super) async fn send_all(
+pub(in crate::operator) async fn send_all(
     ctx: &RuleCtx,
     rule: &CompiledRule,
     plan: &crate::plan::Plan,
@@ -175,7 +175,7 @@ pub(super) async fn send_all(
 
 /// Takes back every contribution in `releases` (a clean pass's, or a
 /// deleted parent's).
-pub(super) async fn release_all(
+pub(in crate::operator) async fn release_all(
     ctx: &RuleCtx,
     rule: &CompiledRule,
     releases: &[Release],
@@ -199,7 +199,7 @@ pub(super) async fn release_all(
 /// Takes back every contribution of a parent being deleted (or leaving the
 /// rule): those the caches show under its manager, and those this process
 /// sent that the caches may not show yet. `Ok(true)` when there were any.
-pub(super) async fn release_parent(
+pub(in crate::operator) async fn release_parent(
     ctx: &RuleCtx,
     rule: &CompiledRule,
     parent_uid: &str,
@@ -225,7 +225,7 @@ pub(super) async fn release_parent(
 
 /// The `Synced` reason of a pass whose writes failed: `PatchConflict` when a
 /// patch met another manager's field, else `ApplyError`.
-pub(super) fn failure_reason(errors: &[Error]) -> &'static str {
+pub(in crate::operator) fn failure_reason(errors: &[Error]) -> &'static str {
     if errors
         .iter()
         .any(|e| matches!(e, Error::PatchConflict { .. }))
@@ -247,7 +247,7 @@ fn target_gone(e: &kube::core::Status) -> bool {
 
 /// Takes back one contribution: the empty apply with the same manager.
 /// A target gone (or replaced) holds nothing of it any more.
-pub(super) async fn release(
+pub(in crate::operator) async fn release(
     api: &kube::Api<DynamicObject>,
     release: &Release,
     manager: &str,
@@ -270,7 +270,7 @@ pub(super) async fn release(
 }
 
 /// [`release`] through the rule's writer.
-pub(super) async fn release_in(
+pub(in crate::operator) async fn release_in(
     ctx: &RuleCtx,
     release_of: &Release,
     manager: &str,
@@ -324,7 +324,7 @@ fn is_patch_manager(name: &str) -> bool {
 /// fields), as a raw list; `None` when there is none. Only these tell which
 /// parents contributed to an object; the rest (which mirror the object's
 /// depth) is dropped unparsed.
-pub(super) fn managers_of_patches(raw: &str) -> Option<Box<RawValue>> {
+pub(in crate::operator) fn managers_of_patches(raw: &str) -> Option<Box<RawValue>> {
     // Every child carries `trellis/<rule>`: only a string with one more
     // `/` is worth a parse (this runs on every event of every cache).
     if !mentions_patch_manager(raw) {

@@ -12,13 +12,13 @@ use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 use tracing::warn;
 
-use super::context::{Error, RuleCtx};
-use super::lock;
+use crate::operator::context::{Error, RuleCtx};
+use crate::operator::lock;
 
 /// Turns `Synced` into `False/<reason>` (`ApplyError`, `PatchConflict`; and `Ready` too when it claimed
 /// True), keeping the previous transition time when it was already False so
 /// that a persistent failure does not rewrite the status on every retry.
-pub(super) fn mark_apply_error(
+pub(in crate::operator) fn mark_apply_error(
     status: &mut Value,
     reason: &str,
     message: &str,
@@ -210,7 +210,7 @@ pub fn status_patch(
     patch
 }
 
-pub(super) async fn write_status(
+pub(in crate::operator) async fn write_status(
     ctx: &RuleCtx,
     rule: &crate::rules::CompiledRule,
     parent: &DynamicObject,

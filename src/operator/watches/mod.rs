@@ -10,6 +10,21 @@
 //! ```
 //!
 //! `controller` builds a rule's watches from here; `related` its reads.
+//!
+//! The room: what the operator knows of the cluster and how it stays
+//! current — `discovery` (the kinds a rule names, resolved), this file
+//! (the watches and their stores), `compact` and `decode` (objects as the
+//! caches keep them), `relisted` and `by_uid` (indexes kept beside a
+//! store), `related` (the caches `related:` entries read) and `triggers`
+//! (what wakes a parent besides its own events).
+
+pub(super) mod by_uid;
+pub(super) mod compact;
+pub(super) mod decode;
+pub mod discovery;
+pub mod related;
+pub(super) mod relisted;
+pub(super) mod triggers;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -21,15 +36,15 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::compact::CompactObject;
-use super::discovery::Resolved;
 use super::retry::WatchBackoff;
 use crate::rules::model::LabelSelector;
 use crate::shard::BucketSet;
+use compact::CompactObject;
+use discovery::Resolved;
 
 /// What a watch here can hold: an object of a kind found by discovery.
 pub(super) trait Watched:
-    Resource<DynamicType = super::decode::SharedResource, Scope = kube::core::DynamicResourceScope>
+    Resource<DynamicType = decode::SharedResource, Scope = kube::core::DynamicResourceScope>
     + Clone
     + serde::de::DeserializeOwned
     + std::fmt::Debug
@@ -40,10 +55,8 @@ pub(super) trait Watched:
 }
 
 impl<K> Watched for K where
-    K: Resource<
-            DynamicType = super::decode::SharedResource,
-            Scope = kube::core::DynamicResourceScope,
-        > + Clone
+    K: Resource<DynamicType = decode::SharedResource, Scope = kube::core::DynamicResourceScope>
+        + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
@@ -323,7 +336,7 @@ fn following(
 
 #[cfg(test)]
 mod tests {
-    use super::super::compact::ByParent;
+    use super::compact::ByParent;
     use super::*;
     use crate::rules::model::LabelSelectorRequirement;
     use crate::rules::model::SelectorOperator;
@@ -354,12 +367,12 @@ mod tests {
     /// thread may.
     struct WokenReader {
         index: Arc<ByParent>,
-        seen: Mutex<Option<Vec<super::super::compact::ChildName>>>,
+        seen: Mutex<Option<Vec<super::compact::ChildName>>>,
     }
 
     impl futures::task::ArcWake for WokenReader {
         fn wake_by_ref(me: &Arc<Self>) {
-            *super::super::lock(&me.seen) = Some(me.index.of("p1"));
+            *crate::operator::lock(&me.seen) = Some(me.index.of("p1"));
         }
     }
 
@@ -396,7 +409,7 @@ mod tests {
 
         assert!(ready.as_mut().poll(&mut cx).is_ready());
         assert_eq!(
-            *super::super::lock(&reader.seen),
+            *crate::operator::lock(&reader.seen),
             Some(vec![(Some("a".to_owned()), "p-config".to_owned())]),
             "a pass woken by the store's readiness must find the listed child in the index"
         );

@@ -19,6 +19,11 @@
 //! The API server groups an impersonated ServiceAccount itself
 //! (`system:serviceaccounts`, `system:serviceaccounts:<namespace>`,
 //! `system:authenticated`) when no group is given, so only the user is sent.
+//!
+//! Files: this one (the clients and the preflight), `access.rs` (the
+//! questions the preflight asks, shared with `trellis diff`'s checks).
+
+pub(super) mod access;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,8 +39,8 @@ use kube::client::Body;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use super::discovery::RuleKinds;
-use super::{Shared, access, lock};
+use super::watches::discovery::RuleKinds;
+use super::{Shared, lock};
 use crate::rules::CompiledRule;
 
 /// The header that makes the API server act as another user.

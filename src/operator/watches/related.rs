@@ -35,8 +35,8 @@ use tracing::warn;
 
 use super::decode::ParentObject;
 use super::discovery::Resolved;
-use super::watches::{own_errors, selector_string, trim, watch_stream};
 use crate::kinds::Gvk;
+use crate::operator::watches::{own_errors, selector_string, trim, watch_stream};
 use crate::plan::{ObjectKey, RelatedRead, RelatedSource, RelatedTarget, Unreadable};
 use crate::rules::CompiledRule;
 pub use index::{ReadIndex, Touched};
@@ -181,7 +181,7 @@ impl Caches {
         }
         let ready = watches
             .iter()
-            .map(|w| super::context::listed(w.store.clone()))
+            .map(|w| crate::operator::context::listed(w.store.clone()))
             .collect();
         let caches = Arc::new(Caches {
             watches,
@@ -238,7 +238,7 @@ impl Caches {
                 })
                 .inc();
         }
-        let mut index = super::lock(&self.index);
+        let mut index = crate::operator::lock(&self.index);
         let key = |o: &ParentObject| ObjectRef::from_obj_with(o, watch.kind.resource.clone());
         let none = BTreeMap::new();
         let labels_of = |o: &ParentObject| o.object.metadata.labels.clone().unwrap_or_default();
@@ -247,7 +247,7 @@ impl Caches {
                 let old = watch.store.get(&key(o));
                 writer.apply_watcher_event(event);
                 if watch.spec.patched {
-                    let mut managers = super::lock(&self.managers);
+                    let mut managers = crate::operator::lock(&self.managers);
                     let at = (w, name_of(o));
                     if let Some(old) = &old {
                         managers.remove(&at, &old.object.metadata);
@@ -265,7 +265,7 @@ impl Caches {
                     }
                 }
                 if let Some(by_label) = &watch.labels {
-                    let mut by_label = super::lock(by_label);
+                    let mut by_label = crate::operator::lock(by_label);
                     let old = old.as_ref().and_then(|o| o.object.metadata.labels.as_ref());
                     match event {
                         watcher::Event::Delete(_) => {
@@ -285,7 +285,7 @@ impl Caches {
             watcher::Event::Init | watcher::Event::InitApply(_) => {
                 writer.apply_watcher_event(event);
                 if watch.spec.patched {
-                    let mut managers = super::lock(&self.managers);
+                    let mut managers = crate::operator::lock(&self.managers);
                     match event {
                         watcher::Event::InitApply(o) => {
                             managers.add(&(w, name_of(o)), &o.object.metadata)
@@ -294,7 +294,7 @@ impl Caches {
                     }
                 }
                 if let Some(by_label) = &watch.labels {
-                    let mut by_label = super::lock(by_label);
+                    let mut by_label = crate::operator::lock(by_label);
                     match event {
                         watcher::Event::InitApply(o) => by_label.apply(
                             &name_of(o),
@@ -309,7 +309,7 @@ impl Caches {
             watcher::Event::InitDone => {
                 writer.apply_watcher_event(event);
                 if let Some(by_label) = &watch.labels {
-                    super::lock(by_label).relisted();
+                    crate::operator::lock(by_label).relisted();
                 }
                 // A relist replaces the cache without reporting what went
                 // while the watch was down: every reader of the kind looks.
@@ -330,21 +330,21 @@ impl Caches {
 
     /// Take before a pass reads the caches; hand to [`record`](Self::record).
     pub fn seq(&self) -> u64 {
-        super::lock(&self.index).seq()
+        crate::operator::lock(&self.index).seq()
     }
 
     /// Records what a parent's pass read; one that may have missed an event
     /// is queued again.
     pub fn record(&self, parent: ParentRef, reads: &[RelatedRead], since: u64) {
-        let missed = super::lock(&self.index).record(&parent, reads, since);
+        let missed = crate::operator::lock(&self.index).record(&parent, reads, since);
         if missed {
             let _ = self.missed.send(parent);
         }
     }
 
     pub fn forget(&self, parent: &ParentRef) {
-        super::lock(&self.index).forget(parent);
-        super::lock(&self.warned).remove(parent);
+        crate::operator::lock(&self.index).forget(parent);
+        crate::operator::lock(&self.warned).remove(parent);
     }
 
     /// The Warning a pass owes `parent` for an undecodable related object:
@@ -356,7 +356,7 @@ impl Caches {
         plan: &crate::plan::Plan,
         parent_json: &Value,
     ) -> Option<String> {
-        let mut warned = super::lock(&self.warned);
+        let mut warned = crate::operator::lock(&self.warned);
         let Some(pending) = plan
             .pending
             .iter()
@@ -375,7 +375,7 @@ impl Caches {
 
     /// Forgets parents gone from the cache, when the index looks oversized.
     pub fn sweep(&self, parents: &Store<ParentObject>) {
-        let mut index = super::lock(&self.index);
+        let mut index = crate::operator::lock(&self.index);
         if index.len() > parents.len() + 256 {
             index.retain(|p| parents.get(p).is_some());
         }
@@ -436,7 +436,7 @@ impl Caches {
     /// caches show (managers `trellis/<rule>/<uid>`).
     pub fn contributors(&self, rule: &str) -> Vec<String> {
         let prefix = crate::plan::field_manager(rule, "");
-        super::lock(&self.managers)
+        crate::operator::lock(&self.managers)
             .named(&prefix)
             .into_iter()
             .filter_map(|m| m.strip_prefix(&prefix).map(str::to_owned))
@@ -446,7 +446,7 @@ impl Caches {
 
 impl RelatedSource for Caches {
     fn managed_by(&self, manager: &str) -> Vec<(ObjectKey, Value)> {
-        let targets = super::lock(&self.managers).of(manager);
+        let targets = crate::operator::lock(&self.managers).of(manager);
         let mut out = Vec::new();
         for (w, (namespace, name)) in targets {
             let Some(watch) = self.watches.get(w) else {
@@ -523,7 +523,7 @@ impl RelatedSource for Caches {
                 let candidates = watch
                     .labels
                     .as_ref()
-                    .and_then(|l| super::lock(l).candidates(&sel.match_labels));
+                    .and_then(|l| crate::operator::lock(l).candidates(&sel.match_labels));
                 match candidates {
                     Some(keys) => keys
                         .iter()

@@ -13,12 +13,12 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tracing::info;
 
-use super::FINALIZER;
-use super::context::{Error, RuleCtx, parent_key};
+use crate::operator::FINALIZER;
+use crate::operator::context::{Error, RuleCtx, parent_key};
 use crate::plan::{LABEL_CHILD, LABEL_PARENT_UID, LABEL_RULE, ObjectKey};
 use crate::rules::model::DeletionPolicy;
 
-pub(super) async fn set_finalizers(
+pub(in crate::operator) async fn set_finalizers(
     ctx: &RuleCtx,
     parent: &DynamicObject,
     finalizers: Vec<String>,
@@ -84,7 +84,7 @@ async fn live_children(
 
 /// A parent being deleted: remove children (in reverse dependency order when
 /// asked, one wave per child id), then release the finalizer.
-pub(super) async fn finalize(
+pub(in crate::operator) async fn finalize(
     parent: &DynamicObject,
     ctx: &RuleCtx,
     uid: &str,
@@ -103,7 +103,10 @@ pub(super) async fn finalize(
 }
 
 /// Drops trellis's finalizer from `parent` (as read), keeping the others.
-pub(super) async fn release_finalizer(ctx: &RuleCtx, parent: &DynamicObject) -> Result<(), Error> {
+pub(in crate::operator) async fn release_finalizer(
+    ctx: &RuleCtx,
+    parent: &DynamicObject,
+) -> Result<(), Error> {
     let rest: Vec<String> = parent
         .finalizers()
         .iter()
@@ -115,7 +118,7 @@ pub(super) async fn release_finalizer(ctx: &RuleCtx, parent: &DynamicObject) -> 
 
 /// Where removing a parent's children stands after one round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Removal {
+pub(in crate::operator) enum Removal {
     /// Deletes were sent (or a child the cache missed is still there):
     /// look again after this long.
     Waiting(Duration),
@@ -128,7 +131,7 @@ pub(super) enum Removal {
 /// its deletion: patch contributions released, then children deleted
 /// (retained ones released), in reverse dependency order when the rule asks
 /// for it, a live check that none is left. `why` ends each log line.
-pub(super) async fn remove_children(
+pub(in crate::operator) async fn remove_children(
     parent: &DynamicObject,
     ctx: &RuleCtx,
     uid: &str,
@@ -136,7 +139,7 @@ pub(super) async fn remove_children(
 ) -> Result<Removal, Error> {
     let rule = &ctx.rule();
     // Contributions to objects the rule does not own go first.
-    let released = super::patch::release_parent(ctx, rule, uid).await?;
+    let released = super::patch_writes::release_parent(ctx, rule, uid).await?;
     let mut observed = ctx.observed(uid);
     if observed.is_empty() {
         // The cache may not have seen a child created moments ago, or may

@@ -101,7 +101,7 @@ impl Publisher {
 impl Rotating {
     async fn publish(&self, event: &Event, reference: &ObjectReference) -> Result<(), kube::Error> {
         let recorder = {
-            let mut current = super::lock(&self.current);
+            let mut current = crate::operator::lock(&self.current);
             if current.1 >= ROTATE {
                 *current = (Recorder::new(self.client.clone(), self.reporter.clone()), 0);
             }

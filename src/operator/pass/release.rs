@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use tracing::info;
 
-use super::context::{Error, RuleCtx};
+use crate::operator::context::{Error, RuleCtx};
 use crate::plan::{LABEL_MANAGED_BY, LABEL_PARENT_UID, MANAGED_BY};
 
 /// The merge patch that releases `obj` (as read live, with its
@@ -129,7 +129,7 @@ pub async fn release_child(
 
 /// Releases every retained child in `retain` (no longer rendered, or of a
 /// deleted parent) through the rule's writer.
-pub(super) async fn retain_all(
+pub(in crate::operator) async fn retain_all(
     ctx: &RuleCtx,
     rule: &crate::rules::CompiledRule,
     retain: &[crate::plan::Delete],
@@ -161,10 +161,10 @@ pub(super) async fn retain_all(
 /// released, and with `contributions` (`onRuleRemoved: delete`) every patch
 /// contribution of those parents is taken back. Found by live lists (the
 /// rule's caches are gone), written as the rule's account.
-pub(super) async fn after_rule_removed(
-    shared: &super::Shared,
+pub(in crate::operator) async fn after_rule_removed(
+    shared: &crate::operator::Shared,
     rule: &crate::rules::CompiledRule,
-    kinds: &super::discovery::RuleKinds,
+    kinds: &crate::operator::watches::discovery::RuleKinds,
     parents: &[DynamicObject],
     contributions: bool,
 ) {
@@ -177,14 +177,16 @@ pub(super) async fn after_rule_removed(
     let writer = shared
         .identities
         .client(rule.rule.spec.service_account_name.as_deref());
-    let api = |kind: &super::discovery::Resolved, obj: &DynamicObject| match obj.namespace() {
+    let api = |kind: &crate::operator::watches::discovery::Resolved, obj: &DynamicObject| match obj
+        .namespace()
+    {
         Some(ns) if kind.namespaced => {
             kube::Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
         }
         _ => kube::Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
     };
     let everywhere = vec![None];
-    let ours = super::supervisor::scopes(rule, &shared.namespaces);
+    let ours = crate::operator::supervisor::scopes(rule, &shared.namespaces);
     let selector = ListParams::default().labels(&format!(
         "{}={},{}={}",
         crate::plan::LABEL_RULE,
@@ -198,7 +200,8 @@ pub(super) async fn after_rule_removed(
             .iter()
             .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
         let scopes = if anywhere { &everywhere } else { &ours };
-        let list = match super::supervisor::list_in(shared, kind, scopes, &selector).await {
+        let list = match crate::operator::supervisor::list_in(shared, kind, scopes, &selector).await
+        {
             Ok(list) => list,
             Err(err) => {
                 tracing::warn!(rule = %rule.name, kind = %kind.gvk, "cannot list retained children: {err}");
@@ -230,10 +233,10 @@ pub(super) async fn after_rule_removed(
 
 /// Takes back every contribution of `parents` (their rule's patches) to
 /// objects of `kinds`, found by a live list of each kind the rule patches.
-pub(super) async fn release_contributions(
-    shared: &super::Shared,
+pub(in crate::operator) async fn release_contributions(
+    shared: &crate::operator::Shared,
     rule: &crate::rules::CompiledRule,
-    kinds: &[super::discovery::Resolved],
+    kinds: &[crate::operator::watches::discovery::Resolved],
     parents: &[DynamicObject],
 ) {
     use kube::ResourceExt;
@@ -245,14 +248,16 @@ pub(super) async fn release_contributions(
     let writer = shared
         .identities
         .client(rule.rule.spec.service_account_name.as_deref());
-    let api = |kind: &super::discovery::Resolved, obj: &DynamicObject| match obj.namespace() {
+    let api = |kind: &crate::operator::watches::discovery::Resolved, obj: &DynamicObject| match obj
+        .namespace()
+    {
         Some(ns) if kind.namespaced => {
             kube::Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
         }
         _ => kube::Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
     };
     let everywhere = vec![None];
-    let ours = super::supervisor::scopes(rule, &shared.namespaces);
+    let ours = crate::operator::supervisor::scopes(rule, &shared.namespaces);
     for kind in kinds {
         let patches: Vec<_> = rule.patches.iter().filter(|p| p.gvk == kind.gvk).collect();
         if patches.is_empty() {
@@ -264,8 +269,13 @@ pub(super) async fn release_contributions(
         } else {
             &ours
         };
-        let list = match super::supervisor::list_in(shared, kind, scopes, &ListParams::default())
-            .await
+        let list = match crate::operator::supervisor::list_in(
+            shared,
+            kind,
+            scopes,
+            &ListParams::default(),
+        )
+        .await
         {
             Ok(list) => list,
             Err(err) => {
@@ -287,7 +297,7 @@ pub(super) async fn release_contributions(
                     continue;
                 }
                 let release = crate::plan::Release::of(key.clone(), &value);
-                match super::patch::release(&api(kind, &target), &release, &manager).await {
+                match super::patch_writes::release(&api(kind, &target), &release, &manager).await {
                     Ok(()) => {
                         info!(rule = %rule.name, target = %key, "contribution released (rule removed with onRuleRemoved: delete, or the kind no longer patched)")
                     }

@@ -28,13 +28,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
-use super::retry::WatchBackoff;
 use super::versions::{LABEL_REVISION_OF, Stored};
-use super::watches::own_errors;
+use crate::operator::retry::WatchBackoff;
+use crate::operator::watches::own_errors;
 
 /// The watch of `rule`'s revision ConfigMaps in `namespace`: errors are
 /// logged and retried by the watch's own backoff, never passed on.
-pub(super) fn watch(
+pub(in crate::operator) fn watch(
     client: &Client,
     namespace: &str,
     rule: &str,
@@ -68,7 +68,7 @@ impl Shown {
 
 /// What the rollout knows of its revision ConfigMaps (see the module docs).
 #[derive(Debug, Default)]
-pub(super) struct Revisions {
+pub(in crate::operator) struct Revisions {
     shown: BTreeMap<String, Shown>,
     /// A list under way (the first, or a relist after the watch was lost):
     /// what it has returned so far; it replaces `shown` once complete.
@@ -177,7 +177,7 @@ impl Revisions {
 /// Orders two resourceVersions of one resource: since Kubernetes 1.35 they
 /// are decimal integers without leading zeros (KEP-5504), of any length.
 /// `None` when either is not.
-pub(super) fn compare_versions(a: &str, b: &str) -> Option<Ordering> {
+pub(in crate::operator) fn compare_versions(a: &str, b: &str) -> Option<Ordering> {
     let valid =
         |v: &str| !v.is_empty() && !v.starts_with('0') && v.bytes().all(|c| c.is_ascii_digit());
     (valid(a) && valid(b)).then(|| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))

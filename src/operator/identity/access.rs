@@ -1,8 +1,8 @@
 //! The questions a preflight asks the API server: each permission a rule
 //! needs, on the resource discovery resolved, in each namespace it is used
 //! in. Shared by the operator's own preflight (SelfSubjectAccessReview, in
-//! [`super::controller`]) and the account preflight of a rule with
-//! `serviceAccountName` (SubjectAccessReview, in [`super::identity`]), so
+//! [`crate::operator::controller`]) and the account preflight of a rule with
+//! `serviceAccountName` (SubjectAccessReview, in [`crate::operator::identity`]), so
 //! both ask about the same resources in the same places.
 
 use k8s_openapi::api::authorization::v1::ResourceAttributes;
@@ -11,8 +11,8 @@ use crate::kinds::Gvk;
 use crate::rbac::Permission;
 use crate::rules::CompiledRule;
 
-use super::discovery::{Resolved, RuleKinds};
-use super::related;
+use crate::operator::watches::discovery::{Resolved, RuleKinds};
+use crate::operator::watches::related;
 
 /// One question: may `perm` be used in `namespace` (`None`: cluster-wide, or
 /// every namespace)?
@@ -114,7 +114,7 @@ pub fn checks(
 /// operator's namespace. Those are listed, watched and written with the
 /// operator's own client (`Shared::client` in `rollout`, `versions` and
 /// `revision_watch`), never a rule's account, so the account preflight
-/// ([`super::identity`]) does not ask about them.
+/// ([`crate::operator::identity`]) does not ask about them.
 pub fn operator_checks(
     rule: &CompiledRule,
     kinds: &RuleKinds,

@@ -24,7 +24,7 @@ use super::Shards;
 use super::member_lease::{
     ANNOTATION_ACK, ANNOTATION_MEMBER, LABEL_RING, is_live, member_lease_name, member_of,
 };
-use crate::operator::leader::{Gate, Settings, epoch_millis};
+use crate::operator::leadership::leader::{Gate, Settings, epoch_millis};
 use crate::operator::lock;
 use crate::shard::handover::{Changes, MemberLease};
 use crate::shard::ring::{ANNOTATION_ASSIGNMENT, Assignment};

@@ -17,7 +17,13 @@
 //! change the watch shows (a decision, the leader's step seen by a standby)
 //! is looked at at once rather than at the next tick.
 //!
-//! [`Versions`]: super::versions::Versions
+//! Files: this one (the tick), `versions.rs` (the versions and the state,
+//! kept in ConfigMaps), `revision_watch.rs` (the watch that reads them).
+//!
+//! [`Versions`]: versions::Versions
+
+pub(super) mod revision_watch;
+pub mod versions;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,12 +40,12 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{info, warn};
 
 use super::context::RuleCtx;
-use super::decode::ParentObject;
-use super::revision_watch::{self, Revisions};
-use super::versions::{self, Record};
+use super::watches::decode::ParentObject;
 use crate::plan::LABEL_REVISION;
 use crate::rollout::{Effect, Health, Input, ParentView, Phase, Settings, State};
 use crate::rules::CompiledRule;
+use revision_watch::Revisions;
+use versions::Record;
 
 /// How often the leader looks at a rollout (and a standby reads it back).
 pub const TICK: Duration = Duration::from_secs(2);

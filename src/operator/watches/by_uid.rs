@@ -27,7 +27,7 @@ pub struct ByUid {
 impl ByUid {
     /// Follows one event of the parent watch (before the store takes it).
     pub fn observe<K: Resource>(&self, event: &Event<K>) {
-        super::lock(&self.state).follow(event, add, |index, o| {
+        crate::operator::lock(&self.state).follow(event, add, |index, o| {
             if let Some(uid) = o.meta().uid.as_deref() {
                 index.remove(uid);
             }
@@ -36,7 +36,7 @@ impl ByUid {
 
     /// The parent with `uid`, if the watch has seen it.
     pub fn get(&self, uid: &str) -> Option<ParentName> {
-        super::lock(&self.state).live().get(uid).cloned()
+        crate::operator::lock(&self.state).live().get(uid).cloned()
     }
 }
 

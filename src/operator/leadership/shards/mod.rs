@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 use super::leader::epoch_millis;
-use super::lock;
+use crate::operator::lock;
 use crate::shard::handover::Handover;
 use crate::shard::{Bucket, BucketSet, bucket_of};
 use crate::telemetry::Metrics;

@@ -13,17 +13,17 @@ use tracing::info;
 
 use super::by_uid::ByUid;
 use super::compact::CompactObject;
-use super::context::RuleCtx;
 use super::decode::ParentObject;
 use super::discovery::Resolved;
-use super::retry::WatchBackoff;
+use crate::operator::context::RuleCtx;
+use crate::operator::retry::WatchBackoff;
 use crate::shard::{BucketSet, bucket_of};
 
 /// Maps a child event to its parent: the controller ownerReference when it
 /// points at the parent kind, else the `trellis.dev/parent-uid` label
 /// looked up in `by_uid` (kept only for a rule whose children may have
 /// no such ownerReference).
-pub(super) fn parent_of(
+pub(in crate::operator) fn parent_of(
     by_uid: Option<Arc<ByUid>>,
     parent: Resolved,
 ) -> impl Fn(CompactObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
@@ -52,7 +52,7 @@ pub(super) fn parent_of(
 /// Under `--shards`: the parents of each bucket that becomes ready for a
 /// pass here, writable and its children listed (a bucket gained in a
 /// handover, or listed after it opened).
-pub(super) fn opened_parents(
+pub(in crate::operator) fn opened_parents(
     ctx: Arc<RuleCtx>,
     writable: watch::Receiver<BucketSet>,
 ) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
@@ -104,7 +104,7 @@ fn changes_of<T: Send + Sync + 'static>(
 /// Parents whose pass failed while the API server could not serve,
 /// handed back with their holds lifted as soon as it serves again (see
 /// [`Outage`]): a watch that resumes after the outage brings them nothing.
-pub(super) fn recovered(
+pub(in crate::operator) fn recovered(
     ctx: Arc<RuleCtx>,
 ) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
     futures::stream::unfold(ctx, |ctx| async move {

@@ -38,10 +38,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::FINALIZER;
-use super::context::{Error, RuleCtx, parent_key};
-use super::decode::ParentObject;
 use super::finalize::{Removal, release_finalizer, remove_children};
+use crate::operator::FINALIZER;
+use crate::operator::context::{Error, RuleCtx, parent_key};
+use crate::operator::watches::decode::ParentObject;
 use crate::rules::CompiledRule;
 
 /// How often parents waiting for this replica to write them are looked at.
@@ -54,7 +54,7 @@ const PAGE: u32 = 500;
 
 /// A parent that may have left the rule, as last seen.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) struct Candidate {
+pub(in crate::operator) struct Candidate {
     pub namespace: Option<String>,
     pub name: String,
     pub uid: String,
@@ -75,7 +75,7 @@ impl Candidate {
 }
 
 /// Where a pass or a watch hands a parent that may have left the rule.
-pub(super) type Sender = mpsc::UnboundedSender<Candidate>;
+pub(in crate::operator) type Sender = mpsc::UnboundedSender<Candidate>;
 
 /// The candidate a parent watch event names. The label-selected watch
 /// reports a parent whose labels left the selector as deleted, carrying
@@ -84,7 +84,7 @@ pub(super) type Sender = mpsc::UnboundedSender<Candidate>;
 /// of a real deletion (marked for deletion, trellis's finalizer already
 /// gone), so a deletion through the finalizer costs no read. Without a
 /// selector a delete is always a deletion.
-pub(super) fn from_event(
+pub(in crate::operator) fn from_event(
     rule: &CompiledRule,
     event: &Result<watcher::Event<ParentObject>, watcher::Error>,
 ) -> Option<Candidate> {
@@ -102,7 +102,10 @@ pub(super) fn from_event(
 
 /// Why the rule does not serve a parent, from its metadata (see
 /// [`crate::plan::why_not_selected`]); `None` when it does.
-pub(super) fn why_out(rule: &CompiledRule, metadata: &kube::api::ObjectMeta) -> Option<String> {
+pub(in crate::operator) fn why_out(
+    rule: &CompiledRule,
+    metadata: &kube::api::ObjectMeta,
+) -> Option<String> {
     let parent = json!({
         "metadata": {"namespace": metadata.namespace, "labels": metadata.labels}
     });
@@ -120,7 +123,10 @@ fn sets_finalizer(rule: &CompiledRule) -> bool {
 
 /// Runs until the rule stops: releases every candidate it is handed, and
 /// those its start-up sweep finds, once this replica may write them.
-pub(super) async fn run(ctx: Arc<RuleCtx>, mut candidates: mpsc::UnboundedReceiver<Candidate>) {
+pub(in crate::operator) async fn run(
+    ctx: Arc<RuleCtx>,
+    mut candidates: mpsc::UnboundedReceiver<Candidate>,
+) {
     let mut ready = ctx.caches_ready.clone();
     tokio::select! {
         listed = ready.wait_for(|r| *r) => if listed.is_err() { return },
@@ -245,10 +251,11 @@ async fn release(ctx: &RuleCtx, c: &Candidate) -> Fate {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
-                ctx.related.forget(&super::related::parent_ref(
-                    &parent,
-                    &ctx.kinds.parent.resource,
-                ));
+                ctx.related
+                    .forget(&crate::operator::watches::related::parent_ref(
+                        &parent,
+                        &ctx.kinds.parent.resource,
+                    ));
                 if acted || (finalized && c.served) {
                     info!(rule = %rule.name, parent = %parent_key(&parent), "released: {why}");
                     let note = format!(
