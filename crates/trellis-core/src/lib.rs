@@ -22,6 +22,7 @@ pub mod manifests;
 pub mod offline;
 pub mod plan;
 pub mod rbac;
+pub mod related_watches;
 pub mod render;
 pub mod rollout;
 pub mod rules;

@@ -12,7 +12,6 @@ use crate::rbac::Permission;
 use crate::rules::CompiledRule;
 
 use crate::operator::watches::discovery::{Resolved, RuleKinds};
-use crate::operator::watches::related;
 
 /// One question: may `perm` be used in `namespace` (`None`: cluster-wide, or
 /// every namespace)?
@@ -36,7 +35,7 @@ impl std::fmt::Display for Check {
 /// asked about, and cluster-scoped resources are asked about cluster-wide.
 /// Reads of a kind watched beyond the parent's namespaces are asked where
 /// it is watched: a related kind an entry may read in another namespace in
-/// every namespace the operator watches (see [`related`]), a child kind a
+/// every namespace the operator watches (see [`crate::related_watches`]), a child kind a
 /// child may place in another namespace everywhere. `serviceaccounts` (the
 /// rule's account) are asked about in `home`, the operator's namespace.
 pub fn checks(
@@ -56,7 +55,7 @@ pub fn checks(
     };
     let namespaced_scopes = scopes_of(namespaces);
     let related_scopes = scopes_of(operator_namespaces);
-    let wide_related: Vec<Gvk> = related::watch_specs(rule)
+    let wide_related: Vec<Gvk> = crate::related_watches::watch_specs(rule)
         .into_iter()
         .filter(|w| w.anywhere || !kinds.parent.namespaced)
         .map(|w| w.gvk)

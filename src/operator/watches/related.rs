@@ -14,7 +14,7 @@
 //! The planner never sees a cache: it asks [`Caches`] (a
 //! [`RelatedSource`]) per read, and gets only the object a name read names
 //! or the objects a selector read matches. What to watch is decided from
-//! the rule alone ([`watch_specs`]): a selector with no template in it is a
+//! the rule alone ([`crate::related_watches`]): a selector with no template in it is a
 //! label-selected watch; anything else watches the whole kind, in the
 //! parent's namespaces unless an entry may read elsewhere. Watches keep
 //! whole objects (templates read `data`, `spec`, `status`), trimmed of
@@ -38,11 +38,10 @@ use super::discovery::Resolved;
 use crate::kinds::Gvk;
 use crate::operator::watches::{own_errors, selector_string, trim, watch_stream};
 use crate::plan::{ObjectKey, RelatedRead, RelatedSource, RelatedTarget, Unreadable};
+use crate::related_watches::{WatchSpec, reads_match_labels, watch_specs};
 use crate::rules::CompiledRule;
 pub use index::{ReadIndex, Touched};
 use labels::LabelIndex;
-use specs::reads_match_labels;
-pub use specs::{WatchSpec, watch_specs};
 
 /// A cached object's namespace and name.
 type NamespacedName = (Option<String>, String);
@@ -590,6 +589,5 @@ fn tokio_stream_of<T: Send + 'static>(
 mod index;
 mod labels;
 mod managers;
-mod specs;
 #[cfg(test)]
 mod tests;

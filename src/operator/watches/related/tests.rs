@@ -1,4 +1,4 @@
-//! The read index and the watch plan, without a cluster.
+//! The read index, without a cluster.
 
 use super::index::RECENT_EVENTS;
 use super::*;
@@ -208,83 +208,5 @@ fn retain_drops_parents_that_are_gone() {
     assert_eq!(
         index.touch(touched("ConfigMap", Some("ns"), "one", &[&[]])),
         vec!["b"]
-    );
-}
-
-const PARENT: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n";
-const CHILD: &str = "  children:\n    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n";
-
-fn specs(related: &str) -> Vec<WatchSpec> {
-    let rule =
-        crate::rules::testing::rule_with_spec(&format!("{PARENT}  related:\n{related}{CHILD}"));
-    assert_eq!(
-        rule.related.len(),
-        related.matches("- id:").count(),
-        "rule loads"
-    );
-    watch_specs(&rule)
-}
-
-#[test]
-fn a_static_selector_is_a_label_selected_watch() {
-    let s = specs(
-        "    - id: envs\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {env: prod}\n        matchExpressions:\n          - {key: tier, operator: In, values: [a, b]}\n",
-    );
-    assert_eq!(
-        s,
-        vec![WatchSpec {
-            gvk: Gvk::new("v1", "Namespace"),
-            labels: Some("env=prod,tier in (a,b)".into()),
-            anywhere: false,
-            patched: false,
-        }]
-    );
-}
-
-#[test]
-fn a_templated_selector_or_a_name_watches_the_whole_kind() {
-    let s = specs(
-        "    - id: envs\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {env: \"{{ spec.env }}\"}\n    - id: settings\n      apiVersion: v1\n      kind: ConfigMap\n      name: \"{{ spec.from }}\"\n",
-    );
-    assert_eq!(s.len(), 2);
-    assert!(s.iter().all(|w| w.labels.is_none()), "{s:?}");
-}
-
-#[test]
-fn a_name_read_of_a_kind_also_serves_its_static_selectors() {
-    let s = specs(
-        "    - id: sel\n      apiVersion: v1\n      kind: ConfigMap\n      selector:\n        matchLabels: {a: b}\n    - id: one\n      apiVersion: v1\n      kind: ConfigMap\n      name: fixed\n      allowCrossNamespace: true\n      namespace: other\n",
-    );
-    assert_eq!(
-        s,
-        vec![WatchSpec {
-            gvk: Gvk::new("v1", "ConfigMap"),
-            labels: None,
-            anywhere: true,
-            patched: false,
-        }]
-    );
-}
-
-#[test]
-fn an_empty_selector_watches_the_whole_kind() {
-    let s =
-        specs("    - id: all\n      apiVersion: v1\n      kind: Namespace\n      selector: {}\n");
-    assert_eq!(s[0].labels, None);
-}
-
-#[test]
-fn a_patch_target_kind_is_one_whole_kind_watch_that_keeps_patch_managers() {
-    let rule = crate::rules::testing::rule_with_spec(
-        "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  related:\n    - id: sel\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {a: b}\n  patches:\n    - id: ns\n      apiVersion: v1\n      kind: Namespace\n      allowCrossNamespace: true\n      template: '{metadata: {name: x, labels: {t: u}}}'\n",
-    );
-    assert_eq!(
-        watch_specs(&rule),
-        vec![WatchSpec {
-            gvk: Gvk::new("v1", "Namespace"),
-            labels: None,
-            anywhere: true,
-            patched: true,
-        }]
     );
 }

@@ -2,11 +2,15 @@
 //! selector with no template in it is a label-selected watch; anything else
 //! watches the whole kind, in the parent's namespaces unless an entry may
 //! read elsewhere.
+//!
+//! Pure, so that both the operator (which runs these watches) and hot
+//! reload (which restarts a rule whose watches change) ask the same
+//! question of the core. Running the watches is the operator's
+//! (`operator::watches::related` in the binary crate).
 
 use std::collections::BTreeMap;
 
 use crate::kinds::Gvk;
-use crate::operator::watches::selector_string;
 use crate::rules::CompiledRule;
 use crate::rules::model::{
     LabelSelector, LabelSelectorRequirement, RelatedSpec, TemplatedExpressions, TemplatedLabels,
@@ -100,7 +104,7 @@ pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
         }
         let selectors: Option<Vec<String>> = entries
             .iter()
-            .map(|e| static_selector(e).map(|s| selector_string(&s)))
+            .map(|e| static_selector(e).map(|s| s.query()))
             .collect();
         match selectors {
             // An empty selector selects everything: a whole-kind watch.
@@ -127,7 +131,7 @@ pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
 
 /// Whether some entry of `gvk` reads by a selector with `matchLabels` (its
 /// whole-kind watch then keeps a [`LabelIndex`]).
-pub(super) fn reads_match_labels(rule: &CompiledRule, gvk: &Gvk) -> bool {
+pub fn reads_match_labels(rule: &CompiledRule, gvk: &Gvk) -> bool {
     rule.related.iter().any(|e| {
         &e.gvk == gvk
             && e.spec
@@ -135,4 +139,88 @@ pub(super) fn reads_match_labels(rule: &CompiledRule, gvk: &Gvk) -> bool {
                 .as_ref()
                 .is_some_and(|s| s.match_labels.is_some())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARENT: &str = "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n";
+    const CHILD: &str = "  children:\n    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n";
+
+    fn specs(related: &str) -> Vec<WatchSpec> {
+        let rule =
+            crate::rules::testing::rule_with_spec(&format!("{PARENT}  related:\n{related}{CHILD}"));
+        assert_eq!(
+            rule.related.len(),
+            related.matches("- id:").count(),
+            "rule loads"
+        );
+        watch_specs(&rule)
+    }
+
+    #[test]
+    fn a_static_selector_is_a_label_selected_watch() {
+        let s = specs(
+            "    - id: envs\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {env: prod}\n        matchExpressions:\n          - {key: tier, operator: In, values: [a, b]}\n",
+        );
+        assert_eq!(
+            s,
+            vec![WatchSpec {
+                gvk: Gvk::new("v1", "Namespace"),
+                labels: Some("env=prod,tier in (a,b)".into()),
+                anywhere: false,
+                patched: false,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_templated_selector_or_a_name_watches_the_whole_kind() {
+        let s = specs(
+            "    - id: envs\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {env: \"{{ spec.env }}\"}\n    - id: settings\n      apiVersion: v1\n      kind: ConfigMap\n      name: \"{{ spec.from }}\"\n",
+        );
+        assert_eq!(s.len(), 2);
+        assert!(s.iter().all(|w| w.labels.is_none()), "{s:?}");
+    }
+
+    #[test]
+    fn a_name_read_of_a_kind_also_serves_its_static_selectors() {
+        let s = specs(
+            "    - id: sel\n      apiVersion: v1\n      kind: ConfigMap\n      selector:\n        matchLabels: {a: b}\n    - id: one\n      apiVersion: v1\n      kind: ConfigMap\n      name: fixed\n      allowCrossNamespace: true\n      namespace: other\n",
+        );
+        assert_eq!(
+            s,
+            vec![WatchSpec {
+                gvk: Gvk::new("v1", "ConfigMap"),
+                labels: None,
+                anywhere: true,
+                patched: false,
+            }]
+        );
+    }
+
+    #[test]
+    fn an_empty_selector_watches_the_whole_kind() {
+        let s = specs(
+            "    - id: all\n      apiVersion: v1\n      kind: Namespace\n      selector: {}\n",
+        );
+        assert_eq!(s[0].labels, None);
+    }
+
+    #[test]
+    fn a_patch_target_kind_is_one_whole_kind_watch_that_keeps_patch_managers() {
+        let rule = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  related:\n    - id: sel\n      apiVersion: v1\n      kind: Namespace\n      selector:\n        matchLabels: {a: b}\n  patches:\n    - id: ns\n      apiVersion: v1\n      kind: Namespace\n      allowCrossNamespace: true\n      template: '{metadata: {name: x, labels: {t: u}}}'\n",
+        );
+        assert_eq!(
+            watch_specs(&rule),
+            vec![WatchSpec {
+                gvk: Gvk::new("v1", "Namespace"),
+                labels: None,
+                anywhere: true,
+                patched: true,
+            }]
+        );
+    }
 }
