@@ -354,11 +354,7 @@ impl RuleCtx {
     /// account's client when it has one ([`super::identity`]), else the
     /// operator's own.
     pub(super) fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
-        let client = self.writer.clone();
-        match (kind.namespaced, namespace) {
-            (true, Some(ns)) => Api::namespaced_with(client, ns, &*kind.resource),
-            _ => Api::all_with(client, &*kind.resource),
-        }
+        kind.api(self.writer.clone(), namespace)
     }
 
     /// A child write refused to the rule's account, named as such (see
@@ -387,11 +383,8 @@ impl RuleCtx {
     /// Responses decode as [`ParentObject`]: a parent too deep to decode
     /// can still be written to.
     pub(super) fn parent_api(&self, parent: &DynamicObject) -> Api<ParentObject> {
-        let (client, kind) = (self.shared.client.clone(), &self.kinds.parent);
-        match (kind.namespaced, parent.namespace()) {
-            (true, Some(ns)) => Api::namespaced_with(client, &ns, &kind.resource),
-            _ => Api::all_with(client, &kind.resource),
-        }
+        let namespace = parent.namespace();
+        (self.kinds.parent).api(self.shared.client.clone(), namespace.as_deref())
     }
 
     pub(super) fn child_kind(&self, group: &str, kind: &str) -> Option<&Resolved> {

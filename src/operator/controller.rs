@@ -465,10 +465,7 @@ async fn run_controller(
     );
     for kind in &kinds.children {
         // Children the rule may place anywhere are watched everywhere.
-        let anywhere = rule
-            .children
-            .iter()
-            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let anywhere = watches::children_anywhere(&rule, &kind.gvk);
         let scope: &[String] = if anywhere { &[] } else { &namespaces };
         let by_parent = Arc::new(ByParent::default());
         let watches::ChildWatch {

@@ -57,10 +57,7 @@ async fn live_children(
     let mut out = Vec::new();
     for kind in &ctx.kinds.children {
         // Children live in the parent's namespace unless the rule lets them out.
-        let anywhere = rule
-            .children
-            .iter()
-            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let anywhere = crate::operator::watches::children_anywhere(&rule, &kind.gvk);
         let namespace = parent.namespace().filter(|_| !anywhere);
         let api = ctx.api_for(kind, namespace.as_deref());
         match api.list_metadata(&params).await {

@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use tracing::info;
 
 use crate::operator::context::{Error, RuleCtx};
+use crate::operator::watches::discovery::Resolved;
 use crate::plan::{LABEL_MANAGED_BY, LABEL_PARENT_UID, MANAGED_BY};
 
 /// The merge patch that releases `obj` (as read live, with its
@@ -157,6 +158,45 @@ pub(in crate::operator) async fn retain_all(
     Ok(())
 }
 
+/// What both clean-ups after a removed rule start from.
+struct Removed {
+    /// The parents whose children and contributions are released.
+    uids: std::collections::BTreeSet<String>,
+    /// The rule's account's client: the rule's writes, even after it.
+    writer: kube::Client,
+    /// Where the rule's parents were watched.
+    ours: Vec<Option<String>>,
+}
+
+impl Removed {
+    /// `None`: nothing to do (no parents, or this replica may not write).
+    fn of(
+        shared: &crate::operator::Shared,
+        rule: &crate::rules::CompiledRule,
+        parents: &[DynamicObject],
+    ) -> Option<Removed> {
+        use kube::ResourceExt;
+        let uids: std::collections::BTreeSet<String> =
+            parents.iter().filter_map(|p| p.uid()).collect();
+        if uids.is_empty() || !shared.gate.may_write() {
+            return None;
+        }
+        Some(Removed {
+            uids,
+            writer: shared
+                .identities
+                .client(rule.rule.spec.service_account_name.as_deref()),
+            ours: crate::operator::supervisor::scopes(rule, &shared.namespaces),
+        })
+    }
+
+    /// `obj`'s `Api`, as the rule's account.
+    fn api(&self, kind: &Resolved, obj: &DynamicObject) -> kube::Api<DynamicObject> {
+        use kube::ResourceExt;
+        kind.api(self.writer.clone(), obj.namespace().as_deref())
+    }
+}
+
 /// After a rule is removed: its retained children of `parents` are
 /// released, and with `contributions` (`onRuleRemoved: delete`) every patch
 /// contribution of those parents is taken back. Found by live lists (the
@@ -170,23 +210,10 @@ pub(in crate::operator) async fn after_rule_removed(
 ) {
     use kube::ResourceExt;
     use kube::api::ListParams;
-    let uids: std::collections::BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
-    if uids.is_empty() || !shared.gate.may_write() {
+    let Some(removed) = Removed::of(shared, rule, parents) else {
         return;
-    }
-    let writer = shared
-        .identities
-        .client(rule.rule.spec.service_account_name.as_deref());
-    let api = |kind: &crate::operator::watches::discovery::Resolved, obj: &DynamicObject| match obj
-        .namespace()
-    {
-        Some(ns) if kind.namespaced => {
-            kube::Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
-        }
-        _ => kube::Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
     };
     let everywhere = vec![None];
-    let ours = crate::operator::supervisor::scopes(rule, &shared.namespaces);
     let selector = ListParams::default().labels(&format!(
         "{}={},{}={}",
         crate::plan::LABEL_RULE,
@@ -195,11 +222,8 @@ pub(in crate::operator) async fn after_rule_removed(
         crate::plan::RETAIN
     ));
     for kind in &kinds.children {
-        let anywhere = rule
-            .children
-            .iter()
-            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
-        let scopes = if anywhere { &everywhere } else { &ours };
+        let anywhere = crate::operator::watches::children_anywhere(rule, &kind.gvk);
+        let scopes = if anywhere { &everywhere } else { &removed.ours };
         let list = match crate::operator::supervisor::list_in(shared, kind, scopes, &selector).await
         {
             Ok(list) => list,
@@ -212,11 +236,11 @@ pub(in crate::operator) async fn after_rule_removed(
             let mine = child
                 .labels()
                 .get(LABEL_PARENT_UID)
-                .is_some_and(|u| uids.contains(u));
+                .is_some_and(|u| removed.uids.contains(u));
             if !mine || shared.gate.check().is_err() {
                 continue;
             }
-            match release_child(&api(kind, &child), &child.name_any()).await {
+            match release_child(&removed.api(kind, &child), &child.name_any()).await {
                 Ok(_) => {
                     info!(rule = %rule.name, kind = %kind.gvk, name = %child.name_any(), "released (deletionPolicy: retain; rule removed)")
                 }
@@ -236,28 +260,14 @@ pub(in crate::operator) async fn after_rule_removed(
 pub(in crate::operator) async fn release_contributions(
     shared: &crate::operator::Shared,
     rule: &crate::rules::CompiledRule,
-    kinds: &[crate::operator::watches::discovery::Resolved],
+    kinds: &[Resolved],
     parents: &[DynamicObject],
 ) {
-    use kube::ResourceExt;
     use kube::api::ListParams;
-    let uids: std::collections::BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
-    if uids.is_empty() || !shared.gate.may_write() {
+    let Some(removed) = Removed::of(shared, rule, parents) else {
         return;
-    }
-    let writer = shared
-        .identities
-        .client(rule.rule.spec.service_account_name.as_deref());
-    let api = |kind: &crate::operator::watches::discovery::Resolved, obj: &DynamicObject| match obj
-        .namespace()
-    {
-        Some(ns) if kind.namespaced => {
-            kube::Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
-        }
-        _ => kube::Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
     };
     let everywhere = vec![None];
-    let ours = crate::operator::supervisor::scopes(rule, &shared.namespaces);
     for kind in kinds {
         let patches: Vec<_> = rule.patches.iter().filter(|p| p.gvk == kind.gvk).collect();
         if patches.is_empty() {
@@ -267,7 +277,7 @@ pub(in crate::operator) async fn release_contributions(
         let scopes = if anywhere || !kind.namespaced {
             &everywhere
         } else {
-            &ours
+            &removed.ours
         };
         let list = match crate::operator::supervisor::list_in(
             shared,
@@ -291,13 +301,15 @@ pub(in crate::operator) async fn release_contributions(
             let Some(key) = crate::plan::ObjectKey::of(&value) else {
                 continue;
             };
-            for uid in &uids {
+            for uid in &removed.uids {
                 let manager = crate::plan::field_manager(&rule.name, uid);
                 if !crate::plan::has_manager(&value, &manager) || shared.gate.check().is_err() {
                     continue;
                 }
                 let release = crate::plan::Release::of(key.clone(), &value);
-                match super::patch_writes::release(&api(kind, &target), &release, &manager).await {
+                match super::patch_writes::release(&removed.api(kind, &target), &release, &manager)
+                    .await
+                {
                     Ok(()) => {
                         info!(rule = %rule.name, target = %key, "contribution released (rule removed with onRuleRemoved: delete, or the kind no longer patched)")
                     }

@@ -204,10 +204,7 @@ enum Fate {
 /// [`remove_children`] until nothing is left, then the finalizer.
 async fn release(ctx: &RuleCtx, c: &Candidate) -> Fate {
     let kind = &ctx.kinds.parent;
-    let api: Api<ParentObject> = match (&c.namespace, kind.namespaced) {
-        (Some(ns), true) => Api::namespaced_with(ctx.shared.client.clone(), ns, &kind.resource),
-        _ => Api::all_with(ctx.shared.client.clone(), &kind.resource),
-    };
+    let api: Api<ParentObject> = kind.api(ctx.shared.client.clone(), c.namespace.as_deref());
     let mut acted = false;
     loop {
         if ctx.stop.is_cancelled() || ctx.check_write(&c.uid).is_err() {
@@ -313,10 +310,8 @@ async fn sweep(ctx: &RuleCtx) -> Vec<Candidate> {
     };
     let mut out = Vec::new();
     for scope in scopes {
-        let api: Api<DynamicObject> = match scope {
-            Some(ns) => Api::namespaced_with(ctx.shared.client.clone(), ns, &*kind.resource),
-            None => Api::all_with(ctx.shared.client.clone(), &*kind.resource),
-        };
+        let api: Api<DynamicObject> =
+            kind.api(ctx.shared.client.clone(), scope.map(String::as_str));
         let mut params = ListParams::default().limit(PAGE);
         loop {
             let page = match api.list_metadata(&params).await {

@@ -134,6 +134,20 @@ impl From<ApiResource> for SharedResource {
     }
 }
 
+/// The dynamic type of `DynamicObject` ([`Resolved::api`](super::discovery::Resolved::api)).
+impl AsRef<ApiResource> for SharedResource {
+    fn as_ref(&self) -> &ApiResource {
+        &self.0
+    }
+}
+
+/// The dynamic type of the cache object types.
+impl AsRef<SharedResource> for SharedResource {
+    fn as_ref(&self) -> &SharedResource {
+        self
+    }
+}
+
 impl std::ops::Deref for SharedResource {
     type Target = ApiResource;
     fn deref(&self) -> &ApiResource {

@@ -5,9 +5,11 @@
 //! related kind is the exception: the rule runs without it, and only the
 //! children that read it wait (`RelatedKindNotServed`).
 
-use kube::Client;
-use kube::core::GroupVersionKind;
+use kube::core::{DynamicResourceScope, GroupVersionKind};
 use kube::discovery::{self, Scope};
+use kube::{Api, Client, Resource};
+
+use super::decode::SharedResource;
 
 use crate::kinds::Gvk;
 use crate::rules::CompiledRule;
@@ -34,6 +36,24 @@ pub struct RuleKinds {
     pub related: Vec<Resolved>,
     /// Related kinds not served, with why (readers wait for them).
     pub unserved_related: Vec<(Gvk, String)>,
+}
+
+impl Resolved {
+    /// An `Api` of this kind in `namespace` when the kind is namespaced and
+    /// one is given; across the cluster otherwise (a cluster-scoped kind,
+    /// or every namespace). Every per-kind `Api` is made here, so that none
+    /// can send a cluster-scoped kind to a namespaced path.
+    pub fn api<K>(&self, client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = DynamicResourceScope>,
+        SharedResource: AsRef<K::DynamicType>,
+    {
+        let resource = self.resource.as_ref();
+        match namespace {
+            Some(ns) if self.namespaced => Api::namespaced_with(client, ns, resource),
+            _ => Api::all_with(client, resource),
+        }
+    }
 }
 
 impl RuleKinds {

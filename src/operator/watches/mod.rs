@@ -42,6 +42,17 @@ use crate::shard::BucketSet;
 use compact::CompactObject;
 use discovery::Resolved;
 
+/// Children of `gvk` the rule may place in any namespace
+/// (`allowCrossNamespace`): they are watched, and looked for, everywhere.
+pub(super) fn children_anywhere(
+    rule: &crate::rules::CompiledRule,
+    gvk: &crate::kinds::Gvk,
+) -> bool {
+    rule.children
+        .iter()
+        .any(|c| &c.gvk == gvk && c.spec.allow_cross_namespace)
+}
+
 /// What a watch here can hold: an object of a kind found by discovery.
 pub(super) trait Watched:
     Resource<DynamicType = decode::SharedResource, Scope = kube::core::DynamicResourceScope>
@@ -154,9 +165,9 @@ pub(super) fn watch_stream<K>(
 where
     K: Watched,
 {
-    let api: Api<K> = match (kind.namespaced, namespaces) {
-        (true, [one]) => Api::namespaced_with(client.clone(), one, &kind.resource),
-        _ => Api::all_with(client.clone(), &kind.resource),
+    let api: Api<K> = match namespaces {
+        [one] => kind.api(client.clone(), Some(one)),
+        _ => kind.api(client.clone(), None),
     };
     let keep: Option<BTreeSet<String>> =
         (kind.namespaced && namespaces.len() > 1).then(|| namespaces.iter().cloned().collect());
