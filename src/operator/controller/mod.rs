@@ -7,37 +7,24 @@
 //!     └──────────────────────────┘ (inactive, retried)         ▼ done
 //! ```
 
-use std::collections::BTreeSet;
+mod running;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::authorization::v1::{SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use kube::Api;
 use kube::api::PostParams;
-use kube::runtime::controller::{Action, Config, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use super::Shared;
-use super::context::{self, ChildCache, RuleCtx};
 use super::identity;
 use super::identity::access;
-use super::pass::reconcile;
-use super::retry::{Failures, Outage};
 use super::rollout::versions::Versions;
-use super::watches::by_uid::ByUid;
-use super::watches::compact::{ByParent, CompactObject};
-use super::watches::decode::ParentObject;
 use super::watches::discovery::{self, RuleKinds};
-use super::watches::related;
-use super::watches::triggers;
-use super::watches::{self, cached_watch, own_errors, selector_string, trim};
-use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
 use crate::telemetry::RuleState;
 
@@ -163,7 +150,7 @@ async fn rule_loop(
             shared.clone(),
             stop.clone(),
         ));
-        run_controller(
+        running::run_controller(
             rules.clone(),
             kinds,
             namespaces,
@@ -315,26 +302,6 @@ async fn stop_when_kinds_change(
     }
 }
 
-/// What makes a parent worth a pass: anything but its status (and the
-/// bookkeeping that changes with it). trellis's own status writes must not
-/// wake the parent they were written for.
-fn outside_status(parent: &ParentObject) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    parent.undecodable.hash(&mut h);
-    let meta = &parent.object.metadata;
-    meta.uid.hash(&mut h);
-    meta.labels.hash(&mut h);
-    meta.annotations.hash(&mut h);
-    meta.finalizers.hash(&mut h);
-    meta.deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.to_string())
-        .hash(&mut h);
-    parent.outside_status_text().hash(&mut h);
-    Some(h.finish())
-}
-
 /// For a rule with `rollout:`: reads its stored versions into `versions`
 /// and adds the child kinds of the versions in use to `kinds`.
 async fn with_versions(
@@ -370,249 +337,4 @@ async fn with_versions(
         }
     }
     Ok(kinds)
-}
-
-async fn run_controller(
-    rules: watch::Receiver<Arc<CompiledRule>>,
-    kinds: RuleKinds,
-    namespaces: Vec<String>,
-    shared: Arc<Shared>,
-    versions: Arc<Versions>,
-    stop: CancellationToken,
-) {
-    let rule = rules.borrow().clone();
-    let parent_kind = kinds.parent.clone();
-    // Parents come as watch events, never as one LIST response: a list
-    // decodes as a whole, so one parent too deep to decode would fail every
-    // parent of the kind (see `decode`); events decode one by one.
-    let mut parent_config = watcher::Config::default().streaming_lists();
-    if let Some(selector) = &rule.rule.spec.parent.selector {
-        parent_config = parent_config.labels(&selector_string(selector));
-    }
-    let (relisted_tx, mut relisted_rx) = tokio::sync::mpsc::unbounded_channel();
-    // Only a namespaced parent can have children without its controller
-    // ownerReference (in another namespace, or cluster-scoped): the
-    // mapper finds those by uid.
-    let unowned_children = parent_kind.namespaced
-        && (rule.children.iter().any(|c| c.spec.allow_cross_namespace)
-            || kinds.children.iter().any(|k| !k.namespaced));
-    let parents_by_uid = unowned_children.then(|| Arc::new(ByUid::default()));
-    let (parents, parent_stream) = cached_watch(
-        &shared.client,
-        &parent_kind,
-        &namespaces,
-        parent_config,
-        relisted_tx.clone(),
-        {
-            let mut trim = trim(&parent_kind.resource);
-            move |p: &mut ParentObject| trim(&mut p.object)
-        },
-        {
-            let index = parents_by_uid.clone();
-            move |event: &watcher::Event<ParentObject>| {
-                if let Some(index) = &index {
-                    index.observe(event);
-                }
-            }
-        },
-    );
-
-    let related = related::Caches::start(
-        &shared.client,
-        &rule,
-        related::Scope {
-            kinds: &kinds.related,
-            unserved: &kinds.unserved_related,
-            parent_cluster_scoped: !parent_kind.namespaced,
-            parent_namespaces: &namespaces,
-            operator_namespaces: &shared.namespaces,
-            metrics: shared.metrics.clone(),
-        },
-    );
-    for (_, why) in &kinds.unserved_related {
-        warn!(rule = %rule.name, "its readers wait: {why}");
-    }
-    // A deleted parent reads nothing any more. The watch also reports a
-    // parent whose labels left the selector as deleted: it may still be
-    // there, to release (see `released`).
-    let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
-    let forget = {
-        let (caches, resource) = (related.caches.clone(), parent_kind.resource.clone());
-        let (released, rules) = (released_tx.clone(), rules.clone());
-        move |event: &Result<watcher::Event<ParentObject>, watcher::Error>| {
-            if let Ok(watcher::Event::Delete(p)) = event {
-                caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
-            }
-            if let Some(candidate) = super::pass::released::from_event(&rules.borrow(), event) {
-                let _ = released.send(candidate);
-            }
-        }
-    };
-    let child_labels = format!("{LABEL_RULE}={}", rule.name);
-    let owned = shared.shards.as_ref().map(|s| s.owned());
-    let mut child_stores = Vec::new();
-    let mut controller = Controller::for_stream_with(
-        own_errors(
-            format!("{} {}", rule.name, parent_kind.gvk),
-            parent_stream.inspect(forget).applied_objects(),
-        )
-        .predicate_filter(
-            outside_status,
-            kube::runtime::utils::PredicateConfig::default(),
-        ),
-        parents.clone(),
-        parent_kind.resource.clone(),
-    );
-    for kind in &kinds.children {
-        // Children the rule may place anywhere are watched everywhere.
-        let anywhere = watches::children_anywhere(&rule, &kind.gvk);
-        let scope: &[String] = if anywhere { &[] } else { &namespaces };
-        let by_parent = Arc::new(ByParent::default());
-        let watches::ChildWatch {
-            store,
-            stream,
-            listed,
-        } = watches::cached_child_watch(
-            &shared.client,
-            kind,
-            scope,
-            child_labels.clone(),
-            owned.clone(),
-            relisted_tx.clone(),
-            {
-                let by_parent = by_parent.clone();
-                move |event: &watcher::Event<CompactObject>| by_parent.observe(event)
-            },
-        );
-        child_stores.push(ChildCache {
-            kind: kind.clone(),
-            store,
-            by_parent,
-            listed,
-        });
-        let mapper = triggers::parent_of(parents_by_uid.clone(), parent_kind.clone());
-        let objects = own_errors(
-            format!("{} {}", rule.name, kind.gvk),
-            stream.touched_objects(),
-        );
-        controller = controller.watches_stream_with(objects, mapper, kind.resource.clone());
-    }
-    info!(
-        rule = %rule.name,
-        parent = %parent_kind.gvk,
-        children = %kinds.children.iter().map(|c| c.gvk.to_string()).collect::<Vec<_>>().join(", "),
-        related = %kinds.related.iter().map(|c| c.gvk.to_string()).collect::<Vec<_>>().join(", "),
-        namespaces = %if namespaces.is_empty() { "all".to_owned() } else { namespaces.join(",") },
-        "watching"
-    );
-    drop(relisted_tx);
-    // Related events re-reconcile exactly the parents whose reads cover them.
-    controller = controller.reconcile_on(related.triggers);
-    let (caches_ready, listing) = context::caches_ready(
-        child_stores
-            .iter()
-            .map(|c| context::listed(c.store.clone()))
-            .chain(related.ready)
-            .collect(),
-    );
-    let account = rule.rule.spec.service_account_name.as_deref();
-    let ctx = Arc::new(RuleCtx {
-        writer: shared.identities.client(account),
-        account: account.map(|a| shared.identities.username(a)),
-        related: related.caches,
-        caches_ready,
-        stop: stop.clone(),
-        rules: rules.clone(),
-        kinds,
-        shared: shared.clone(),
-        children: child_stores,
-        parents: parents.clone(),
-        released: released_tx,
-        failures: Failures::default(),
-        outage: Outage::default(),
-        warned: Mutex::new(BTreeSet::new()),
-        created: Mutex::default(),
-        written: Mutex::default(),
-        patches: Default::default(),
-        versions,
-    });
-    let mut controller = controller.reconcile_on(triggers::recovered(ctx.clone()));
-    if let Some(shards) = &shared.shards {
-        controller =
-            controller.reconcile_on(triggers::opened_parents(ctx.clone(), shards.writable()));
-    }
-    // The rollout's moves (and, on the leader, its decisions).
-    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::unbounded_channel();
-    let rollout_task = tokio::spawn(super::rollout::run(ctx.clone(), wake_tx));
-    let released_task = tokio::spawn(super::pass::released::run(ctx.clone(), released_rx));
-    let controller =
-        controller.reconcile_on(futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx)));
-    // A reloaded rule with the same kinds, or a watch that had to relist
-    // (its server was gone): re-reconcile every parent at once, backoffs lifted.
-    let mut updates = rules;
-    updates.borrow_and_update();
-    let reloaded = futures::stream::unfold(updates, |mut rx| async move {
-        rx.changed().await.ok()?;
-        Some(((), rx))
-    });
-    let relisted = futures::stream::poll_fn(move |cx| relisted_rx.poll_recv(cx));
-    let lifted = ctx.clone();
-    // Taking over as leader likewise: every parent, at once.
-    let leading = shared.gate.became_leader();
-    let everyone = futures::stream::select(futures::stream::select(reloaded, relisted), leading)
-        .map(move |()| {
-            lifted.failures.release_all();
-            lifted.report_backoff();
-        });
-    let concurrency = u16::try_from(shared.permits.available_permits()).unwrap_or(u16::MAX);
-    let run = controller
-        .reconcile_all_on(everyone)
-        .with_config(Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile::reconcile_measured, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                match err {
-                    kube::runtime::controller::Error::ObjectNotFound(_) => {}
-                    other => warn!("controller: {other}"),
-                }
-            }
-        });
-    // kube's runner waits for the parent cache to be listed before it runs
-    // anything, and a graceful shutdown stops the watch that would list it:
-    // stopped before the first list, the controller would wait forever.
-    // Nothing can be in flight then, so it is dropped instead.
-    let unlisted_at_stop = async {
-        stop.cancelled().await;
-        if parents.wait_until_ready().now_or_never().is_some() {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = run => {}
-        () = unlisted_at_stop => debug!(rule = %rule.name, "stopped before the parents were listed"),
-    }
-    listing.abort();
-    rollout_task.abort();
-    released_task.abort();
-}
-
-fn error_policy(parent: Arc<ParentObject>, err: &context::Error, ctx: Arc<RuleCtx>) -> Action {
-    if let context::Error::NotLeader(_) = err {
-        // Not a failure of the parent: becoming leader reconciles every one.
-        return Action::await_change();
-    }
-    let key = context::parent_key(&parent.object);
-    if err.is_outage() {
-        let at = ObjectRef::from_obj_with(parent.as_ref(), ctx.kinds.parent.resource.clone());
-        ctx.outage.failed((key.clone(), at));
-    }
-    let delay = ctx.failures.record(
-        &key,
-        parent.object.metadata.generation,
-        std::time::Instant::now(),
-    );
-    ctx.report_backoff();
-    warn!(rule = %ctx.rule().name, parent = %key, retry_in = ?delay, "reconcile failed: {err}");
-    Action::requeue(delay)
 }
