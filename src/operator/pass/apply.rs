@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use kube::api::{
-    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
 use serde_json::Value;
 use tracing::info;
@@ -72,10 +72,7 @@ pub(in crate::operator) async fn apply_child(
     live: Option<&Value>,
     parent_uid: &str,
 ) -> Result<Applied, Error> {
-    let fail = |source| Error::Apply {
-        key: apply.key.to_string(),
-        source,
-    };
+    let fail = apply_failed(apply);
     let Some(kind) = ctx.child_kind(&apply.key.group, &apply.key.kind) else {
         return Err(Error::Plan(format!("{}: kind not resolved", apply.key)));
     };
@@ -146,30 +143,7 @@ pub(in crate::operator) async fn apply_child(
         // Made as every new child is made (the create-only apply below), but
         // never forced nor applied again: should the object exist it is
         // kept as it is (a `rand_alnum` secret is never re-rolled).
-        ctx.check_write(parent_uid)?;
-        return match create_only(&api, apply, &manager).await {
-            Ok(made) => {
-                ctx.remember_created(&apply.key, parent_uid, &apply.hash);
-                Ok(Applied::written(Outcome::Created, made))
-            }
-            Err(kube::Error::Api(e)) if refused(&e) => {
-                // Ours, and newer than the cache: the pass reads it, or its
-                // status would say the child does not exist yet until some
-                // later event (a restart over a killed process's last
-                // creates hit it).
-                let (existing, _) = whose(&api, apply, adopt, e).await?;
-                if let Some(labelled) =
-                    label_bucket(ctx, &api, apply, &existing, &manager, parent_uid).await?
-                {
-                    return Ok(Applied::written(Outcome::Updated, labelled));
-                }
-                Ok(Applied {
-                    outcome: Outcome::Unchanged,
-                    object: Some(existing),
-                })
-            }
-            Err(source) => Err(fail(source)),
-        };
+        return create_only_child(ctx, &api, apply, adopt, &manager, parent_uid).await;
     }
     match (apply.policy, live) {
         (Policy::CreateOnly, Some(live)) => {
@@ -181,28 +155,7 @@ pub(in crate::operator) async fn apply_child(
             );
         }
         (Policy::Recreate, Some(live)) if live_render_hash(live) != Some(apply.hash.as_str()) => {
-            let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
-            let params = DeleteParams {
-                preconditions: uid.map(|u| Preconditions {
-                    uid: Some(u.to_owned()),
-                    resource_version: None,
-                }),
-                propagation_policy: Some(PropagationPolicy::Background),
-                ..DeleteParams::default()
-            };
-            ctx.check_write(parent_uid)?;
-            api.delete(&apply.key.name, &params)
-                .await
-                .map_err(|source| Error::Delete {
-                    key: apply.key.to_string(),
-                    source,
-                })?;
-            info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
-            // The create follows once the deletion is observed.
-            return Ok(Applied {
-                outcome: Outcome::Updated,
-                object: None,
-            });
+            return recreate(ctx, &api, apply, live, parent_uid).await;
         }
         _ => {}
     }
@@ -235,20 +188,112 @@ pub(in crate::operator) async fn apply_child(
     // Unknown to the caches: most likely new, and made by the create-only
     // apply; refused, it exists: ours after all (made by an earlier
     // process, not cached yet) or adopted, its fields are taken.
-    match create_only(&api, apply, &manager).await {
+    create_or_take(ctx, &api, apply, adopt, &manager, parent_uid).await
+}
+
+/// How a failed apply of `apply` reads.
+fn apply_failed(apply: &Apply) -> impl Fn(kube::Error) -> Error + '_ {
+    |source| Error::Apply {
+        key: apply.key.to_string(),
+        source,
+    }
+}
+
+/// A `createOnly` child the caches do not know: made as every new child is
+/// made, never forced nor applied again.
+async fn create_only_child(
+    ctx: &RuleCtx,
+    api: &Api<DynamicObject>,
+    apply: &Apply,
+    adopt: bool,
+    manager: &str,
+    parent_uid: &str,
+) -> Result<Applied, Error> {
+    let fail = apply_failed(apply);
+    ctx.check_write(parent_uid)?;
+    match create_only(api, apply, manager).await {
+        Ok(made) => {
+            ctx.remember_created(&apply.key, parent_uid, &apply.hash);
+            Ok(Applied::written(Outcome::Created, made))
+        }
+        Err(kube::Error::Api(e)) if refused(&e) => {
+            // Ours, and newer than the cache: the pass reads it, or its
+            // status would say the child does not exist yet until some
+            // later event (a restart over a killed process's last
+            // creates hit it).
+            let (existing, _) = whose(api, apply, adopt, e).await?;
+            if let Some(labelled) =
+                label_bucket(ctx, api, apply, &existing, manager, parent_uid).await?
+            {
+                return Ok(Applied::written(Outcome::Updated, labelled));
+            }
+            Ok(Applied {
+                outcome: Outcome::Unchanged,
+                object: Some(existing),
+            })
+        }
+        Err(source) => Err(fail(source)),
+    }
+}
+
+/// `recreate`: a live child whose rendering changed is deleted; the create
+/// follows once the deletion is observed.
+async fn recreate(
+    ctx: &RuleCtx,
+    api: &Api<DynamicObject>,
+    apply: &Apply,
+    live: &Value,
+    parent_uid: &str,
+) -> Result<Applied, Error> {
+    let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
+    let params = DeleteParams {
+        preconditions: uid.map(|u| Preconditions {
+            uid: Some(u.to_owned()),
+            resource_version: None,
+        }),
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    ctx.check_write(parent_uid)?;
+    api.delete(&apply.key.name, &params)
+        .await
+        .map_err(|source| Error::Delete {
+            key: apply.key.to_string(),
+            source,
+        })?;
+    info!(rule = %ctx.rule().name, object = %apply.key, "deleted to recreate with a changed rendering");
+    // The create follows once the deletion is observed.
+    Ok(Applied {
+        outcome: Outcome::Updated,
+        object: None,
+    })
+}
+
+/// A child unknown to the caches: the create-only apply, then, refused
+/// (it exists, and is ours or adopted), a forced apply.
+async fn create_or_take(
+    ctx: &RuleCtx,
+    api: &Api<DynamicObject>,
+    apply: &Apply,
+    adopt: bool,
+    manager: &str,
+    parent_uid: &str,
+) -> Result<Applied, Error> {
+    let fail = apply_failed(apply);
+    match create_only(api, apply, manager).await {
         Ok(written) => {
             ctx.remember_created(&apply.key, parent_uid, &apply.hash);
             Ok(Applied::written(Outcome::Created, written))
         }
         Err(kube::Error::Api(e)) if refused(&e) => {
-            let (_, e) = whose(&api, apply, adopt, e).await?;
+            let (_, e) = whose(api, apply, adopt, e).await?;
             if e.code == 422 {
                 return Err(fail(kube::Error::Api(e)));
             }
             let written = api
                 .patch(
                     &apply.key.name,
-                    &PatchParams::apply(&manager).force(),
+                    &PatchParams::apply(manager).force(),
                     &Patch::Apply(&apply.object),
                 )
                 .await

@@ -116,28 +116,7 @@ async fn once(
 ) -> Result<(), kube::Error> {
     let newest = ctx.rule();
     let Some(settings) = newest.rollout.clone() else {
-        publish(ctx, None, None);
-        if ctx.shared.gate.may_write() && ctx.versions.needs_clearing(&newest.revision) {
-            let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
-            let deleted = match versions::delete_all(client, ns, &newest.name).await {
-                Ok(deleted) => deleted,
-                Err(kube::Error::Api(e)) if e.code == 403 => {
-                    // `trellis rbac` grants ConfigMaps in the operator's
-                    // namespace only while some rule has `rollout:`, and the
-                    // preflight does not ask for them for a rule without
-                    // it: said once, not retried every tick.
-                    info!(rule = %newest.name, namespace = ns, "rollout: not looking for leftover revision ConfigMaps of the rule: the operator may not list ConfigMaps in its namespace (any left stay)");
-                    ctx.versions.cleared(&newest.revision);
-                    return Ok(());
-                }
-                Err(err) => return Err(err),
-            };
-            if deleted > 0 {
-                info!(rule = %newest.name, deleted, "rollout: the rule has no rollout: any more; its revision ConfigMaps deleted");
-            }
-            ctx.versions.cleared(&newest.revision);
-        }
-        return Ok(());
+        return without_rollout(ctx, &newest).await;
     };
     // On a half-listed cache the order and N would be wrong, and a restart
     // could move parents that are not due: wait for the first full list
@@ -216,22 +195,7 @@ async fn once(
             None => return Ok(()),
         }
     };
-    let input = match decision {
-        Some((what, token)) => {
-            record.handled.push(token);
-            let keep = record.handled.len().saturating_sub(10);
-            record.handled.drain(..keep);
-            match what.as_str() {
-                "promote" => Input::Promote,
-                "abort" => Input::Abort,
-                other => {
-                    warn!(rule = %newest.name, "rollout: unknown decision `{other}` ignored");
-                    Input::Tick
-                }
-            }
-        }
-        None => Input::Tick,
-    };
+    let input = decision_input(&mut record, decision, &newest.name);
     let parents: Vec<Arc<ParentObject>> = ctx.parents.state();
     let views: Vec<ParentView> = parents
         .iter()
@@ -269,6 +233,54 @@ async fn once(
     }
     publish(ctx, Some(&settings), Some(&record));
     Ok(())
+}
+
+/// A rule without `rollout:` (any more): nothing to publish, and its
+/// leftover revision ConfigMaps, once, deleted.
+async fn without_rollout(ctx: &RuleCtx, newest: &CompiledRule) -> Result<(), kube::Error> {
+    publish(ctx, None, None);
+    if ctx.shared.gate.may_write() && ctx.versions.needs_clearing(&newest.revision) {
+        let (client, ns) = (&ctx.shared.client, ctx.shared.operator_namespace.as_str());
+        let deleted = match versions::delete_all(client, ns, &newest.name).await {
+            Ok(deleted) => deleted,
+            Err(kube::Error::Api(e)) if e.code == 403 => {
+                // `trellis rbac` grants ConfigMaps in the operator's
+                // namespace only while some rule has `rollout:`, and the
+                // preflight does not ask for them for a rule without
+                // it: said once, not retried every tick.
+                info!(rule = %newest.name, namespace = ns, "rollout: not looking for leftover revision ConfigMaps of the rule: the operator may not list ConfigMaps in its namespace (any left stay)");
+                ctx.versions.cleared(&newest.revision);
+                return Ok(());
+            }
+            Err(err) => return Err(err),
+        };
+        if deleted > 0 {
+            info!(rule = %newest.name, deleted, "rollout: the rule has no rollout: any more; its revision ConfigMaps deleted");
+        }
+        ctx.versions.cleared(&newest.revision);
+    }
+    Ok(())
+}
+
+/// The input of this step: a decision not handled yet (remembered as
+/// handled, the last ten), or a tick.
+fn decision_input(record: &mut Record, decision: Option<(String, String)>, rule: &str) -> Input {
+    match decision {
+        Some((what, token)) => {
+            record.handled.push(token);
+            let keep = record.handled.len().saturating_sub(10);
+            record.handled.drain(..keep);
+            match what.as_str() {
+                "promote" => Input::Promote,
+                "abort" => Input::Abort,
+                other => {
+                    warn!(rule = %rule, "rollout: unknown decision `{other}` ignored");
+                    Input::Tick
+                }
+            }
+        }
+        None => Input::Tick,
+    }
 }
 
 /// What the rollout sees of a parent.
