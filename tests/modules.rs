@@ -238,13 +238,12 @@ fn cycle_through(graph: &Graph, start: &str) -> Option<Vec<String>> {
     walk(graph, start, start, &mut path, &mut BTreeSet::new()).then_some(path)
 }
 
-#[test]
-fn top_level_modules_of_the_binary_crate_import_without_a_cycle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let graph = module_graph(&src);
-    let cycles: BTreeSet<String> = graph
+/// Every cycle of `graph`, one line each: the modules along it and, per
+/// step, the first file that makes it.
+fn cycles(graph: &Graph) -> Vec<String> {
+    graph
         .keys()
-        .filter_map(|m| cycle_through(&graph, m))
+        .filter_map(|m| cycle_through(graph, m))
         .map(|path| {
             let mut steps = Vec::new();
             for (i, from) in path.iter().enumerate() {
@@ -258,12 +257,24 @@ fn top_level_modules_of_the_binary_crate_import_without_a_cycle() {
         })
         .collect::<BTreeMap<_, _>>()
         .into_values()
-        .collect();
-    assert!(
-        cycles.is_empty(),
-        "import cycles:\n{}",
-        cycles.into_iter().collect::<Vec<_>>().join("\n")
-    );
+        .collect()
+}
+
+#[test]
+fn top_level_modules_of_the_binary_crate_import_without_a_cycle() {
+    let cycles = cycles(&module_graph(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+    ));
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+#[ignore = "the core's cycles are being untied on their own branch (issue 30)"]
+fn top_level_modules_of_the_core_crate_import_without_a_cycle() {
+    let cycles = cycles(&module_graph(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/trellis-core/src"),
+    ));
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
 }
 
 #[test]

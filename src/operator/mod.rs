@@ -26,8 +26,9 @@
 //! (who may write: the leader gate and the shards runtime), `rollout/`
 //! (staged rollouts at run time), `identity/` (the account a rule writes
 //! as, and the preflight). At the top: this file (`run`, the reload loop),
-//! `supervisor` (the running rule set), `controller` (one rule's life),
-//! `context` (what one rule's passes share), and what every room uses:
+//! `supervisor` (the running rule set), `controller/` (one rule's life;
+//! `running.rs` its watches wired into kube's `Controller`), `context`
+//! (what one rule's passes share), and what every room uses:
 //! `home` (the operator's namespace), `crds` (`--manage-crds`), `requests`
 //! (the counting client), `retry` (backoff).
 

@@ -6,6 +6,9 @@
 //!     ▲  CRD change / retry      │ missing verb                │ shutdown
 //!     └──────────────────────────┘ (inactive, retried)         ▼ done
 //! ```
+//!
+//! This file is the life; `running.rs` the running state (the watches, the
+//! queue, the context the passes share).
 
 mod running;
 
