@@ -103,7 +103,7 @@ fn changes_of<T: Send + Sync + 'static>(
 
 /// Parents whose pass failed while the API server could not serve,
 /// handed back with their holds lifted as soon as it serves again (see
-/// [`Outage`]): a watch that resumes after the outage brings them nothing.
+/// [`Outage`](crate::operator::retry::Outage)): a watch that resumes after the outage brings them nothing.
 pub(in crate::operator) fn recovered(
     ctx: Arc<RuleCtx>,
 ) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {

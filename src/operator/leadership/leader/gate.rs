@@ -37,7 +37,7 @@ impl Gate {
         }
     }
 
-    /// Closed until an [`Elector`] opens it.
+    /// Closed until an [`Elector`](super::Elector) opens it.
     pub fn closed() -> Gate {
         Gate {
             tx: Arc::new(watch::channel(false).0),
