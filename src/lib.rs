@@ -15,7 +15,7 @@
 
 pub use trellis_core::{
     clock, conform, crd, drift, field_path, graph, kinds, manifests, offline, pass, plan, rbac,
-    render, rollout, rules, shard, status, yaml,
+    related_watches, render, rollout, rules, shard, status, yaml,
 };
 
 pub mod cli;

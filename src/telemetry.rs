@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tracing::warn;
 
 mod endpoints;
@@ -130,161 +130,149 @@ pub struct KindLabel {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("trellis");
-        let reconciles = Family::<ResultLabel, Counter>::default();
-        registry.register(
-            "reconciles",
-            "Reconcile passes by rule and result (ok, error)",
-            reconciles.clone(),
-        );
-        let reconcile_seconds = Family::<RuleLabel, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.001, 2.0, 16))
-        });
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time of one reconcile pass",
-            reconcile_seconds.clone(),
-        );
-        let child_ops = Family::<OpLabel, Counter>::default();
-        registry.register(
-            "child_operations",
-            "Child API operations by rule and op (create, update, unchanged, delete)",
-            child_ops.clone(),
-        );
-        let status_writes = Family::<RuleLabel, Counter>::default();
-        registry.register(
-            "status_writes",
-            "Parent status patches (unchanged status is never written)",
-            status_writes.clone(),
-        );
-        let reloads = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "rule_reloads",
-            "Rule set reloads by result (success, failure)",
-            reloads.clone(),
-        );
-        let reload_ok = Gauge::default();
-        registry.register(
-            "rule_reload_last_success",
-            "1 when the last rule change loaded, 0 when it was rejected",
-            reload_ok.clone(),
-        );
-        reload_ok.set(1);
-        let rules_running = Gauge::default();
-        registry.register(
-            "rules_running",
-            "Rules whose watches are running",
-            rules_running.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader Lease and writes (always 1 without --leader-elect)",
-            leader.clone(),
-        );
-        leader.set(1);
-        let shard_buckets = Gauge::default();
-        registry.register(
-            "shard_buckets",
-            "With --shards: the buckets (of 256) whose parents this replica writes now",
-            shard_buckets.clone(),
-        );
-        let shard_generation = Gauge::default();
-        registry.register(
-            "shard_generation",
-            "With --shards: the generation of the bucket assignment this replica has applied",
-            shard_generation.clone(),
-        );
-        let shard_members = Gauge::default();
-        registry.register(
-            "shard_members",
-            "With --shards: live members of the ring, as this replica sees them",
-            shard_members.clone(),
-        );
-        let parents_in_backoff = Family::<RuleLabel, Gauge>::default();
-        registry.register(
-            "parents_in_backoff",
-            "Parents whose last pass failed, waiting out their backoff",
-            parents_in_backoff.clone(),
-        );
-        let api_errors = Family::<ApiErrorLabel, Counter>::default();
-        registry.register(
-            "api_errors",
-            "Failed API requests by rule and HTTP status code",
-            api_errors.clone(),
-        );
-        let undecodable = Family::<KindLabel, Counter>::default();
-        registry.register(
-            "undecodable_objects",
-            "Objects skipped because they could not be decoded (too deep, malformed)",
-            undecodable.clone(),
-        );
-        let rule_rejected = Family::<RuleLabel, Gauge>::default();
-        registry.register(
-            "rule_rejected",
-            "1 for a rule whose last change was rejected (it runs its last good version, or not at all)",
-            rule_rejected.clone(),
-        );
-        let api_requests = Family::<RequestLabel, Counter>::default();
-        registry.register(
-            "api_requests",
-            "Requests sent to the API server by verb and resource (watches included)",
-            api_requests.clone(),
-        );
-        let events = Family::<EventLabel, Counter>::default();
-        registry.register(
-            "events",
-            "Events written by rule and reason",
-            events.clone(),
-        );
-        let account_denied = Family::<RuleLabel, Gauge>::default();
-        registry.register(
-            "rule_account_denied",
-            "1 for a rule held Inactive by its ServiceAccount: missing, not impersonable, or denied a read the rule needs",
-            account_denied.clone(),
-        );
-        let rule_state = Family::<RuleStateLabel, Gauge>::default();
-        registry.register(
-            "rule_state",
-            "1 for each rule's current state: running, waiting (a kind it names is not served) or inactive (a permission or its account is missing)",
-            rule_state.clone(),
-        );
-        let rollout_parents = Family::<RevisionLabel, Gauge>::default();
-        registry.register(
-            "rollout_parents",
-            "Parents on each live revision of a rule with rollout:",
-            rollout_parents.clone(),
-        );
-        let rollout_state = Family::<PhaseLabel, Gauge>::default();
-        registry.register(
-            "rollout_state",
-            "1 for the state of a rule's rollout (Progressing, Paused, Halted, RolledBack, Complete), 0 for the others",
-            rollout_state.clone(),
-        );
-        Metrics {
-            rule_state,
-            rollout_parents,
-            rollout_state,
-            account_denied,
-            api_requests,
-            events,
-            rule_rejected,
-            parents_in_backoff,
-            api_errors,
-            undecodable,
+        let r = &mut registry;
+        // Registered in this order, which is the order `/metrics` lists them in.
+        let metrics = Metrics {
+            reconciles: registered(
+                r,
+                "reconciles",
+                "Reconcile passes by rule and result (ok, error)",
+                Family::<ResultLabel, Counter>::default(),
+            ),
+            reconcile_seconds: registered(
+                r,
+                "reconcile_duration_seconds",
+                "Time of one reconcile pass",
+                Family::<RuleLabel, Histogram>::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+                }),
+            ),
+            child_ops: registered(
+                r,
+                "child_operations",
+                "Child API operations by rule and op (create, update, unchanged, delete)",
+                Family::<OpLabel, Counter>::default(),
+            ),
+            status_writes: registered(
+                r,
+                "status_writes",
+                "Parent status patches (unchanged status is never written)",
+                Family::<RuleLabel, Counter>::default(),
+            ),
+            reloads: registered(
+                r,
+                "rule_reloads",
+                "Rule set reloads by result (success, failure)",
+                Family::<OutcomeLabel, Counter>::default(),
+            ),
+            reload_ok: registered(
+                r,
+                "rule_reload_last_success",
+                "1 when the last rule change loaded, 0 when it was rejected",
+                Gauge::default(),
+            ),
+            rules_running: registered(
+                r,
+                "rules_running",
+                "Rules whose watches are running",
+                Gauge::default(),
+            ),
+            leader: registered(
+                r,
+                "leader",
+                "1 while this replica holds the leader Lease and writes (always 1 without --leader-elect)",
+                Gauge::default(),
+            ),
+            shard_buckets: registered(
+                r,
+                "shard_buckets",
+                "With --shards: the buckets (of 256) whose parents this replica writes now",
+                Gauge::default(),
+            ),
+            shard_generation: registered(
+                r,
+                "shard_generation",
+                "With --shards: the generation of the bucket assignment this replica has applied",
+                Gauge::default(),
+            ),
+            shard_members: registered(
+                r,
+                "shard_members",
+                "With --shards: live members of the ring, as this replica sees them",
+                Gauge::default(),
+            ),
+            parents_in_backoff: registered(
+                r,
+                "parents_in_backoff",
+                "Parents whose last pass failed, waiting out their backoff",
+                Family::<RuleLabel, Gauge>::default(),
+            ),
+            api_errors: registered(
+                r,
+                "api_errors",
+                "Failed API requests by rule and HTTP status code",
+                Family::<ApiErrorLabel, Counter>::default(),
+            ),
+            undecodable: registered(
+                r,
+                "undecodable_objects",
+                "Objects skipped because they could not be decoded (too deep, malformed)",
+                Family::<KindLabel, Counter>::default(),
+            ),
+            rule_rejected: registered(
+                r,
+                "rule_rejected",
+                "1 for a rule whose last change was rejected (it runs its last good version, or not at all)",
+                Family::<RuleLabel, Gauge>::default(),
+            ),
+            api_requests: registered(
+                r,
+                "api_requests",
+                "Requests sent to the API server by verb and resource (watches included)",
+                Family::<RequestLabel, Counter>::default(),
+            ),
+            events: registered(
+                r,
+                "events",
+                "Events written by rule and reason",
+                Family::<EventLabel, Counter>::default(),
+            ),
+            account_denied: registered(
+                r,
+                "rule_account_denied",
+                "1 for a rule held Inactive by its ServiceAccount: missing, not impersonable, or denied a read the rule needs",
+                Family::<RuleLabel, Gauge>::default(),
+            ),
+            rule_state: registered(
+                r,
+                "rule_state",
+                "1 for each rule's current state: running, waiting (a kind it names is not served) or inactive (a permission or its account is missing)",
+                Family::<RuleStateLabel, Gauge>::default(),
+            ),
+            rollout_parents: registered(
+                r,
+                "rollout_parents",
+                "Parents on each live revision of a rule with rollout:",
+                Family::<RevisionLabel, Gauge>::default(),
+            ),
+            rollout_state: registered(
+                r,
+                "rollout_state",
+                "1 for the state of a rule's rollout (Progressing, Paused, Halted, RolledBack, Complete), 0 for the others",
+                Family::<PhaseLabel, Gauge>::default(),
+            ),
             registry,
-            reconciles,
-            reconcile_seconds,
-            child_ops,
-            status_writes,
-            reloads,
-            reload_ok,
-            rules_running,
-            leader,
-            shard_buckets,
-            shard_generation,
-            shard_members,
-        }
+        };
+        metrics.reload_ok.set(1);
+        metrics.leader.set(1);
+        metrics
     }
+}
+
+/// Registers `metric` under `name` and hands it back.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 impl Metrics {

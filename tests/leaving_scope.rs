@@ -204,7 +204,7 @@ async fn under_shards_a_parent_that_leaves_the_selector_is_released_by_its_bucke
     options.instance = "test".into();
     options.operator_namespace = ns.name().to_owned();
     options.shards = true;
-    let mut election = trellis::operator::leader::Settings::new(
+    let mut election = trellis::operator::leadership::leader::Settings::new(
         &support::unique_name("lease"),
         ns.name(),
         "only-replica",

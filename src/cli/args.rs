@@ -104,8 +104,10 @@ pub struct LeaderElection {
 impl LeaderElection {
     /// The election's settings; `None` without `--leader-elect`; an error
     /// naming the flag when a value cannot work.
-    pub fn settings(&self) -> Result<Option<crate::operator::leader::Settings>, String> {
-        use crate::operator::leader;
+    pub fn settings(
+        &self,
+    ) -> Result<Option<crate::operator::leadership::leader::Settings>, String> {
+        use crate::operator::leadership::leader;
         if !self.leader_elect {
             return Ok(None);
         }
@@ -444,7 +446,9 @@ mod leader_flags {
 
     use super::{Cli, Command};
 
-    fn settings(args: &[&str]) -> Result<Option<crate::operator::leader::Settings>, String> {
+    fn settings(
+        args: &[&str],
+    ) -> Result<Option<crate::operator::leadership::leader::Settings>, String> {
         let argv = ["trellis", "run", "--rules", "rules"].iter().chain(args);
         match Cli::try_parse_from(argv)
             .map_err(|e| e.to_string())?

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::{load, print_out};
-use crate::operator::versions;
+use crate::operator::rollout::versions;
 use crate::render::Limits;
 use crate::rules::{CompiledRule, RuleSet};
 use crate::yaml;

@@ -12,7 +12,7 @@ use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 use super::print_out;
-use crate::operator::versions::{LABEL_REVISION_OF, Stored};
+use crate::operator::rollout::versions::{LABEL_REVISION_OF, Stored};
 use crate::rollout::{Pause, Phase, Settings};
 use crate::rules::model::RolloutSpec;
 
@@ -63,7 +63,7 @@ pub fn rollout(action: Action, operator_namespace: Option<String>) -> ExitCode {
                 } else {
                     "abort"
                 };
-                let name = crate::operator::versions::decide(&client, &home, rule, what).await?;
+                let name = crate::operator::rollout::versions::decide(&client, &home, rule, what).await?;
                 Ok(format!(
                     "{what} of rule {rule} recorded on ConfigMap {home}/{name}; the leader acts on it within seconds\n"
                 ))

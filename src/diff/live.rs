@@ -95,11 +95,9 @@ impl Kinds {
     }
 }
 
+/// The operator's choice of a namespaced or cluster-wide `Api`.
 fn api(client: &Client, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
-    match (kind.namespaced, namespace) {
-        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &*kind.resource),
-        _ => Api::all_with(client.clone(), &*kind.resource),
-    }
+    kind.api(client.clone(), namespace)
 }
 
 /// An object as JSON, with its apiVersion/kind (list items may lack them).

@@ -1,7 +1,7 @@
 //! What one rule's reconciles share: the caches, the clients, the
 //! bookkeeping (backoff, warned status paths) and the errors a pass reports.
 //!
-//! The pass itself is in [`super::reconcile`]; applying a child, writing
+//! The pass itself is in [`super::pass::reconcile`]; applying a child, writing
 //! status and finalizing are in their own modules.
 
 use std::collections::{BTreeSet, HashMap};
@@ -16,10 +16,10 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::Shared;
-use super::compact::{ByParent, CompactObject};
-use super::decode::ParentObject;
-use super::discovery::{Resolved, RuleKinds};
 use super::lock;
+use super::watches::compact::{ByParent, CompactObject};
+use super::watches::decode::ParentObject;
+use super::watches::discovery::{Resolved, RuleKinds};
 use crate::plan::ObjectKey;
 use crate::rules::CompiledRule;
 use kube::runtime::reflector::ObjectRef;
@@ -29,7 +29,7 @@ pub struct RuleCtx {
     /// The rule as currently loaded; a reload swaps it in place.
     pub rules: watch::Receiver<Arc<CompiledRule>>,
     /// The versions parents may be on during a staged rollout (`rollout:`).
-    pub versions: Arc<super::versions::Versions>,
+    pub versions: Arc<super::rollout::versions::Versions>,
     pub kinds: RuleKinds,
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
@@ -37,8 +37,8 @@ pub struct RuleCtx {
     /// The parent cache.
     pub parents: Store<ParentObject>,
     /// Parents that may have left the rule's scope, to release (see
-    /// [`super::released`]).
-    pub released: super::released::Sender,
+    /// [`super::pass::released`]).
+    pub released: super::pass::released::Sender,
     /// Consecutive failures per parent: backoff and Warning dedup.
     pub failures: super::retry::Failures,
     /// Parents whose pass failed for want of the API server, retried once
@@ -48,7 +48,7 @@ pub struct RuleCtx {
     /// Status paths already reported as dropped by the API server.
     pub warned: Mutex<BTreeSet<String>>,
     /// The related caches and the index of what each parent read.
-    pub related: Arc<super::related::Caches>,
+    pub related: Arc<super::watches::related::Caches>,
     /// True once every child and related cache has listed (see [`caches_ready`]).
     pub caches_ready: watch::Receiver<bool>,
     /// Cancelled when the rule's watches stop: nothing may wait past it.
@@ -65,7 +65,7 @@ pub struct RuleCtx {
     /// cached one (which would write the same status, and Event, again).
     pub written: Mutex<HashMap<String, Written>>,
     /// What this process last sent of each parent's patches.
-    pub patches: super::patch::Memo,
+    pub patches: super::pass::patch_writes::Memo,
     /// The client of the rule's child writes ([`RuleCtx::api_for`]): its
     /// account's, or the operator's own.
     pub writer: kube::Client,
@@ -175,7 +175,7 @@ pub enum Error {
     Finalizer(#[source] kube::Error),
     /// The gate closed (leadership lost or shutdown): the pass stops writing.
     #[error(transparent)]
-    NotLeader(#[from] super::leader::NotLeader),
+    NotLeader(#[from] super::leadership::leader::NotLeader),
     /// A child write the rule's account may not make (403), by
     /// [`super::identity::refusal`]: account, verb, resource, namespace.
     #[error("{doing} {key}: {refusal}")]
@@ -354,11 +354,7 @@ impl RuleCtx {
     /// account's client when it has one ([`super::identity`]), else the
     /// operator's own.
     pub(super) fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
-        let client = self.writer.clone();
-        match (kind.namespaced, namespace) {
-            (true, Some(ns)) => Api::namespaced_with(client, ns, &*kind.resource),
-            _ => Api::all_with(client, &*kind.resource),
-        }
+        kind.api(self.writer.clone(), namespace)
     }
 
     /// A child write refused to the rule's account, named as such (see
@@ -387,11 +383,8 @@ impl RuleCtx {
     /// Responses decode as [`ParentObject`]: a parent too deep to decode
     /// can still be written to.
     pub(super) fn parent_api(&self, parent: &DynamicObject) -> Api<ParentObject> {
-        let (client, kind) = (self.shared.client.clone(), &self.kinds.parent);
-        match (kind.namespaced, parent.namespace()) {
-            (true, Some(ns)) => Api::namespaced_with(client, &ns, &kind.resource),
-            _ => Api::all_with(client, &kind.resource),
-        }
+        let namespace = parent.namespace();
+        (self.kinds.parent).api(self.shared.client.clone(), namespace.as_deref())
     }
 
     pub(super) fn child_kind(&self, group: &str, kind: &str) -> Option<&Resolved> {
@@ -493,7 +486,10 @@ impl RuleCtx {
 
     /// Whether this replica may write for the parent with `parent_uid` now:
     /// the leader, or under `--shards` the writer of the parent's bucket.
-    pub(super) fn check_write(&self, parent_uid: &str) -> Result<(), super::leader::NotLeader> {
+    pub(super) fn check_write(
+        &self,
+        parent_uid: &str,
+    ) -> Result<(), super::leadership::leader::NotLeader> {
         self.shared.check_parent_write(parent_uid)
     }
 

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::leader::Gate;
+use super::leadership::leader::Gate;
 use crate::rules::RuleSet;
 
 /// How long one CRD may take to become Established before we log and move on.

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use super::leader::SERVICE_ACCOUNT_NAMESPACE;
+use super::leadership::leader::SERVICE_ACCOUNT_NAMESPACE;
 
 /// The namespace `trellis run` (and the CLI commands that talk to the
 /// operator's objects) use; `flag` is `--operator-namespace`.

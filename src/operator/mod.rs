@@ -1,52 +1,54 @@
 //! `trellis run`: the operator, the imperative shell around `plan`.
 //!
 //! ```text
-//!  rules dir ──reload (watch + poll, validate)──▶ Supervisor: start / stop / restart / update rules
+//!  rules dir ──reload (watch + poll, validate)──▶ supervisor: start / stop / restart / update rules
 //!                                                     │
-//!  RuleSet ──▶ one task per rule ──resolve kinds (discovery)──▶ waiting ◀── CRD watch wakes it
-//!                    │                      └─preflight (SelfSubjectAccessReview)─▶ inactive
+//!  RuleSet ──▶ one task per rule (controller) ──resolve kinds (watches::discovery)──▶ waiting ◀── CRD watch
+//!                    │                      └─preflight (identity: SelfSubjectAccessReview)─▶ inactive
 //!                    ▼
-//!          kube Controller: parent watch + child watches (label trellis.dev/rule)
-//!                    │ queue: dedup per parent, per-key backoff, shared concurrency limit
+//!          watches/: parent watch + child watches (label trellis.dev/rule) + related caches
+//!                    │ queue: dedup per parent, per-key backoff (retry), shared concurrency limit
 //!                    ▼
-//!          reconcile: caches → plan() → apply / delete / status / Events
+//!          pass/: reconcile: caches → plan() → apply / delete / patches / status / Events
+//!                    ▲ every write asks leadership/ (leader gate, --shards buckets)
+//!          rollout/: the leader's tick of a staged rollout, its versions in ConfigMaps
 //! ```
 //!
 //! Each rule runs on its own, so a rule whose CRD is missing, or which lacks
 //! a permission, never holds up the others. With `--leader-elect` every write
-//! goes through one gate ([`leader::Gate`]), open only on the replica that
-//! holds the Lease; the others run the same watches and write nothing.
+//! goes through one gate ([`leadership::leader::Gate`]), open only on the
+//! replica that holds the Lease; the others run the same watches and write
+//! nothing.
+//!
+//! The rooms, one entry file each: `watches/` (what the operator knows of
+//! the cluster: discovery, watches, caches, related reads, triggers),
+//! `pass/` (one pass over one parent and what it writes), `leadership/`
+//! (who may write: the leader gate and the shards runtime), `rollout/`
+//! (staged rollouts at run time), `identity/` (the account a rule writes
+//! as, and the preflight). At the top: this file (`run`, the reload loop),
+//! `supervisor` (the running rule set), `controller/` (one rule's life;
+//! `running.rs` its watches wired into kube's `Controller`), `context`
+//! (what one rule's passes share), and what every room uses:
+//! `home` (the operator's namespace), `crds` (`--manage-crds`), `requests`
+//! (the counting client), `retry` (backoff).
 
-mod access;
-mod apply;
-mod by_uid;
-mod compact;
 mod context;
 mod controller;
 pub mod crds;
-mod decode;
-pub mod discovery;
-mod finalize;
 pub mod home;
 pub mod identity;
-pub mod leader;
-mod patch;
-mod reconcile;
-pub mod related;
-mod release;
-mod released;
-mod relisted;
+pub mod leadership;
+mod pass;
 mod requests;
 mod retry;
-mod revision_watch;
-mod rollout;
-pub mod shards;
-mod status_write;
-mod summary;
+pub mod rollout;
 mod supervisor;
-mod triggers;
-pub mod versions;
-mod watches;
+pub mod watches;
+
+// `trellis diff` and the CLI reach these by the names they had before the
+// operator had rooms.
+pub use rollout::versions;
+pub use watches::discovery;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -65,11 +67,13 @@ use tracing::{info, warn};
 
 use crate::render::Limits;
 use crate::rules::RuleSet;
+use leadership::{leader, shards};
+use pass::summary;
 
 pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
 /// What a pass decides about an existing object, shared with `trellis diff`.
-pub use apply::{foreign_owner, live_render_hash};
-pub use status_write::status_patch;
+pub use pass::apply::{foreign_owner, live_render_hash};
+pub use pass::status_write::status_patch;
 
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";

@@ -22,9 +22,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::decode::ParentObject;
-use super::discovery::{Resolved, RuleKinds};
-use super::{FINALIZER, Shared, controller, discovery};
+use super::watches::decode::ParentObject;
+use super::watches::discovery::{Resolved, RuleKinds};
+use super::{FINALIZER, Shared, controller, watches::discovery};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::reload::{self, Change};
 use crate::rules::model::OnRuleRemoved;
@@ -151,7 +151,7 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
     // Retained children are released whatever onRuleRemoved says, and
     // with `delete` the parents' patch contributions too.
     let delete = rule.rule.spec.on_rule_removed == OnRuleRemoved::Delete;
-    super::release::after_rule_removed(shared, rule, &kinds, &parents, delete).await;
+    super::pass::release::after_rule_removed(shared, rule, &kinds, &parents, delete).await;
     if delete {
         let reason = "rule removed, onRuleRemoved: delete";
         delete_children(shared, rule, &kinds.children, &parents, reason).await;
@@ -168,7 +168,7 @@ async fn delete_revisions(shared: &Shared, rule: &CompiledRule) {
         return;
     }
     let ns = shared.operator_namespace.as_str();
-    match super::versions::delete_all(&shared.client, ns, &rule.name).await {
+    match super::rollout::versions::delete_all(&shared.client, ns, &rule.name).await {
         Ok(0) => {}
         Ok(deleted) => {
             info!(rule = %rule.name, deleted, namespace = ns, "rule removed: its revision ConfigMaps deleted")
@@ -216,7 +216,7 @@ async fn on_rule_restarted(shared: &Shared, old: &CompiledRule, new: &CompiledRu
         .filter(|k| old.patches.iter().any(|p| p.gvk == k.gvk) && !kept(&k.gvk))
         .cloned()
         .collect();
-    super::release::release_contributions(shared, old, &unpatched, &parents).await;
+    super::pass::release::release_contributions(shared, old, &unpatched, &parents).await;
     let dropped: Vec<Resolved> = kinds
         .children
         .into_iter()
@@ -281,13 +281,12 @@ pub(super) async fn list_in(
         })
     };
     if !kind.namespaced || scopes.contains(&None) {
-        let api: Api<ParentObject> = Api::all_with(shared.client.clone(), &kind.resource);
+        let api: Api<ParentObject> = kind.api(shared.client.clone(), None);
         return Ok(objects(api.list(params).await?).collect());
     }
     let mut out = Vec::new();
     for ns in scopes.iter().flatten() {
-        let api: Api<ParentObject> =
-            Api::namespaced_with(shared.client.clone(), ns, &kind.resource);
+        let api: Api<ParentObject> = kind.api(shared.client.clone(), Some(ns));
         out.extend(objects(api.list(params).await?));
     }
     Ok(out)
@@ -300,10 +299,7 @@ fn api_for(shared: &Shared, kind: &Resolved, obj: &DynamicObject) -> Api<ParentO
 
 /// Like [`api_for`], on `client` (a rule's account's, for its children).
 fn api_on(client: &kube::Client, kind: &Resolved, obj: &DynamicObject) -> Api<ParentObject> {
-    match obj.namespace() {
-        Some(ns) if kind.namespaced => Api::namespaced_with(client.clone(), &ns, &kind.resource),
-        _ => Api::all_with(client.clone(), &kind.resource),
-    }
+    kind.api(client.clone(), obj.namespace().as_deref())
 }
 
 /// Deletes the rule's children of `kinds` that belong to `parents`.
@@ -328,10 +324,7 @@ async fn delete_children(
         .client(rule.rule.spec.service_account_name.as_deref());
     for kind in kinds {
         // Children the rule may place anywhere are looked for everywhere.
-        let anywhere = rule
-            .children
-            .iter()
-            .any(|c| c.gvk == kind.gvk && c.spec.allow_cross_namespace);
+        let anywhere = super::watches::children_anywhere(rule, &kind.gvk);
         let scopes = if anywhere {
             vec![None]
         } else {
@@ -360,13 +353,10 @@ async fn delete_children(
                 .map(String::as_str)
                 == Some(crate::plan::RETAIN)
             {
-                let api = match child.namespace() {
-                    Some(ns) if kind.namespaced => {
-                        Api::<DynamicObject>::namespaced_with(writer.clone(), &ns, &kind.resource)
-                    }
-                    _ => Api::<DynamicObject>::all_with(writer.clone(), &kind.resource),
-                };
-                if let Err(err) = super::release::release_child(&api, &child.name_any()).await {
+                let api: Api<DynamicObject> =
+                    kind.api(writer.clone(), child.namespace().as_deref());
+                if let Err(err) = super::pass::release::release_child(&api, &child.name_any()).await
+                {
                     warn!(rule = %rule.name, name = %child.name_any(), "cannot release retained child: {err}");
                 }
                 continue;

@@ -75,7 +75,7 @@ fn watches_differ(a: &Arc<CompiledRule>, b: &Arc<CompiledRule>) -> bool {
         || a.rule.spec.service_account_name != b.rule.spec.service_account_name
         || child_kinds(a) != child_kinds(b)
         || permissions(a) != permissions(b)
-        || crate::operator::related::watch_specs(a) != crate::operator::related::watch_specs(b)
+        || crate::related_watches::watch_specs(a) != crate::related_watches::watch_specs(b)
 }
 
 #[cfg(test)]

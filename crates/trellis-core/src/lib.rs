@@ -23,6 +23,7 @@ pub mod offline;
 pub mod pass;
 pub mod plan;
 pub mod rbac;
+pub mod related_watches;
 pub mod render;
 pub mod rollout;
 pub mod rules;

@@ -1,0 +1,358 @@
+//! Children as the caches keep them: typed metadata, and everything else as
+//! the JSON text the API server sent.
+//!
+//! A cached child is read by a pass of its own parent only, while every
+//! child of every parent stays in memory. As a `serde_json::Value` (with
+//! `preserve_order`) a 1.9 KB Deployment takes 14.4 KB of heap; as text it
+//! takes what it weighs. So the caches hold text, and a pass parses the few
+//! objects it reads. Metadata stays typed: the trigger mapper and the label
+//! checks read it on every event.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kube::api::ObjectMeta;
+use kube::core::TypeMeta;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::plan::LABEL_PARENT_UID;
+
+/// One cached child.
+#[derive(Debug, Clone)]
+pub struct CompactObject {
+    pub types: Option<TypeMeta>,
+    /// For a child, only what the caches and the trigger mapper read
+    /// (name, namespace, uid, resourceVersion, generation, ownerReferences):
+    /// labels and annotations are in `meta`. Whole for a parent (see
+    /// [`CompactObject::from_fields_whole`]).
+    pub metadata: ObjectMeta,
+    /// The whole `metadata` (less `managedFields` and kubectl's
+    /// last-applied annotation) as text, when `metadata` holds only part.
+    /// Two small label and annotation maps take over a kilobyte of heap
+    /// typed (a B-tree node each), a few hundred bytes as text.
+    meta: Option<Box<RawValue>>,
+    /// The `trellis.dev/parent-uid` label, read on every event.
+    parent_uid: Option<String>,
+    /// The top-level fields besides `apiVersion`, `kind` and `metadata`
+    /// (`spec`, `data`, `status`, ...), as one JSON object's text.
+    rest: Box<RawValue>,
+}
+
+pub(in crate::operator) type RawMap = BTreeMap<String, Box<RawValue>>;
+
+/// The metadata fields a child keeps typed.
+const IDENTITY: [&str; 6] = [
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "ownerReferences",
+];
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+impl CompactObject {
+    /// Splits one child's JSON text; `managedFields` are dropped before
+    /// they are decoded, as every cache drops them.
+    pub fn from_json(text: &str) -> Result<CompactObject, serde_json::Error> {
+        let mut top: RawMap = serde_json::from_str(text)?;
+        let mut fields = metadata_fields(&mut top)?;
+        if let Some(raw) = fields.get_mut("annotations")
+            && raw.get().contains(LAST_APPLIED)
+        {
+            let mut annotations: RawMap = serde_json::from_str(raw.get())?;
+            annotations.remove(LAST_APPLIED);
+            *raw = serde_json::value::to_raw_value(&annotations)?;
+        }
+        let parent_uid = match fields.get("labels") {
+            Some(raw) => serde_json::from_str::<BTreeMap<String, String>>(raw.get())?
+                .remove(LABEL_PARENT_UID),
+            None => None,
+        };
+        let meta = serde_json::value::to_raw_value(&fields)?;
+        fields.retain(|k, _| IDENTITY.contains(&k.as_str()));
+        let metadata = serde_json::from_str(&serde_json::to_string(&fields)?)?;
+        let (types, rest) = types_and_rest(top)?;
+        Ok(CompactObject {
+            types,
+            metadata,
+            meta: Some(meta),
+            parent_uid,
+            rest,
+        })
+    }
+
+    /// An object (a parent) from its top-level fields, each still raw, with
+    /// its metadata typed whole (without `managedFields`): the predicate,
+    /// the selectors and the label index read it on every event.
+    pub(in crate::operator) fn from_fields_whole(
+        mut top: RawMap,
+    ) -> Result<CompactObject, serde_json::Error> {
+        let fields = metadata_fields(&mut top)?;
+        let metadata: ObjectMeta = serde_json::from_str(&serde_json::to_string(&fields)?)?;
+        let (types, rest) = types_and_rest(top)?;
+        Ok(CompactObject {
+            types,
+            parent_uid: metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_PARENT_UID).cloned()),
+            metadata,
+            meta: None,
+            rest,
+        })
+    }
+
+    /// The `trellis.dev/parent-uid` label.
+    pub fn parent_uid(&self) -> Option<&str> {
+        self.parent_uid.as_deref()
+    }
+
+    /// The text of the fields besides types and metadata (one JSON object).
+    pub(in crate::operator) fn rest_text(&self) -> &str {
+        self.rest.get()
+    }
+
+    /// The whole object, as a pass reads it.
+    pub fn to_value(&self) -> Value {
+        let mut out = Map::new();
+        if let Some(types) = &self.types {
+            out.insert("apiVersion".into(), types.api_version.clone().into());
+            out.insert("kind".into(), types.kind.clone().into());
+        }
+        let metadata = match &self.meta {
+            // Text this process wrote from a parse: it parses again.
+            Some(meta) => serde_json::from_str(meta.get()).unwrap_or_default(),
+            None => serde_json::to_value(&self.metadata).unwrap_or_default(),
+        };
+        out.insert("metadata".into(), metadata);
+        // Text this process wrote from a parse: it parses again.
+        if let Ok(Value::Object(rest)) = serde_json::from_str(self.rest.get()) {
+            out.extend(rest);
+        }
+        Value::Object(out)
+    }
+}
+
+/// Takes `metadata` out of the top-level fields, as raw fields without
+/// `managedFields` (which mirror the spec's depth), except the names of
+/// patch managers ([`crate::operator::pass::patch_writes::managers_of_patches`]).
+fn metadata_fields(top: &mut RawMap) -> Result<RawMap, serde_json::Error> {
+    let mut fields: RawMap = match top.remove("metadata") {
+        Some(raw) => serde_json::from_str(raw.get())?,
+        None => RawMap::new(),
+    };
+    if let Some(managed) = fields.remove("managedFields")
+        && let Some(kept) = crate::operator::pass::patch_writes::managers_of_patches(managed.get())
+    {
+        fields.insert("managedFields".into(), kept);
+    }
+    Ok(fields)
+}
+
+/// The types, and the fields left (less the types) as one text.
+fn types_and_rest(mut top: RawMap) -> Result<(Option<TypeMeta>, Box<RawValue>), serde_json::Error> {
+    let text_of = |raw: Option<Box<RawValue>>| -> Option<String> {
+        raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+    };
+    let types = match (
+        text_of(top.remove("apiVersion")),
+        text_of(top.remove("kind")),
+    ) {
+        (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+        _ => None,
+    };
+    Ok((types, serde_json::value::to_raw_value(&top)?))
+}
+
+/// One child cache's objects by the parent uid on their label, kept from
+/// the cache's own watch events: a pass visits its own children, not every
+/// child of the rule (which made each pass O(N), each convergence O(N²)).
+/// Entries may be stale (a relisted cache reports no deletions, a label may
+/// change): a reader looks each one up in the cache and checks the label.
+#[derive(Default)]
+pub struct ByParent {
+    state: std::sync::Mutex<super::relisted::Relisted<Index>>,
+}
+
+/// A child's namespace and name.
+pub type ChildName = (Option<String>, String);
+/// A parent has one child or a few of each kind: a `Vec` sized to them.
+/// A `HashSet` of one name took a table of four slots (about 220 bytes)
+/// per parent and kind, a third of the index at 1,000 parents (heaptrack).
+type Index = HashMap<String, Vec<ChildName>>;
+
+impl ByParent {
+    /// Follows one event of the cache's watch (before the store takes it,
+    /// so that a pass the store's readiness wakes finds the index filled).
+    pub fn observe(&self, event: &kube::runtime::watcher::Event<CompactObject>) {
+        crate::operator::lock(&self.state).follow(event, add, |index, o| {
+            if let Some(uid) = o.parent_uid()
+                && let Some(names) = index.get_mut(uid)
+            {
+                let name = name_of(o);
+                names.retain(|n| *n != name);
+                if names.is_empty() {
+                    index.remove(uid);
+                }
+            }
+        });
+    }
+
+    /// The children indexed under the parent with `uid`.
+    pub fn of(&self, uid: &str) -> Vec<ChildName> {
+        crate::operator::lock(&self.state)
+            .live()
+            .get(uid)
+            .map(|names| names.to_vec())
+            .unwrap_or_default()
+    }
+}
+
+fn name_of(o: &CompactObject) -> ChildName {
+    (
+        o.metadata.namespace.clone(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn add(index: &mut Index, o: &CompactObject) {
+    if let Some(uid) = o.parent_uid() {
+        let name = name_of(o);
+        let names = index.entry(uid.to_owned()).or_default();
+        if names.contains(&name) {
+            return;
+        }
+        // A first push would reserve four slots; most parents have one
+        // child of a kind. Past a few, amortized growth again.
+        if names.len() == names.capacity() && names.len() < 4 {
+            names.reserve_exact(1);
+        }
+        names.push(name);
+    }
+}
+
+super::decode::raw_decoded_resource!(CompactObject, metadata);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_object_reads_back_whole_without_its_managed_fields() {
+        let object = json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "a", "labels": {"x": "1"},
+                         "managedFields": [{"manager": "m", "operation": "Apply"}]},
+            "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c"}]}}},
+            "status": {"availableReplicas": 2},
+        });
+        let compact = CompactObject::from_json(&object.to_string()).expect("decodes");
+        let mut want = object.clone();
+        want["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("managedFields");
+        assert_eq!(compact.to_value(), want);
+        // Typed: what the caches and the mapper read, not the label maps.
+        assert_eq!(compact.metadata.name.as_deref(), Some("web"));
+        assert_eq!(compact.metadata.labels, None);
+    }
+
+    #[test]
+    fn a_child_keeps_its_parent_uid_and_loses_kubectls_last_applied_copy() {
+        let object = json!({
+            "metadata": {"name": "web", "namespace": "a", "uid": "u1", "resourceVersion": "7",
+                         "labels": {LABEL_PARENT_UID: "p1", "app": "web"},
+                         "annotations": {LAST_APPLIED: "{}", "trellis.dev/hash": "h"},
+                         "ownerReferences": [{"apiVersion": "demo/v1", "kind": "App", "name": "p",
+                                              "uid": "p1", "controller": true}]},
+            "data": {"k": "v"},
+        });
+        let compact = CompactObject::from_json(&object.to_string()).expect("decodes");
+        assert_eq!(compact.parent_uid(), Some("p1"));
+        assert_eq!(compact.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(compact.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(
+            compact.metadata.owner_references.as_ref().map(Vec::len),
+            Some(1)
+        );
+        let value = compact.to_value();
+        assert_eq!(
+            value["metadata"]["annotations"],
+            json!({"trellis.dev/hash": "h"})
+        );
+        assert_eq!(value["metadata"]["labels"]["app"], "web");
+    }
+
+    #[test]
+    fn a_list_item_without_types_has_none_until_the_cache_fills_them_in() {
+        let compact = CompactObject::from_json(r#"{"metadata":{"name":"x"},"data":{"k":"v"}}"#)
+            .expect("decodes");
+        assert!(compact.types.is_none());
+        assert_eq!(
+            compact.to_value(),
+            json!({"metadata": {"name": "x"}, "data": {"k": "v"}})
+        );
+    }
+
+    fn child(name: &str, uid: &str) -> CompactObject {
+        CompactObject::from_json(
+            &json!({"metadata": {"name": name, "namespace": "a",
+                                 "labels": {LABEL_PARENT_UID: uid}}})
+            .to_string(),
+        )
+        .expect("decodes")
+    }
+
+    fn names(index: &ByParent, uid: &str) -> Vec<String> {
+        let mut names: Vec<String> = index.of(uid).into_iter().map(|(_, n)| n).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn children_are_indexed_under_their_parent_and_leave_it_when_deleted() {
+        use kube::runtime::watcher::Event;
+        let index = ByParent::default();
+        index.observe(&Event::Apply(child("x-config", "x")));
+        index.observe(&Event::Apply(child("x-web", "x")));
+        index.observe(&Event::Apply(child("y-web", "y")));
+        assert_eq!(names(&index, "x"), ["x-config", "x-web"]);
+        assert_eq!(names(&index, "y"), ["y-web"]);
+        index.observe(&Event::Delete(child("x-web", "x")));
+        assert_eq!(names(&index, "x"), ["x-config"]);
+        assert!(names(&index, "z").is_empty());
+    }
+
+    #[test]
+    fn a_child_seen_again_is_indexed_once_and_its_delete_empties_the_parent() {
+        use kube::runtime::watcher::Event;
+        let index = ByParent::default();
+        index.observe(&Event::Apply(child("x-web", "x")));
+        index.observe(&Event::Apply(child("x-web", "x")));
+        assert_eq!(names(&index, "x"), ["x-web"]);
+        index.observe(&Event::Delete(child("x-web", "x")));
+        assert!(names(&index, "x").is_empty());
+        assert!(crate::operator::lock(&index.state).live().is_empty());
+        for i in 0..10 {
+            index.observe(&Event::Apply(child(&format!("y-{i}"), "y")));
+        }
+        assert_eq!(index.of("y").len(), 10);
+    }
+
+    #[test]
+    fn a_relist_replaces_the_index_once_it_is_done() {
+        use kube::runtime::watcher::Event;
+        let index = ByParent::default();
+        index.observe(&Event::Apply(child("gone", "x")));
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(child("kept", "x")));
+        // Until the relist is done, readers see the old index, as the store does.
+        assert_eq!(names(&index, "x"), ["gone"]);
+        index.observe(&Event::InitDone);
+        assert_eq!(names(&index, "x"), ["kept"]);
+    }
+}
