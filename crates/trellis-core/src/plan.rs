@@ -44,19 +44,10 @@ use crate::render;
 use crate::rules::CompiledRule;
 use crate::rules::model::{Policy, Scope};
 
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-pub const LABEL_RULE: &str = "trellis.dev/rule";
-pub const LABEL_CHILD: &str = "trellis.dev/child";
-pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
-/// The revision of the rule version that rendered the child.
-pub const LABEL_REVISION: &str = "trellis.dev/revision";
-pub const MANAGED_BY: &str = "trellis";
-/// On children with `deletionPolicy: retain`: released, never deleted, by
-/// whichever rule version or cleanup finds them.
-pub const LABEL_DELETION_POLICY: &str = "trellis.dev/deletion-policy";
-pub const RETAIN: &str = "retain";
-/// On `recreate` children: the hash of the rendering the object came from.
-pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
+pub use crate::labels::{
+    ANNOTATION_RENDER_HASH, LABEL_CHILD, LABEL_DELETION_POLICY, LABEL_MANAGED_BY, LABEL_PARENT_UID,
+    LABEL_REVISION, LABEL_RULE, MANAGED_BY, RETAIN,
+};
 /// Used when an offline parent file has no `metadata.uid`.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -433,6 +424,7 @@ mod children;
 mod conditions;
 mod object;
 mod observed;
+pub mod offline_input;
 mod parent;
 mod patch;
 mod related;

@@ -84,8 +84,8 @@ fn renders_child_with_labels_owner_and_parent_namespace() {
     assert_eq!(obj["metadata"]["labels"][LABEL_CHILD], "cm");
     assert_eq!(obj["metadata"]["labels"][LABEL_PARENT_UID], UID);
     assert_eq!(
-        obj["metadata"]["labels"][crate::shard::LABEL_BUCKET],
-        crate::shard::bucket_of(UID).to_string(),
+        obj["metadata"]["labels"][crate::labels::LABEL_BUCKET],
+        crate::labels::bucket_of(UID).to_string(),
         "the bucket of the parent's uid, for --shards"
     );
     assert_eq!(

@@ -74,7 +74,7 @@ pub struct CompiledRule {
     /// `templateFile` path as written → contents.
     pub template_files: BTreeMap<String, String>,
     /// `spec.rollout`, checked: a change moves parents in steps.
-    pub rollout: Option<crate::rollout::Settings>,
+    pub rollout: Option<super::rollout::Settings>,
 }
 
 impl CompiledRule {
@@ -413,7 +413,7 @@ pub(super) fn compile(
     let rollout = spec
         .rollout
         .as_ref()
-        .and_then(|r| match crate::rollout::Settings::compile(r) {
+        .and_then(|r| match super::rollout::Settings::compile(r) {
             Ok(settings) => Some(settings),
             Err(errors) => {
                 for (field, message) in errors {
@@ -530,7 +530,7 @@ pub(super) fn compile(
         None => (Vec::new(), Vec::new()),
     };
 
-    let (crd, findings) = crate::crd::generate(&rule);
+    let (crd, findings) = super::crd::generate(&rule);
     for f in findings {
         if f.error {
             ck.error(&f.field, f.message);

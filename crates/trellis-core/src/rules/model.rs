@@ -11,6 +11,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// A kind's scope is a fact about kinds; the format names it where a rule
+/// may state it (`scope:` hints, `crd.scope`).
+pub use crate::kinds::Scope;
+
 pub const API_VERSION: &str = "trellis.dev/v1alpha1";
 pub const KIND: &str = "Rule";
 
@@ -154,14 +158,6 @@ pub enum OnFailure {
     Rollback,
     /// Parents stay where they are until promoted or aborted.
     Halt,
-}
-
-/// Namespaced or cluster-scoped. Discovery decides on a live cluster; this
-/// field only informs offline commands about kinds they cannot look up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Scope {
-    Namespaced,
-    Cluster,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -53,7 +53,7 @@ pub(super) fn compile_status(
                 }
                 match jsonpath_rust::parser::parse_json_path(jp) {
                     Ok(query) => {
-                        if f.default.is_some() && !crate::status::is_singular(&query) {
+                        if f.default.is_some() && !crate::json_path::is_singular(&query) {
                             ck.warning(
                                 &format!("{at}.default"),
                                 format!(
