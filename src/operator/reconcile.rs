@@ -316,7 +316,10 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     }
 
     if !plan.errors.is_empty() {
-        let reason = plan.failure_reason.unwrap_or("RenderError");
+        let reason = plan
+            .failure_reason
+            .unwrap_or(plan::FailureReason::RenderError)
+            .as_str();
         warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
         ctx.warn(parent, reason, plan.errors.join("; ")).await;
     }
@@ -364,7 +367,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     if let Some(err) = apply_errors.into_iter().next() {
         return Err(err);
     }
-    if plan.failure_reason == Some("InvalidSpec") {
+    if plan.failure_reason == Some(plan::FailureReason::InvalidSpec) {
         // Only an edit of the parent (or the rule) can fix it; its Warning
         // stays recorded so that a wake-up without an edit writes nothing.
         return Ok(Action::await_change());

@@ -101,6 +101,41 @@ impl Pending {
     }
 }
 
+/// Why a pass failed: the reason of the parent's `Ready` and `Synced`
+/// conditions (and of the Warning) when a pass has errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The spec cannot be planned as it stands (not an object, refused by
+    /// the rule's or the CRD's schema): only an edit of the parent fixes it.
+    InvalidSpec,
+    /// A template, expression, status field or condition failed, or the
+    /// parent does not fit its kind's scope; the default for a failed pass.
+    RenderError,
+    /// The operator could not decode the parent.
+    Undecodable,
+    /// A related entry reads outside the parent's namespace without
+    /// `allowCrossNamespace`.
+    CrossNamespaceRefused,
+}
+
+impl FailureReason {
+    /// The condition reason, as written to the parent's status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::InvalidSpec => "InvalidSpec",
+            FailureReason::RenderError => "RenderError",
+            FailureReason::Undecodable => "Undecodable",
+            FailureReason::CrossNamespaceRefused => "CrossNamespaceRefused",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Everything one reconcile pass must do for one parent.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
@@ -113,7 +148,7 @@ pub struct Plan {
     /// What failed in this pass; non-empty means nothing was pruned.
     pub errors: Vec<String>,
     /// `Synced` reason when the pass failed (`InvalidSpec`, `RenderError`, …).
-    pub failure_reason: Option<&'static str>,
+    pub failure_reason: Option<FailureReason>,
     /// Children without ownerReference, or `deletion.order: reverse`: the
     /// parent needs the cleanup finalizer.
     pub needs_finalizer: bool,
@@ -143,17 +178,22 @@ pub struct Input<'a> {
 /// The pass for a parent the operator could not decode (`why`): no child is
 /// rendered, applied or pruned; the status says why, with reason `Undecodable`.
 pub fn undecodable(rule: &CompiledRule, input: &Input, why: &str) -> Plan {
-    refused(rule, input, vec![why.to_owned()], "Undecodable")
+    refused(
+        rule,
+        input,
+        vec![why.to_owned()],
+        FailureReason::Undecodable,
+    )
 }
 
 /// The pass for a parent its CRD's schema refuses (`render --crds`): as for
 /// a spec the rule's `schema` refuses, nothing is rendered or pruned and
 /// the status says why, with reason `InvalidSpec`.
 pub fn refused_by_crd(rule: &CompiledRule, input: &Input, errors: Vec<String>) -> Plan {
-    refused(rule, input, errors, "InvalidSpec")
+    refused(rule, input, errors, FailureReason::InvalidSpec)
 }
 
-fn refused(rule: &CompiledRule, input: &Input, errors: Vec<String>, reason: &'static str) -> Plan {
+fn refused(rule: &CompiledRule, input: &Input, errors: Vec<String>, reason: FailureReason) -> Plan {
     let info = ParentInfo::of(input.parent);
     let mut plan = Plan {
         errors,
@@ -176,14 +216,14 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     if !input.parent.is_object() {
         plan.errors
             .push(format!("{}: the parent is not an object", rule.parent.kind));
-        plan.failure_reason = Some("InvalidSpec");
+        plan.failure_reason = Some(FailureReason::InvalidSpec);
         plan.status = status_for_failure(rule, input, &info, &plan);
         return plan;
     }
 
     if let Some(error) = parent::scope_error(rule, &info, input) {
         plan.errors.push(error);
-        plan.failure_reason = Some("RenderError");
+        plan.failure_reason = Some(FailureReason::RenderError);
         plan.status = status_for_failure(rule, input, &info, &plan);
         return plan;
     }
@@ -191,7 +231,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         Ok(spec) => spec,
         Err(problems) => {
             plan.errors = problems;
-            plan.failure_reason = Some("InvalidSpec");
+            plan.failure_reason = Some(FailureReason::InvalidSpec);
             plan.status = status_for_failure(rule, input, &info, &plan);
             return plan;
         }
@@ -334,7 +374,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         plan.needs_finalizer = true;
     }
     if !plan.errors.is_empty() && plan.failure_reason.is_none() {
-        plan.failure_reason = Some("RenderError");
+        plan.failure_reason = Some(FailureReason::RenderError);
     }
 
     if rule.writes_status() {
@@ -349,7 +389,8 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         // exits 2, the operator reports it), though children were applied.
         if !errors.is_empty() {
             plan.errors.extend(errors);
-            plan.failure_reason.get_or_insert("RenderError");
+            plan.failure_reason
+                .get_or_insert(FailureReason::RenderError);
         }
     }
 

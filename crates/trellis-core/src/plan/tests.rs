@@ -150,7 +150,10 @@ fn template_cannot_change_kind() {
         "{:?}",
         p.errors
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
 }
 
 const WEB: &str = "    - id: web\n      apiVersion: apps/v1\n      kind: Deployment\n      dependsOn: [cm]\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n        spec:\n          replicas: {{ spec.replicas | default(1) }}\n";
