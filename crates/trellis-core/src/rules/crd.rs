@@ -26,6 +26,7 @@ mod tests;
 use serde_json::{Map, Value, json};
 
 use super::model::{ColumnType, CrdSpec, PrinterColumn, Rule, Scope};
+use super::names::is_dns_label;
 use crate::kinds::{self, Gvk};
 pub use schema::Finding;
 use schema::{Converter, apply_defaults};
@@ -135,15 +136,6 @@ pub fn generate(rule: &Rule) -> (Option<Value>, Vec<Finding>) {
     });
     let ok = !conv.has_errors();
     (ok.then_some(doc), conv.findings)
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn check_names(conv: &mut Converter, rule: &Rule, crd: &CrdSpec, gvk: &Gvk) {

@@ -11,14 +11,12 @@
 use std::collections::BTreeSet;
 
 use super::lint::{Code, lint};
-use super::{
-    Checker, CompiledChild, Known, VarReads, context_names, is_api_version, is_child_id, is_kind,
-    merge_reads, scope,
-};
+use super::{Checker, CompiledChild, Known, VarReads, context_names, merge_reads, scope};
 use crate::kinds::Gvk;
 use crate::render::{self, EngineBuilder, TemplateKind};
 use crate::rules::load::RawDocument;
 use crate::rules::model::{ChildSpec, RuleSpec};
+use crate::rules::names::{is_api_version, is_child_id, is_kind};
 
 /// What is being compiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

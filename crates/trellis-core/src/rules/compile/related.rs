@@ -10,13 +10,14 @@
 use std::collections::BTreeSet;
 
 use super::lint::{Code, lint};
-use super::{Checker, context_names, is_api_version, is_child_id, is_kind};
+use super::{Checker, context_names};
 use crate::kinds::Gvk;
 use crate::render::shape::Shape;
 use crate::render::{Calls, EngineBuilder, ExprId, TemplateId, TemplateKind};
 use crate::rules::model::{
     RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
 };
+use crate::rules::names::{is_api_version, is_child_id, is_kind};
 
 /// Ids and names a template may refer to, for `check`.
 #[derive(Debug, Default)]

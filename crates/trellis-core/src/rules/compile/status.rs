@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::render::Calls;
+use crate::rules::names::{is_kind, is_reason};
 
 /// Validates and compiles the `status:` block: fields (JSONPath or
 /// expression) and the rule's own conditions.
