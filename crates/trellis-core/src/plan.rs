@@ -41,8 +41,8 @@ use serde_json::Value;
 
 use crate::kinds::Gvk;
 use crate::render;
-use crate::rules::CompiledRule;
 use crate::rules::model::{Policy, Scope};
+use crate::rules::{CompiledChild, CompiledRule};
 
 pub use crate::labels::{
     ANNOTATION_RENDER_HASH, LABEL_CHILD, LABEL_DELETION_POLICY, LABEL_MANAGED_BY, LABEL_PARENT_UID,
@@ -214,57 +214,28 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     // the pass below writes `parent.spec` (found by the fuzzer: a parent
     // that is a list, with a cluster-scoped kind, panicked).
     if !input.parent.is_object() {
-        plan.errors
-            .push(format!("{}: the parent is not an object", rule.parent.kind));
-        plan.failure_reason = Some(FailureReason::InvalidSpec);
-        plan.status = status_for_failure(rule, input, &info, &plan);
-        return plan;
+        let error = format!("{}: the parent is not an object", rule.parent.kind);
+        return refused(rule, input, vec![error], FailureReason::InvalidSpec);
     }
 
     if let Some(error) = parent::scope_error(rule, &info, input) {
-        plan.errors.push(error);
-        plan.failure_reason = Some(FailureReason::RenderError);
-        plan.status = status_for_failure(rule, input, &info, &plan);
-        return plan;
+        return refused(rule, input, vec![error], FailureReason::RenderError);
     }
     let spec = match parent::effective_spec(rule, input.parent) {
         Ok(spec) => spec,
-        Err(problems) => {
-            plan.errors = problems;
-            plan.failure_reason = Some(FailureReason::InvalidSpec);
-            plan.status = status_for_failure(rule, input, &info, &plan);
-            return plan;
-        }
+        Err(problems) => return refused(rule, input, problems, FailureReason::InvalidSpec),
     };
     let parent = with_spec(input.parent, spec);
 
     let observed = input.observed.children_of(&rule.name, &info.uid);
     let mut children = Children::observed(rule, &observed);
-    // Converted once: `spec` and `metadata` are the parent's own values
-    // (shared, not copies), which halves the conversion cost of a pass.
-    let parent_value = render::to_value(&parent);
-    let field = |name: &str| {
-        parent_value
-            .get_attr(name)
-            .ok()
-            .filter(|v| !v.is_undefined())
-            .unwrap_or_else(|| minijinja::Value::from(()))
-    };
-    let parent_ctx = context! {
-        spec => field("spec"),
-        metadata => field("metadata"),
-        parent => parent_value,
-        rule => context! { name => rule.name.clone() },
-    };
+    let parent_ctx = parent::parent_context(rule, &parent);
     // Related entries decide what the pass may read: a refusal stops it
     // before anything is read or written.
     let related = match related::resolve(rule, &parent_ctx, &info, input) {
         Ok(resolved) => resolved,
         Err(failure) => {
-            plan.errors.push(failure.error.to_string());
-            plan.failure_reason = Some(failure.reason);
-            plan.status = status_for_failure(rule, input, &info, &plan);
-            return plan;
+            return refused(rule, input, vec![failure.error.to_string()], failure.reason);
         }
     };
     plan.reads = related.reads;
@@ -274,9 +245,6 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     let reads_ctx = context! {
         related => render::to_value(&related.context),
         ..parent_ctx
-    };
-    let with_children = |fixed: &minijinja::Value, children: &Children| {
-        context! { children => children.context(), ..fixed.clone() }
     };
     // A var that fails is reported once; only what reads it is withheld.
     let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));
@@ -331,29 +299,15 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 if children.rendered(id, rendered.iter().map(|(a, _)| &a.key)) {
                     base = with_children(&fixed, &children);
                 }
-                for (a, _) in &rendered {
-                    if !desired_keys.insert(a.key.clone()) {
-                        plan.errors.push(format!(
-                            "child \"{id}\": {} is rendered twice in this rule",
-                            a.key
-                        ));
-                    }
-                }
-                // A failed `readyWhen` is an error of the pass (nothing is
-                // pruned) and holds back the child's dependents; the child
-                // itself is applied, its readiness being read off the object.
-                let ready = match child_ready(rule, child, &base, &observed, &rendered) {
-                    Ok(ready) => ready,
-                    Err(err) => {
-                        let why = err.to_string();
-                        plan.errors.push(why.clone());
-                        Err(why)
-                    }
-                };
-                if rendered.iter().any(|(a, _)| !a.owned) {
-                    plan.needs_finalizer = true;
-                }
-                plan.apply.extend(rendered.into_iter().map(|(a, _)| a));
+                let ready = take_rendered(
+                    rule,
+                    child,
+                    rendered,
+                    &base,
+                    &observed,
+                    &mut desired_keys,
+                    &mut plan,
+                );
                 outcome.insert(i, Outcome::Rendered(ready));
             }
         }
@@ -383,37 +337,102 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             children: &outcome,
             patches: &patched.outcome,
         };
-        let (status, errors) = build_status(rule, input, &info, &plan, &outcomes, &base, &children);
-        plan.status = Some(status);
-        // A failed status field or condition is an error of the pass (render
-        // exits 2, the operator reports it), though children were applied.
-        if !errors.is_empty() {
-            plan.errors.extend(errors);
-            plan.failure_reason
-                .get_or_insert(FailureReason::RenderError);
-        }
+        plan_status(rule, input, &info, &outcomes, &base, &children, &mut plan);
     }
 
     // Prune: only on a clean pass, decided once every error of the pass
     // (status fields and conditions included) is known.
     if plan.errors.is_empty() {
-        let (retain, delete) = prune(rule, &observed, &outcome, &desired_keys)
-            .into_iter()
-            .partition(|d| {
-                let obj = input.observed.objects.get(&d.key);
-                obj.is_some_and(retained)
-                    || rule.child(&d.id).is_some_and(|c| {
-                        c.spec.deletion_policy == crate::rules::model::DeletionPolicy::Retain
-                    })
-            });
-        plan.delete = delete;
-        plan.retain = retain;
+        plan_prune(rule, input, &observed, &outcome, &desired_keys, &mut plan);
         if !patched.holding {
             let manager = patch::field_manager(&rule.name, &info.uid);
             plan.release = patch::releases(input, &manager, &plan.patches);
         }
     }
     plan
+}
+
+/// The parent's new status, and its failed fields and conditions as errors
+/// of the pass (render exits 2, the operator reports them), though the
+/// children were applied.
+fn plan_status(
+    rule: &CompiledRule,
+    input: &Input,
+    info: &ParentInfo,
+    outcomes: &Outcomes,
+    base: &minijinja::Value,
+    children: &Children,
+    plan: &mut Plan,
+) {
+    let (status, errors) = build_status(rule, input, info, plan, outcomes, base, children);
+    plan.status = Some(status);
+    if !errors.is_empty() {
+        plan.errors.extend(errors);
+        plan.failure_reason
+            .get_or_insert(FailureReason::RenderError);
+    }
+}
+
+/// A rendered child's objects into the plan (each key once in the rule),
+/// and its readiness for the children that depend on it.
+fn take_rendered(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    rendered: Vec<(Apply, Option<Item>)>,
+    base: &minijinja::Value,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    desired_keys: &mut BTreeSet<ObjectKey>,
+    plan: &mut Plan,
+) -> Result<(), String> {
+    let id = &child.spec.id;
+    for (a, _) in &rendered {
+        if !desired_keys.insert(a.key.clone()) {
+            plan.errors.push(format!(
+                "child \"{id}\": {} is rendered twice in this rule",
+                a.key
+            ));
+        }
+    }
+    // A failed `readyWhen` is an error of the pass (nothing is
+    // pruned) and holds back the child's dependents; the child
+    // itself is applied, its readiness being read off the object.
+    let ready = match child_ready(rule, child, base, observed, &rendered) {
+        Ok(ready) => ready,
+        Err(err) => {
+            let why = err.to_string();
+            plan.errors.push(why.clone());
+            Err(why)
+        }
+    };
+    if rendered.iter().any(|(a, _)| !a.owned) {
+        plan.needs_finalizer = true;
+    }
+    plan.apply.extend(rendered.into_iter().map(|(a, _)| a));
+    ready
+}
+
+/// What a clean pass prunes: the observed children it no longer renders,
+/// deleted, or released where they are to be retained (the child's
+/// `deletionPolicy: retain`, or the object's own retain label).
+fn plan_prune(
+    rule: &CompiledRule,
+    input: &Input,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    outcome: &BTreeMap<usize, Outcome>,
+    desired_keys: &BTreeSet<ObjectKey>,
+    plan: &mut Plan,
+) {
+    let (retain, delete) = prune(rule, observed, outcome, desired_keys)
+        .into_iter()
+        .partition(|d| {
+            let obj = input.observed.objects.get(&d.key);
+            obj.is_some_and(retained)
+                || rule.child(&d.id).is_some_and(|c| {
+                    c.spec.deletion_policy == crate::rules::model::DeletionPolicy::Retain
+                })
+        });
+    plan.delete = delete;
+    plan.retain = retain;
 }
 
 /// Whether an observed child is to be released rather than deleted: it
@@ -474,7 +493,7 @@ mod vars;
 
 pub use child::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};
-use children::Children;
+use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
