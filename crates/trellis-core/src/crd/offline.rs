@@ -2,13 +2,25 @@
 //! offline commands learn from them about a parent kind — its scope, its
 //! schema, and which status fields its status schema would prune.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::kinds::Gvk;
 use crate::rules::model::Scope;
 use crate::rules::{CompiledRule, Diagnostic};
+
+/// Why `--crds` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: {source}", path.display())]
+    ReadDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Manifest(#[from] crate::manifests::Error),
+}
 
 /// Every CustomResourceDefinition found under a path (a file or a directory
 /// of `*.yaml`/`*.yml`/`*.json`).
@@ -18,11 +30,13 @@ pub struct OfflineCrds {
 }
 
 impl OfflineCrds {
-    pub fn load(path: &Path) -> Result<OfflineCrds, String> {
+    pub fn load(path: &Path) -> Result<OfflineCrds, LoadError> {
         let mut files = Vec::new();
         if path.is_dir() {
-            let entries =
-                std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let entries = std::fs::read_dir(path).map_err(|source| LoadError::ReadDir {
+                path: path.to_owned(),
+                source,
+            })?;
             for entry in entries.flatten() {
                 let p = entry.path();
                 let ext = p.extension().and_then(|x| x.to_str()).unwrap_or_default();

@@ -12,9 +12,29 @@ use crate::plan::offline_input::{label_observed, offline_scope_with};
 use crate::plan::{self, Input, ObjectKey, Observed};
 use crate::rules::{CompiledRule, RuleSet};
 
+/// Why no one rule takes a parent.
+#[derive(Debug, thiserror::Error)]
+pub enum NoRule {
+    /// Rules of the parent's kind exist and none selects it: (rule, why).
+    #[error("{}", not_selected(.0))]
+    NotSelected(Vec<(String, String)>),
+    #[error("no rule matches a parent of kind {0}")]
+    NoneOfKind(Gvk),
+    #[error("several rules match a parent of kind {gvk}: {}", names.join(", "))]
+    Several { gvk: Gvk, names: Vec<String> },
+}
+
+fn not_selected(rules: &[(String, String)]) -> String {
+    rules
+        .iter()
+        .map(|(name, why)| format!("rule {name} does not select this parent: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The rule for a parent object: same apiVersion/kind, and its namespaces and
 /// selector (if any) match.
-pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, String> {
+pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, NoRule> {
     let api_version = parent
         .get("apiVersion")
         .and_then(Value::as_str)
@@ -31,23 +51,21 @@ pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule
         .filter(|r| crate::plan::parent_matches(r, parent))
         .collect();
     match candidates.as_slice() {
-        [] if !of_kind.is_empty() => Err(of_kind
-            .iter()
-            .map(|r| {
-                let why = crate::plan::why_not_selected(r, parent).unwrap_or_default();
-                format!("rule {} does not select this parent: {why}", r.name)
-            })
-            .collect::<Vec<_>>()
-            .join("; ")),
-        [] => Err(format!("no rule matches a parent of kind {gvk}")),
-        [one] => Ok(one),
-        many => Err(format!(
-            "several rules match a parent of kind {gvk}: {}",
-            many.iter()
-                .map(|r| r.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+        [] if !of_kind.is_empty() => Err(NoRule::NotSelected(
+            of_kind
+                .iter()
+                .map(|r| {
+                    let why = crate::plan::why_not_selected(r, parent).unwrap_or_default();
+                    (r.name.clone(), why)
+                })
+                .collect(),
         )),
+        [] => Err(NoRule::NoneOfKind(gvk)),
+        [one] => Ok(one),
+        many => Err(NoRule::Several {
+            gvk,
+            names: many.iter().map(|r| r.name.clone()).collect(),
+        }),
     }
 }
 
