@@ -171,7 +171,7 @@ pub struct Input<'a> {
     /// RFC 3339 timestamp used for new condition transitions.
     pub now: &'a str,
     /// Every kind's scope: discovery's on a live cluster; offline, the
-    /// rule's `scope:` hints, then the built-in table (`offline::render`).
+    /// rule's `scope:` hints, then the built-in table (`plan::offline_input`).
     pub scope_of: ScopeOf<'a>,
 }
 

@@ -3,7 +3,7 @@
 //! These types are the single source of truth: the loader deserializes into
 //! them and `trellis schema` derives the format's JSON Schema from them, so the
 //! two cannot drift. Semantic checks (names, cycles, expressions) live in
-//! `validate`; this module only says what shape a rule has.
+//! `compile`; this module only says what shape a rule has.
 
 use std::collections::BTreeMap;
 
