@@ -200,7 +200,7 @@ pub fn examples() -> &'static [(&'static CompiledRule, Value)] {
 
 /// One pass of `rule` over `parent` and `observed`, as `trellis render` runs it.
 pub fn plan_once(rule: &CompiledRule, parent: &Value, observed: &Observed) -> Plan {
-    let scope = trellis::offline::render::offline_scope(rule);
+    let scope = trellis::plan::offline_input::offline_scope(rule);
     let input = Input {
         parent,
         observed,

@@ -28,7 +28,7 @@ pub fn drifted(rendered: &Value, live: &Value) -> bool {
         .pointer_mut("/metadata/labels")
         .and_then(Value::as_object_mut)
     {
-        labels.shift_remove(crate::plan::LABEL_REVISION);
+        labels.shift_remove(crate::labels::LABEL_REVISION);
     }
     !holds(live, &rendered)
 }

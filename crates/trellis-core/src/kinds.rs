@@ -4,7 +4,16 @@
 //! Offline commands (`render`, `rbac`, `check`) use this table; the running
 //! operator asks API discovery instead and only falls back to nothing.
 
-use crate::rules::model::Scope;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Namespaced or cluster-scoped. Discovery decides on a live cluster; this
+/// field only informs offline commands about kinds they cannot look up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+}
 
 /// A group/version/kind as written in a rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -8,32 +8,64 @@
 //! Rule files are not read here: a rules directory holds only `Rule`
 //! documents (`rules::load`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::yaml::{self, LineIndex};
+use crate::yaml::{self, LineIndex, YamlError};
+
+/// Why a manifest file could not be read; each message starts with the
+/// file (and line, where one is known), as the CLI prints it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Yaml { path: PathBuf, source: YamlError },
+    /// A document that is not an object, or a List item that is not one.
+    #[error("{}{}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Object {
+        path: PathBuf,
+        line: Option<u64>,
+        message: String,
+    },
+    #[error(
+        "{}: more than {limit} objects in one file, counting the items of List documents \
+         (the limit)",
+        path.display()
+    )]
+    TooManyObjects { path: PathBuf, limit: usize },
+}
 
 /// The objects in `path`, List documents expanded, under `limits`: its
 /// document budget counts objects after expansion, so a List cannot carry
 /// more objects than a plain stream may.
-pub fn read_objects(path: &Path, limits: &yaml::Limits) -> Result<Vec<Value>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let docs =
-        yaml::parse_documents(&text, limits).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_objects(path: &Path, limits: &yaml::Limits) -> Result<Vec<Value>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let docs = yaml::parse_documents(&text, limits).map_err(|source| Error::Yaml {
+        path: path.to_owned(),
+        source,
+    })?;
     let mut objects = Vec::with_capacity(docs.len());
     for doc in docs {
-        expand(doc.value, "", &doc.lines, &mut objects).map_err(|(line, message)| match line {
-            Some(line) => format!("{}:{line}: {message}", path.display()),
-            None => format!("{}: {message}", path.display()),
+        expand(doc.value, "", &doc.lines, &mut objects).map_err(|(line, message)| {
+            Error::Object {
+                path: path.to_owned(),
+                line,
+                message,
+            }
         })?;
         if objects.len() > limits.max_documents {
-            return Err(format!(
-                "{}: more than {} objects in one file, counting the items of List documents \
-                 (the limit)",
-                path.display(),
-                limits.max_documents
-            ));
+            return Err(Error::TooManyObjects {
+                path: path.to_owned(),
+                limit: limits.max_documents,
+            });
         }
     }
     Ok(objects)
@@ -99,8 +131,10 @@ mod tests {
     fn read(text: &str, limits: &yaml::Limits) -> Result<Vec<Value>, String> {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         file.write_all(text.as_bytes()).unwrap();
-        read_objects(file.path(), limits)
-            .map_err(|e| e.replace(&file.path().display().to_string(), "FILE"))
+        read_objects(file.path(), limits).map_err(|e| {
+            e.to_string()
+                .replace(&file.path().display().to_string(), "FILE")
+        })
     }
 
     #[test]

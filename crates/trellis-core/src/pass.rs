@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::plan::{Apply, ObjectKey, Plan, why_not_selected};
+use crate::plan::{Apply, FailureReason, ObjectKey, Plan, why_not_selected};
 use crate::rules::CompiledRule;
 
 /// Annotation that pauses reconciliation of one parent.
@@ -232,7 +232,7 @@ impl Rounds {
         if self.failed {
             return Finish::WriteFailed;
         }
-        if plan.failure_reason == Some("InvalidSpec") {
+        if plan.failure_reason == Some(FailureReason::InvalidSpec) {
             // Only an edit of the parent (or the rule) can fix it; its
             // Warning stays recorded so that a wake-up without an edit
             // writes nothing.

@@ -41,22 +41,13 @@ use serde_json::Value;
 
 use crate::kinds::Gvk;
 use crate::render;
-use crate::rules::CompiledRule;
 use crate::rules::model::{Policy, Scope};
+use crate::rules::{CompiledChild, CompiledRule};
 
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-pub const LABEL_RULE: &str = "trellis.dev/rule";
-pub const LABEL_CHILD: &str = "trellis.dev/child";
-pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
-/// The revision of the rule version that rendered the child.
-pub const LABEL_REVISION: &str = "trellis.dev/revision";
-pub const MANAGED_BY: &str = "trellis";
-/// On children with `deletionPolicy: retain`: released, never deleted, by
-/// whichever rule version or cleanup finds them.
-pub const LABEL_DELETION_POLICY: &str = "trellis.dev/deletion-policy";
-pub const RETAIN: &str = "retain";
-/// On `recreate` children: the hash of the rendering the object came from.
-pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
+pub use crate::labels::{
+    ANNOTATION_RENDER_HASH, LABEL_CHILD, LABEL_DELETION_POLICY, LABEL_MANAGED_BY, LABEL_PARENT_UID,
+    LABEL_REVISION, LABEL_RULE, MANAGED_BY, RETAIN,
+};
 /// Used when an offline parent file has no `metadata.uid`.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -110,6 +101,41 @@ impl Pending {
     }
 }
 
+/// Why a pass failed: the reason of the parent's `Ready` and `Synced`
+/// conditions (and of the Warning) when a pass has errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The spec cannot be planned as it stands (not an object, refused by
+    /// the rule's or the CRD's schema): only an edit of the parent fixes it.
+    InvalidSpec,
+    /// A template, expression, status field or condition failed, or the
+    /// parent does not fit its kind's scope; the default for a failed pass.
+    RenderError,
+    /// The operator could not decode the parent.
+    Undecodable,
+    /// A related entry reads outside the parent's namespace without
+    /// `allowCrossNamespace`.
+    CrossNamespaceRefused,
+}
+
+impl FailureReason {
+    /// The condition reason, as written to the parent's status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::InvalidSpec => "InvalidSpec",
+            FailureReason::RenderError => "RenderError",
+            FailureReason::Undecodable => "Undecodable",
+            FailureReason::CrossNamespaceRefused => "CrossNamespaceRefused",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Everything one reconcile pass must do for one parent.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
@@ -122,7 +148,7 @@ pub struct Plan {
     /// What failed in this pass; non-empty means nothing was pruned.
     pub errors: Vec<String>,
     /// `Synced` reason when the pass failed (`InvalidSpec`, `RenderError`, …).
-    pub failure_reason: Option<&'static str>,
+    pub failure_reason: Option<FailureReason>,
     /// Children without ownerReference, or `deletion.order: reverse`: the
     /// parent needs the cleanup finalizer.
     pub needs_finalizer: bool,
@@ -145,24 +171,29 @@ pub struct Input<'a> {
     /// RFC 3339 timestamp used for new condition transitions.
     pub now: &'a str,
     /// Every kind's scope: discovery's on a live cluster; offline, the
-    /// rule's `scope:` hints, then the built-in table (`offline::render`).
+    /// rule's `scope:` hints, then the built-in table (`plan::offline_input`).
     pub scope_of: ScopeOf<'a>,
 }
 
 /// The pass for a parent the operator could not decode (`why`): no child is
 /// rendered, applied or pruned; the status says why, with reason `Undecodable`.
 pub fn undecodable(rule: &CompiledRule, input: &Input, why: &str) -> Plan {
-    refused(rule, input, vec![why.to_owned()], "Undecodable")
+    refused(
+        rule,
+        input,
+        vec![why.to_owned()],
+        FailureReason::Undecodable,
+    )
 }
 
 /// The pass for a parent its CRD's schema refuses (`render --crds`): as for
 /// a spec the rule's `schema` refuses, nothing is rendered or pruned and
 /// the status says why, with reason `InvalidSpec`.
 pub fn refused_by_crd(rule: &CompiledRule, input: &Input, errors: Vec<String>) -> Plan {
-    refused(rule, input, errors, "InvalidSpec")
+    refused(rule, input, errors, FailureReason::InvalidSpec)
 }
 
-fn refused(rule: &CompiledRule, input: &Input, errors: Vec<String>, reason: &'static str) -> Plan {
+fn refused(rule: &CompiledRule, input: &Input, errors: Vec<String>, reason: FailureReason) -> Plan {
     let info = ParentInfo::of(input.parent);
     let mut plan = Plan {
         errors,
@@ -183,57 +214,28 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     // the pass below writes `parent.spec` (found by the fuzzer: a parent
     // that is a list, with a cluster-scoped kind, panicked).
     if !input.parent.is_object() {
-        plan.errors
-            .push(format!("{}: the parent is not an object", rule.parent.kind));
-        plan.failure_reason = Some("InvalidSpec");
-        plan.status = status_for_failure(rule, input, &info, &plan);
-        return plan;
+        let error = format!("{}: the parent is not an object", rule.parent.kind);
+        return refused(rule, input, vec![error], FailureReason::InvalidSpec);
     }
 
     if let Some(error) = parent::scope_error(rule, &info, input) {
-        plan.errors.push(error);
-        plan.failure_reason = Some("RenderError");
-        plan.status = status_for_failure(rule, input, &info, &plan);
-        return plan;
+        return refused(rule, input, vec![error], FailureReason::RenderError);
     }
     let spec = match parent::effective_spec(rule, input.parent) {
         Ok(spec) => spec,
-        Err(problems) => {
-            plan.errors = problems;
-            plan.failure_reason = Some("InvalidSpec");
-            plan.status = status_for_failure(rule, input, &info, &plan);
-            return plan;
-        }
+        Err(problems) => return refused(rule, input, problems, FailureReason::InvalidSpec),
     };
     let parent = with_spec(input.parent, spec);
 
     let observed = input.observed.children_of(&rule.name, &info.uid);
     let mut children = Children::observed(rule, &observed);
-    // Converted once: `spec` and `metadata` are the parent's own values
-    // (shared, not copies), which halves the conversion cost of a pass.
-    let parent_value = render::to_value(&parent);
-    let field = |name: &str| {
-        parent_value
-            .get_attr(name)
-            .ok()
-            .filter(|v| !v.is_undefined())
-            .unwrap_or_else(|| minijinja::Value::from(()))
-    };
-    let parent_ctx = context! {
-        spec => field("spec"),
-        metadata => field("metadata"),
-        parent => parent_value,
-        rule => context! { name => rule.name.clone() },
-    };
+    let parent_ctx = parent::parent_context(rule, &parent);
     // Related entries decide what the pass may read: a refusal stops it
     // before anything is read or written.
     let related = match related::resolve(rule, &parent_ctx, &info, input) {
         Ok(resolved) => resolved,
         Err(failure) => {
-            plan.errors.push(failure.error.to_string());
-            plan.failure_reason = Some(failure.reason);
-            plan.status = status_for_failure(rule, input, &info, &plan);
-            return plan;
+            return refused(rule, input, vec![failure.error.to_string()], failure.reason);
         }
     };
     plan.reads = related.reads;
@@ -243,9 +245,6 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
     let reads_ctx = context! {
         related => render::to_value(&related.context),
         ..parent_ctx
-    };
-    let with_children = |fixed: &minijinja::Value, children: &Children| {
-        context! { children => children.context(), ..fixed.clone() }
     };
     // A var that fails is reported once; only what reads it is withheld.
     let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));
@@ -300,29 +299,15 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 if children.rendered(id, rendered.iter().map(|(a, _)| &a.key)) {
                     base = with_children(&fixed, &children);
                 }
-                for (a, _) in &rendered {
-                    if !desired_keys.insert(a.key.clone()) {
-                        plan.errors.push(format!(
-                            "child \"{id}\": {} is rendered twice in this rule",
-                            a.key
-                        ));
-                    }
-                }
-                // A failed `readyWhen` is an error of the pass (nothing is
-                // pruned) and holds back the child's dependents; the child
-                // itself is applied, its readiness being read off the object.
-                let ready = match child_ready(rule, child, &base, &observed, &rendered) {
-                    Ok(ready) => ready,
-                    Err(err) => {
-                        let why = err.to_string();
-                        plan.errors.push(why.clone());
-                        Err(why)
-                    }
-                };
-                if rendered.iter().any(|(a, _)| !a.owned) {
-                    plan.needs_finalizer = true;
-                }
-                plan.apply.extend(rendered.into_iter().map(|(a, _)| a));
+                let ready = take_rendered(
+                    rule,
+                    child,
+                    rendered,
+                    &base,
+                    &observed,
+                    &mut desired_keys,
+                    &mut plan,
+                );
                 outcome.insert(i, Outcome::Rendered(ready));
             }
         }
@@ -343,7 +328,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         plan.needs_finalizer = true;
     }
     if !plan.errors.is_empty() && plan.failure_reason.is_none() {
-        plan.failure_reason = Some("RenderError");
+        plan.failure_reason = Some(FailureReason::RenderError);
     }
 
     if rule.writes_status() {
@@ -352,36 +337,102 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             children: &outcome,
             patches: &patched.outcome,
         };
-        let (status, errors) = build_status(rule, input, &info, &plan, &outcomes, &base, &children);
-        plan.status = Some(status);
-        // A failed status field or condition is an error of the pass (render
-        // exits 2, the operator reports it), though children were applied.
-        if !errors.is_empty() {
-            plan.errors.extend(errors);
-            plan.failure_reason.get_or_insert("RenderError");
-        }
+        plan_status(rule, input, &info, &outcomes, &base, &children, &mut plan);
     }
 
     // Prune: only on a clean pass, decided once every error of the pass
     // (status fields and conditions included) is known.
     if plan.errors.is_empty() {
-        let (retain, delete) = prune(rule, &observed, &outcome, &desired_keys)
-            .into_iter()
-            .partition(|d| {
-                let obj = input.observed.objects.get(&d.key);
-                obj.is_some_and(retained)
-                    || rule.child(&d.id).is_some_and(|c| {
-                        c.spec.deletion_policy == crate::rules::model::DeletionPolicy::Retain
-                    })
-            });
-        plan.delete = delete;
-        plan.retain = retain;
+        plan_prune(rule, input, &observed, &outcome, &desired_keys, &mut plan);
         if !patched.holding {
             let manager = patch::field_manager(&rule.name, &info.uid);
             plan.release = patch::releases(input, &manager, &plan.patches);
         }
     }
     plan
+}
+
+/// The parent's new status, and its failed fields and conditions as errors
+/// of the pass (render exits 2, the operator reports them), though the
+/// children were applied.
+fn plan_status(
+    rule: &CompiledRule,
+    input: &Input,
+    info: &ParentInfo,
+    outcomes: &Outcomes,
+    base: &minijinja::Value,
+    children: &Children,
+    plan: &mut Plan,
+) {
+    let (status, errors) = build_status(rule, input, info, plan, outcomes, base, children);
+    plan.status = Some(status);
+    if !errors.is_empty() {
+        plan.errors.extend(errors);
+        plan.failure_reason
+            .get_or_insert(FailureReason::RenderError);
+    }
+}
+
+/// A rendered child's objects into the plan (each key once in the rule),
+/// and its readiness for the children that depend on it.
+fn take_rendered(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    rendered: Vec<(Apply, Option<Item>)>,
+    base: &minijinja::Value,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    desired_keys: &mut BTreeSet<ObjectKey>,
+    plan: &mut Plan,
+) -> Result<(), String> {
+    let id = &child.spec.id;
+    for (a, _) in &rendered {
+        if !desired_keys.insert(a.key.clone()) {
+            plan.errors.push(format!(
+                "child \"{id}\": {} is rendered twice in this rule",
+                a.key
+            ));
+        }
+    }
+    // A failed `readyWhen` is an error of the pass (nothing is
+    // pruned) and holds back the child's dependents; the child
+    // itself is applied, its readiness being read off the object.
+    let ready = match child_ready(rule, child, base, observed, &rendered) {
+        Ok(ready) => ready,
+        Err(err) => {
+            let why = err.to_string();
+            plan.errors.push(why.clone());
+            Err(why)
+        }
+    };
+    if rendered.iter().any(|(a, _)| !a.owned) {
+        plan.needs_finalizer = true;
+    }
+    plan.apply.extend(rendered.into_iter().map(|(a, _)| a));
+    ready
+}
+
+/// What a clean pass prunes: the observed children it no longer renders,
+/// deleted, or released where they are to be retained (the child's
+/// `deletionPolicy: retain`, or the object's own retain label).
+fn plan_prune(
+    rule: &CompiledRule,
+    input: &Input,
+    observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
+    outcome: &BTreeMap<usize, Outcome>,
+    desired_keys: &BTreeSet<ObjectKey>,
+    plan: &mut Plan,
+) {
+    let (retain, delete) = prune(rule, observed, outcome, desired_keys)
+        .into_iter()
+        .partition(|d| {
+            let obj = input.observed.objects.get(&d.key);
+            obj.is_some_and(retained)
+                || rule.child(&d.id).is_some_and(|c| {
+                    c.spec.deletion_policy == crate::rules::model::DeletionPolicy::Retain
+                })
+        });
+    plan.delete = delete;
+    plan.retain = retain;
 }
 
 /// Whether an observed child is to be released rather than deleted: it
@@ -433,6 +484,7 @@ mod children;
 mod conditions;
 mod object;
 mod observed;
+pub mod offline_input;
 mod parent;
 mod patch;
 mod related;
@@ -441,7 +493,7 @@ mod vars;
 
 pub use child::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};
-use children::Children;
+use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};

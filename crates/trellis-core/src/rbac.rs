@@ -231,7 +231,7 @@ fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Va
     for rule in rules {
         operator_rule_grants(rule, &mut grants);
         if manage_crds && rule.crd.is_some() {
-            let crd = crate::crd::name(&rule.rule);
+            let crd = crate::rules::crd::name(&rule.rule);
             for verb in [Get, Create, Patch] {
                 grants.allow_named(
                     "apiextensions.k8s.io",

@@ -3,9 +3,9 @@
 //!
 //! Pure functions over JSON values; `plan` decides when to call them.
 
-use jsonpath_rust::parser::model::{JpQuery, Segment, Selector};
-use jsonpath_rust::query::js_path_process;
 use serde_json::{Map, Value, json};
+
+use crate::json_path::{is_singular, query_value};
 
 use crate::rules::{CompiledField, FieldSource};
 
@@ -69,27 +69,6 @@ pub fn json_path_unobserved(field: &CompiledField) -> Option<Value> {
         return None;
     };
     (!is_singular(query)).then(|| Value::Array(Vec::new()))
-}
-
-/// [`json_path_value`] for a parsed query.
-pub fn query_value(query: &JpQuery, observed: &Value) -> Option<Value> {
-    let matches = js_path_process(query, observed).ok()?;
-    let mut values = matches.into_iter().map(|m| m.val.clone());
-    if is_singular(query) {
-        values.next()
-    } else {
-        Some(Value::Array(values.collect()))
-    }
-}
-
-/// Whether a query is singular in RFC 9535's sense.
-pub fn is_singular(query: &JpQuery) -> bool {
-    let one = |s: &Selector| matches!(s, Selector::Name(_) | Selector::Index(_));
-    query.segments.iter().all(|segment| match segment {
-        Segment::Selector(s) => one(s),
-        Segment::Selectors(list) => list.len() == 1 && list.iter().all(one),
-        Segment::Descendant(_) => false,
-    })
 }
 
 /// Sets `value` at `path` under `root`, creating objects on the way.

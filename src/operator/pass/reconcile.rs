@@ -378,7 +378,10 @@ impl Pass<'_> {
     async fn report(&mut self, plan: &Plan) -> Result<(), Error> {
         let (ctx, rule, parent, key) = (self.ctx, self.rule, self.parent, self.key);
         if !plan.errors.is_empty() {
-            let reason = plan.failure_reason.unwrap_or("RenderError");
+            let reason = plan
+                .failure_reason
+                .unwrap_or(plan::FailureReason::RenderError)
+                .as_str();
             warn!(rule = %rule.name, parent = %key, reason, "{}", plan.errors.join("; "));
             ctx.warn(parent, reason, plan.errors.join("; ")).await;
         }

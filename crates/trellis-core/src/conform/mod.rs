@@ -146,7 +146,7 @@ fn parent_scope(rule: &CompiledRule, cx: &Context) -> Scope {
                 .spec
                 .crd
                 .as_ref()
-                .map(|_| crate::crd::scope(&rule.rule))
+                .map(|_| crate::rules::crd::scope(&rule.rule))
         })
         .unwrap_or_else(|| crate::kinds::scope(&rule.parent))
 }
@@ -154,11 +154,17 @@ fn parent_scope(rule: &CompiledRule, cx: &Context) -> Scope {
 /// Every child and patch rendered for `parent`; `Err` when it is refused.
 fn render_sample(rule: &CompiledRule, parent: &Value, cx: &Context) -> Result<Sample, Vec<String>> {
     let hint = crate::crd::offline::parent_scope(rule, parent, cx.crds);
-    let scope_of = crate::offline::render::offline_scope_with(rule, hint);
+    let scope_of = crate::plan::offline_input::offline_scope_with(rule, hint);
     let observed = if cx.observed.is_empty() {
         Observed::from_objects(Vec::new())
     } else {
-        crate::offline::render::label_observed(rule, parent, cx.observed.to_vec(), NOW, &scope_of)
+        crate::plan::offline_input::label_observed(
+            rule,
+            parent,
+            cx.observed.to_vec(),
+            NOW,
+            &scope_of,
+        )
     };
     let input = Input {
         parent,
@@ -351,6 +357,3 @@ fn template_path(rule_file: &Path, rel: &str) -> PathBuf {
         .unwrap_or_else(|| Path::new(""))
         .join(rel)
 }
-
-#[cfg(test)]
-mod tests;

@@ -2,13 +2,25 @@
 //! offline commands learn from them about a parent kind — its scope, its
 //! schema, and which status fields its status schema would prune.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::kinds::Gvk;
 use crate::rules::model::Scope;
 use crate::rules::{CompiledRule, Diagnostic};
+
+/// Why `--crds` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: {source}", path.display())]
+    ReadDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Manifest(#[from] crate::manifests::Error),
+}
 
 /// Every CustomResourceDefinition found under a path (a file or a directory
 /// of `*.yaml`/`*.yml`/`*.json`).
@@ -18,11 +30,13 @@ pub struct OfflineCrds {
 }
 
 impl OfflineCrds {
-    pub fn load(path: &Path) -> Result<OfflineCrds, String> {
+    pub fn load(path: &Path) -> Result<OfflineCrds, LoadError> {
         let mut files = Vec::new();
         if path.is_dir() {
-            let entries =
-                std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let entries = std::fs::read_dir(path).map_err(|source| LoadError::ReadDir {
+                path: path.to_owned(),
+                source,
+            })?;
             for entry in entries.flatten() {
                 let p = entry.path();
                 let ext = p.extension().and_then(|x| x.to_str()).unwrap_or_default();
@@ -50,7 +64,7 @@ impl OfflineCrds {
     pub fn generated<'a>(rules: impl IntoIterator<Item = &'a CompiledRule>) -> OfflineCrds {
         let crds = rules
             .into_iter()
-            .filter_map(|rule| super::generate(&rule.rule).0)
+            .filter_map(|rule| crate::rules::crd::generate(&rule.rule).0)
             .collect();
         OfflineCrds { crds }
     }
@@ -95,7 +109,11 @@ pub fn parent_scope(
     let spec = &rule.rule.spec;
     spec.parent
         .scope
-        .or_else(|| spec.crd.as_ref().map(|_| super::scope(&rule.rule)))
+        .or_else(|| {
+            spec.crd
+                .as_ref()
+                .map(|_| crate::rules::crd::scope(&rule.rule))
+        })
         .or_else(|| {
             let has_ns = parent.pointer("/metadata/namespace").is_some();
             (!rule.parent.is_builtin() && !has_ns).then_some(Scope::Cluster)
@@ -257,95 +275,6 @@ pub fn validate_parent(version: &Value, parent: &Value) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
-
-    #[test]
-    fn offline_crds_give_scope_schema_checks_and_dropped_status_warnings() {
-        use super::{OfflineCrds, dropped_status_fields, parent_scope};
-        let dir = tempfile::tempdir().unwrap();
-        let crd = json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": "apps.demo.example.com"},
-            "spec": {
-                "group": "demo.example.com",
-                "scope": "Cluster",
-                "names": {"kind": "App", "plural": "apps"},
-                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "spec": {"type": "object", "properties": {
-                            "replicas": {"type": "integer", "maximum": 5, "default": 1},
-                        }},
-                        "status": {"type": "object", "properties": {
-                            "observedGeneration": {"type": "integer"},
-                            "conditions": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                            "ready": {"type": "integer"},
-                        }},
-                    },
-                }}}],
-            },
-        });
-        std::fs::write(
-            dir.path().join("app.yaml"),
-            crate::yaml::to_string(&crd).unwrap(),
-        )
-        .unwrap();
-        let crds = OfflineCrds::load(dir.path()).unwrap();
-        let rule = crate::rules::testing::rule_with_spec(
-            "  parent: {apiVersion: demo.example.com/v1, kind: App}
-  children:
-    - id: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: |
-        metadata: {namespace: team, name: {{ parent.metadata.name }}}
-  status:
-    fields:
-      - {path: ready, value: '1'}
-      - {path: url, value: \"'x'\"}
-",
-        );
-        let parent = json!({"apiVersion": "demo.example.com/v1", "kind": "App",
-        "metadata": {"name": "a", "namespace": "ns"}, "spec": {"replicas": 9}});
-        assert_eq!(
-            parent_scope(&rule, &parent, Some(&crds)),
-            Some(crate::rules::model::Scope::Cluster)
-        );
-        let doc = crate::offline::render::render_document_with(
-            &rule,
-            &parent,
-            vec![],
-            "2026-11-29T00:00:00Z",
-            Some(&crds),
-        );
-        let errors: Vec<&str> = doc["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.contains("cluster-scoped parent must not have metadata.namespace")),
-            "{errors:?}"
-        );
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.starts_with("the CRD's schema refuses spec.replicas")),
-            "{errors:?}"
-        );
-        let (crd_doc, version) = crds.find(&rule.parent).unwrap();
-        let warnings = dropped_status_fields(&rule, crd_doc, version);
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert_eq!(warnings[0].field, "spec.status.fields[1].path");
-        assert!(
-            warnings[0].message.contains("would drop .status.url"),
-            "{}",
-            warnings[0]
-        );
-    }
 
     #[test]
     fn offline_parent_check_reads_nullable_int_or_string_and_set_lists_as_the_api_server_does() {

@@ -1,7 +1,11 @@
 //! What the offline commands decide, without a cluster: the diagnostics of
 //! a rule set ([`check`]) and one pass over a parent file ([`render`]).
-//! The binary's `cli` reads the inputs and prints; `lsp`, `conform` and the
-//! golden tests call these directly.
+//! The binary's `cli` reads the inputs and prints; `lsp` and the golden
+//! tests call these directly. `check` runs `crate::conform`, whose tests go
+//! through `check`'s pipeline and so live here (`tests_conform.rs`).
 
 pub mod check;
 pub mod render;
+
+#[cfg(test)]
+mod tests_conform;

@@ -1,19 +1,40 @@
 //! One pass offline, as `trellis render` prints it and the golden tests,
-//! `check` and the LSP use it: which rule takes a parent, the scope of
-//! kinds without a cluster, observed objects labelled as trellis would have
-//! labelled them, and the document a pass prints.
+//! `check` and the LSP use it: which rule takes a parent and the document a
+//! pass prints. The pass's inputs made up without a cluster (the scope of
+//! kinds, observed objects labelled as trellis would have labelled them)
+//! are `crate::plan::offline_input`'s.
 
 use serde_json::{Value, json};
 
 use crate::crd::offline::OfflineCrds;
-use crate::kinds::{self, Gvk};
-use crate::plan::{self, Input, LABEL_CHILD, LABEL_RULE, ObjectKey, Observed};
-use crate::rules::model::Scope;
+use crate::kinds::Gvk;
+use crate::plan::offline_input::{label_observed, offline_scope_with};
+use crate::plan::{self, Input, ObjectKey, Observed};
 use crate::rules::{CompiledRule, RuleSet};
+
+/// Why no one rule takes a parent.
+#[derive(Debug, thiserror::Error)]
+pub enum NoRule {
+    /// Rules of the parent's kind exist and none selects it: (rule, why).
+    #[error("{}", not_selected(.0))]
+    NotSelected(Vec<(String, String)>),
+    #[error("no rule matches a parent of kind {0}")]
+    NoneOfKind(Gvk),
+    #[error("several rules match a parent of kind {gvk}: {}", names.join(", "))]
+    Several { gvk: Gvk, names: Vec<String> },
+}
+
+fn not_selected(rules: &[(String, String)]) -> String {
+    rules
+        .iter()
+        .map(|(name, why)| format!("rule {name} does not select this parent: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
 
 /// The rule for a parent object: same apiVersion/kind, and its namespaces and
 /// selector (if any) match.
-pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, String> {
+pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule, NoRule> {
     let api_version = parent
         .get("apiVersion")
         .and_then(Value::as_str)
@@ -30,144 +51,22 @@ pub fn rule_for<'a>(set: &'a RuleSet, parent: &Value) -> Result<&'a CompiledRule
         .filter(|r| crate::plan::parent_matches(r, parent))
         .collect();
     match candidates.as_slice() {
-        [] if !of_kind.is_empty() => Err(of_kind
-            .iter()
-            .map(|r| {
-                let why = crate::plan::why_not_selected(r, parent).unwrap_or_default();
-                format!("rule {} does not select this parent: {why}", r.name)
-            })
-            .collect::<Vec<_>>()
-            .join("; ")),
-        [] => Err(format!("no rule matches a parent of kind {gvk}")),
-        [one] => Ok(one),
-        many => Err(format!(
-            "several rules match a parent of kind {gvk}: {}",
-            many.iter()
-                .map(|r| r.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+        [] if !of_kind.is_empty() => Err(NoRule::NotSelected(
+            of_kind
+                .iter()
+                .map(|r| {
+                    let why = crate::plan::why_not_selected(r, parent).unwrap_or_default();
+                    (r.name.clone(), why)
+                })
+                .collect(),
         )),
+        [] => Err(NoRule::NoneOfKind(gvk)),
+        [one] => Ok(one),
+        many => Err(NoRule::Several {
+            gvk,
+            names: many.iter().map(|r| r.name.clone()).collect(),
+        }),
     }
-}
-
-/// Scope of a kind offline: for the parent kind, the rule's
-/// `spec.parent.scope`, else its generated CRD's (`crd:`); else the built-in
-/// table (children may override it per child).
-pub fn offline_scope(rule: &CompiledRule) -> impl Fn(&Gvk) -> Scope + '_ {
-    let hint = rule.rule.spec.parent.scope.or_else(|| {
-        rule.rule
-            .spec
-            .crd
-            .as_ref()
-            .map(|_| crate::crd::scope(&rule.rule))
-    });
-    offline_scope_with(rule, hint)
-}
-
-/// Like [`offline_scope`], with the parent kind's scope given. A child's or
-/// related entry's `scope:` hint comes next, then the built-in table. Hints
-/// are offline only: on a live cluster discovery alone says (the planner
-/// never reads them), so a wrong hint cannot move a child's namespace.
-pub fn offline_scope_with(rule: &CompiledRule, hint: Option<Scope>) -> impl Fn(&Gvk) -> Scope + '_ {
-    move |gvk: &Gvk| {
-        if gvk.group == rule.parent.group
-            && gvk.kind == rule.parent.kind
-            && let Some(scope) = hint
-        {
-            return scope;
-        }
-        let same = |g: &Gvk| g.group == gvk.group && g.kind == gvk.kind;
-        let children = rule
-            .children
-            .iter()
-            .filter(|c| same(&c.gvk))
-            .map(|c| c.spec.scope);
-        let related = rule
-            .related
-            .iter()
-            .filter(|r| same(&r.gvk))
-            .map(|r| r.spec.scope);
-        children
-            .chain(related)
-            .flatten()
-            .next()
-            .unwrap_or_else(|| kinds::scope(gvk))
-    }
-}
-
-/// Gives unlabelled observed objects the labels trellis would have put on
-/// them, by matching kind and name against a render. Hand-written
-/// `--observed` files can then omit the labels.
-///
-/// A child held back by `dependsOn` is only rendered once its dependencies
-/// are found ready, so this labels, renders again and labels again until a
-/// pass labels nothing new (each pass that does adds at least one child id).
-pub fn label_observed(
-    rule: &CompiledRule,
-    parent: &Value,
-    mut observed: Vec<Value>,
-    now: &str,
-    scope_of: &dyn Fn(&Gvk) -> Scope,
-) -> Observed {
-    let uid = parent
-        .pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or(plan::PLACEHOLDER_UID)
-        .to_owned();
-    for _ in 0..=rule.children.len() {
-        let labelled = Observed::from_objects(observed.iter().cloned());
-        let trial = plan::plan(
-            rule,
-            &Input {
-                parent,
-                observed: &labelled,
-                now,
-                scope_of,
-            },
-        );
-        let mut changed = false;
-        for obj in &mut observed {
-            let has_label = obj
-                .pointer("/metadata/labels")
-                .and_then(|l| l.get(LABEL_CHILD))
-                .is_some();
-            if has_label {
-                continue;
-            }
-            let Some(key) = ObjectKey::of(obj) else {
-                continue;
-            };
-            // The namespace counts when the file gives one: a related
-            // object (config-propagation's source ConfigMap) shares its
-            // copies' kind and name, and is not one of them.
-            let Some(apply) = trial.apply.iter().find(|a| {
-                a.key.group == key.group
-                    && a.key.kind == key.kind
-                    && a.key.name == key.name
-                    && (key.namespace.is_none() || key.namespace == a.key.namespace)
-            }) else {
-                continue;
-            };
-            let meta = &mut obj["metadata"];
-            if meta.get("namespace").is_none()
-                && let Some(ns) = &apply.key.namespace
-            {
-                meta["namespace"] = json!(ns);
-            }
-            let labels = &mut meta["labels"];
-            if !labels.is_object() {
-                *labels = json!({});
-            }
-            labels[LABEL_RULE] = json!(rule.name);
-            labels[LABEL_CHILD] = json!(apply.id);
-            labels[plan::LABEL_PARENT_UID] = json!(uid);
-            changed = true;
-        }
-        if !changed {
-            break;
-        }
-    }
-    Observed::from_objects(observed)
 }
 
 /// Counts the parent file as observed: the operator's caches hold the
@@ -467,7 +366,7 @@ mod tests {
         metadata: {name: x}
 ",
         );
-        let scope_of = super::offline_scope(&hinted);
+        let scope_of = crate::plan::offline_input::offline_scope(&hinted);
         assert_eq!(scope_of(&Gvk::new("v1", "ConfigMap")), Scope::Cluster);
         assert_eq!(
             scope_of(&Gvk::new("demo.trellis.dev/v1", "App")),
@@ -478,7 +377,7 @@ mod tests {
             "  parent: {{apiVersion: demo.trellis.dev/v1, kind: App}}\n{CHAIN}"
         ));
         assert_eq!(
-            super::offline_scope(&plain)(&Gvk::new("v1", "ConfigMap")),
+            crate::plan::offline_input::offline_scope(&plain)(&Gvk::new("v1", "ConfigMap")),
             Scope::Namespaced
         );
     }
@@ -578,6 +477,95 @@ spec:
         assert_eq!(
             (&synced["type"], &synced["reason"]),
             (&json!("Synced"), &json!("InvalidSpec"))
+        );
+    }
+
+    #[test]
+    fn offline_crds_give_scope_schema_checks_and_dropped_status_warnings() {
+        use crate::crd::offline::{OfflineCrds, dropped_status_fields, parent_scope};
+        let dir = tempfile::tempdir().unwrap();
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "apps.demo.example.com"},
+            "spec": {
+                "group": "demo.example.com",
+                "scope": "Cluster",
+                "names": {"kind": "App", "plural": "apps"},
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "properties": {
+                            "replicas": {"type": "integer", "maximum": 5, "default": 1},
+                        }},
+                        "status": {"type": "object", "properties": {
+                            "observedGeneration": {"type": "integer"},
+                            "conditions": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                            "ready": {"type": "integer"},
+                        }},
+                    },
+                }}}],
+            },
+        });
+        std::fs::write(
+            dir.path().join("app.yaml"),
+            crate::yaml::to_string(&crd).unwrap(),
+        )
+        .unwrap();
+        let crds = OfflineCrds::load(dir.path()).unwrap();
+        let rule = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.example.com/v1, kind: App}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata: {namespace: team, name: {{ parent.metadata.name }}}
+  status:
+    fields:
+      - {path: ready, value: '1'}
+      - {path: url, value: \"'x'\"}
+",
+        );
+        let parent = json!({"apiVersion": "demo.example.com/v1", "kind": "App",
+        "metadata": {"name": "a", "namespace": "ns"}, "spec": {"replicas": 9}});
+        assert_eq!(
+            parent_scope(&rule, &parent, Some(&crds)),
+            Some(crate::rules::model::Scope::Cluster)
+        );
+        let doc = super::render_document_with(
+            &rule,
+            &parent,
+            vec![],
+            "2026-11-29T00:00:00Z",
+            Some(&crds),
+        );
+        let errors: Vec<&str> = doc["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("cluster-scoped parent must not have metadata.namespace")),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("the CRD's schema refuses spec.replicas")),
+            "{errors:?}"
+        );
+        let (crd_doc, version) = crds.find(&rule.parent).unwrap();
+        let warnings = dropped_status_fields(&rule, crd_doc, version);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "spec.status.fields[1].path");
+        assert!(
+            warnings[0].message.contains("would drop .status.url"),
+            "{}",
+            warnings[0]
         );
     }
 }

@@ -188,9 +188,9 @@ fn an_invalid_spec_stops_until_an_edit_and_a_render_error_fails_the_pass() {
     let rounds = Rounds::new(&r);
     let mut plan = plan_with(&r, &parent(json!({})), &[]);
     plan.errors = vec!["bad".into()];
-    plan.failure_reason = Some("RenderError");
+    plan.failure_reason = Some(FailureReason::RenderError);
     assert_eq!(rounds.finish(&plan, None), Finish::PlanFailed);
-    plan.failure_reason = Some("InvalidSpec");
+    plan.failure_reason = Some(FailureReason::InvalidSpec);
     assert_eq!(rounds.finish(&plan, None), Finish::Stop);
 }
 

@@ -142,3 +142,9 @@ impl Children {
         }
     }
 }
+
+/// `fixed` (parent, related entries, vars) with `children` as it stands:
+/// rebuilt whenever a child renders or is excluded (item order).
+pub(super) fn with_children(fixed: &minijinja::Value, children: &Children) -> minijinja::Value {
+    minijinja::context! { children => children.context(), ..fixed.clone() }
+}

@@ -89,7 +89,10 @@ pub(super) fn status_for_failure(
     if !rule.writes_status() {
         return None;
     }
-    let reason = plan.failure_reason.unwrap_or("RenderError");
+    let reason = plan
+        .failure_reason
+        .unwrap_or(FailureReason::RenderError)
+        .as_str();
     let message = plan.errors.join("; ");
     let ours = [
         Condition::new("Ready", false, reason, message.clone()),
@@ -202,7 +205,9 @@ pub(super) fn build_status(
         Condition::new(
             "Synced",
             false,
-            plan.failure_reason.unwrap_or("RenderError"),
+            plan.failure_reason
+                .unwrap_or(FailureReason::RenderError)
+                .as_str(),
             all_errors.join("; "),
         )
     } else if let Some(p) = plan.pending.first() {
@@ -242,7 +247,7 @@ pub(super) fn build_status(
 
 fn ready_condition(rule: &CompiledRule, plan: &Plan, outcome: &Outcomes) -> Condition {
     if let Some(reason) = plan.failure_reason {
-        return Condition::new("Ready", false, reason, plan.errors.join("; "));
+        return Condition::new("Ready", false, reason.as_str(), plan.errors.join("; "));
     }
     let children = rule
         .order

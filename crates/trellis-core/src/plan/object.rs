@@ -57,8 +57,8 @@ pub(super) fn finish_object(
     // Always, so that turning `--shards` on costs no write: each replica
     // selects its buckets' children by this label.
     labels.insert(
-        crate::shard::LABEL_BUCKET.into(),
-        json!(crate::shard::bucket_of(&info.uid).to_string()),
+        crate::labels::LABEL_BUCKET.into(),
+        json!(crate::labels::bucket_of(&info.uid).to_string()),
     );
     if child.spec.deletion_policy == DeletionPolicy::Retain {
         labels.insert(LABEL_DELETION_POLICY.into(), json!(RETAIN));

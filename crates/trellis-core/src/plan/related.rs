@@ -131,7 +131,7 @@ pub fn selector_matches_with<'a>(
 
 /// Failure of one entry that stops the pass.
 pub(super) struct RelatedFailure {
-    pub reason: &'static str,
+    pub reason: FailureReason,
     pub error: RenderError,
 }
 
@@ -145,7 +145,7 @@ fn render_text(
         .render(id, ctx, what)
         .map(|s| s.trim().to_owned())
         .map_err(|error| RelatedFailure {
-            reason: "RenderError",
+            reason: FailureReason::RenderError,
             error,
         })
 }
@@ -162,7 +162,7 @@ fn render_yaml(
         ..yaml::Limits::FILES
     };
     yaml::parse_value(&text, &limits).map_err(|e| RelatedFailure {
-        reason: "RenderError",
+        reason: FailureReason::RenderError,
         error: RenderError {
             what: what.to_owned(),
             message: format!("rendered text is not valid YAML: {e}"),
@@ -177,7 +177,7 @@ fn resolve_selector(
 ) -> Result<LabelSelector, RelatedFailure> {
     let what = format!("selector of related \"{}\"", entry.spec.id);
     let fail = |message: String| RelatedFailure {
-        reason: "RenderError",
+        reason: FailureReason::RenderError,
         error: RenderError {
             what: what.clone(),
             message,
@@ -240,7 +240,7 @@ fn namespace_of(
 ) -> Result<Option<String>, RelatedFailure> {
     let id = &entry.spec.id;
     let what = format!("namespace of related \"{id}\"");
-    let refuse = |reason: &'static str, message: String| RelatedFailure {
+    let refuse = |reason: FailureReason, message: String| RelatedFailure {
         reason,
         error: RenderError {
             what: format!("related \"{id}\""),
@@ -256,7 +256,7 @@ fn namespace_of(
     match (scope, &info.namespace) {
         (Scope::Cluster, _) => match named {
             Some(ns) => Err(refuse(
-                "RenderError",
+                FailureReason::RenderError,
                 format!(
                     "{} is cluster-scoped: it takes no namespace (got `{ns}`)",
                     entry.gvk.kind
@@ -270,7 +270,7 @@ fn namespace_of(
                     Ok(None)
                 } else {
                     Err(refuse(
-                        "CrossNamespaceRefused",
+                        FailureReason::CrossNamespaceRefused,
                         format!(
                             "reads every namespace, not only the parent's `{parent_ns}`; {hint}"
                         ),
@@ -282,7 +282,7 @@ fn namespace_of(
                 Some(ns) if &ns == parent_ns => Ok(Some(ns)),
                 Some(ns) if entry.spec.allow_cross_namespace => Ok(Some(ns)),
                 Some(ns) => Err(refuse(
-                    "CrossNamespaceRefused",
+                    FailureReason::CrossNamespaceRefused,
                     format!("names namespace `{ns}`, not the parent's `{parent_ns}`; {hint}"),
                 )),
             }
@@ -291,7 +291,7 @@ fn namespace_of(
             Some(ns) => Ok(Some(ns)),
             None if entry.spec.all_namespaces => Ok(None),
             None => Err(refuse(
-                "RenderError",
+                FailureReason::RenderError,
                 format!(
                     "the parent is cluster-scoped: a namespaced {} must name its namespace \
                      (or set allNamespaces: true on a selector entry)",
@@ -349,7 +349,7 @@ pub(super) fn resolve(
                 let name = render_text(rule, t, ctx, &format!("name of related \"{id}\""))?;
                 if name.is_empty() {
                     return Err(RelatedFailure {
-                        reason: "RenderError",
+                        reason: FailureReason::RenderError,
                         error: RenderError {
                             what: format!("name of related \"{id}\""),
                             message: "renders an empty name".into(),
@@ -381,7 +381,7 @@ pub(super) fn resolve(
                 let mut items = found;
                 if items.len() > MAX_RELATED_ITEMS {
                     return Err(RelatedFailure {
-                        reason: "RenderError",
+                        reason: FailureReason::RenderError,
                         error: RenderError {
                             what: format!("related \"{id}\""),
                             message: format!(

@@ -17,8 +17,8 @@ use minijinja::context;
 use serde_json::Value;
 
 use super::child::{ChildResult, Outcome, plan_child};
-use super::children::Children;
-use super::parent::{ParentInfo, effective_spec, scope_error, with_spec};
+use super::children::{Children, with_children};
+use super::parent::{ParentInfo, effective_spec, parent_context, scope_error, with_spec};
 use super::vars::Vars;
 use super::{Input, related};
 use crate::render;
@@ -72,28 +72,12 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
     // children.
     let observed = input.observed.children_of(&rule.name, &info.uid);
     let mut children = Children::observed(rule, &observed);
-    let parent_value = render::to_value(&parent);
-    let field = |name: &str| {
-        parent_value
-            .get_attr(name)
-            .ok()
-            .filter(|v| !v.is_undefined())
-            .unwrap_or_else(|| minijinja::Value::from(()))
-    };
-    let parent_ctx = context! {
-        spec => field("spec"),
-        metadata => field("metadata"),
-        parent => parent_value,
-        rule => context! { name => rule.name.clone() },
-    };
+    let parent_ctx = parent_context(rule, &parent);
     let resolved = related::resolve(rule, &parent_ctx, &info, input)
         .map_err(|failure| vec![failure.error.to_string()])?;
     let reads_ctx = context! {
         related => render::to_value(&resolved.context),
         ..parent_ctx
-    };
-    let with_children = |fixed: &minijinja::Value, children: &Children| {
-        context! { children => children.context(), ..fixed.clone() }
     };
     // As in a pass, a var that fails withholds itself from whatever reads it.
     let vars = Vars::evaluate(rule, &with_children(&reads_ctx, &children));

@@ -84,8 +84,8 @@ fn renders_child_with_labels_owner_and_parent_namespace() {
     assert_eq!(obj["metadata"]["labels"][LABEL_CHILD], "cm");
     assert_eq!(obj["metadata"]["labels"][LABEL_PARENT_UID], UID);
     assert_eq!(
-        obj["metadata"]["labels"][crate::shard::LABEL_BUCKET],
-        crate::shard::bucket_of(UID).to_string(),
+        obj["metadata"]["labels"][crate::labels::LABEL_BUCKET],
+        crate::labels::bucket_of(UID).to_string(),
         "the bucket of the parent's uid, for --shards"
     );
     assert_eq!(
@@ -150,7 +150,10 @@ fn template_cannot_change_kind() {
         "{:?}",
         p.errors
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
 }
 
 const WEB: &str = "    - id: web\n      apiVersion: apps/v1\n      kind: Deployment\n      dependsOn: [cm]\n      template: |\n        metadata:\n          name: {{ parent.metadata.name }}\n        spec:\n          replicas: {{ spec.replicas | default(1) }}\n";

@@ -681,3 +681,39 @@ fn account_roles_of_several_versions_are_one_role_per_rule() {
     assert_eq!(verbs(&roles[1], "apps", "statefulsets"), child);
     assert_eq!(verbs(&roles[1], "apps", "deployments"), child);
 }
+
+#[test]
+fn rbac_for_manage_crds_grants_create_and_patch_on_the_generated_crds_by_name() {
+    let set = crate::rules::testing::load_texts(&[(
+        "rule.yaml",
+        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent: {apiVersion: demo.example.com/v1, kind: Policy}\n  crd: {}\n",
+    )]);
+    let crd_rules = |role: &Value| -> Vec<Value> {
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["resources"] == json!(["customresourcedefinitions"]))
+            .cloned()
+            .collect()
+    };
+    let plain = cluster_role_with(&set, "trellis", false);
+    assert_eq!(
+        crd_rules(&plain),
+        [
+            json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]})
+        ]
+    );
+    let managing = cluster_role_with(&set, "trellis", true);
+    let named: Vec<Value> = crd_rules(&managing)
+        .into_iter()
+        .filter(|r| r.get("resourceNames").is_some())
+        .collect();
+    assert_eq!(
+        named,
+        [
+            json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["policies.demo.example.com"], "verbs": ["create"]}),
+            json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["policies.demo.example.com"], "verbs": ["patch"]}),
+        ]
+    );
+}

@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use jsonpath_rust::parser::model::JpQuery;
@@ -15,7 +14,8 @@ use serde_json::Value;
 
 use super::Diagnostic;
 use super::load::RawDocument;
-use super::model::{self, ChildSpec, Rule, SelectorOperator};
+use super::model::{self, ChildSpec, Rule, RuleSpec, SelectorOperator};
+use super::names::{is_api_version, is_dns_label, is_dns_subdomain, is_kind};
 use crate::kinds::Gvk;
 use crate::render::{self, Engine, EngineBuilder, ExprId, Limits, TemplateId, TemplateKind};
 use crate::yaml::LineIndex;
@@ -23,20 +23,24 @@ use crate::yaml::LineIndex;
 mod checker;
 mod entry;
 mod lint;
+mod order;
 mod patch;
 mod related;
 pub mod scope;
+mod shape;
 mod status;
 
 use checker::Checker;
 pub use checker::code_line;
 use entry::{Entry, Role};
 use lint::{Code, lint};
+use order::topological_order;
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
     VarReads, VarSource,
 };
 use related::{compile_related, compile_vars};
+use shape::read_rule;
 use status::compile_status;
 
 /// A rule ready to plan with.
@@ -74,7 +78,7 @@ pub struct CompiledRule {
     /// `templateFile` path as written → contents.
     pub template_files: BTreeMap<String, String>,
     /// `spec.rollout`, checked: a change moves parents in steps.
-    pub rollout: Option<crate::rollout::Settings>,
+    pub rollout: Option<super::rollout::Settings>,
 }
 
 impl CompiledRule {
@@ -165,75 +169,6 @@ pub fn context_names(for_each: bool, with_self: bool) -> BTreeSet<&'static str> 
     names
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// A DNS-1123 subdomain (a ServiceAccount's name): dot-separated labels,
-/// at most 253 characters.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
-fn is_child_id(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    s.len() <= 63
-        && bytes.next().is_some_and(|b| b.is_ascii_lowercase())
-        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-fn is_kind(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_uppercase()) && chars.all(|c| c.is_ascii_alphanumeric())
-}
-
-fn is_api_version(s: &str) -> bool {
-    let (group, version) = s.split_once('/').unwrap_or(("", s));
-    let version_ok = !version.is_empty()
-        && version
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    let group_ok = group.is_empty() || group.split('.').all(is_dns_label);
-    version_ok && group_ok && !(group.is_empty() && s.contains('/'))
-}
-
-fn is_reason(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ',' || c == ':')
-        && s.len() <= 1024
-}
-
-/// Validator for the rule format itself, derived from the serde types.
-fn format_validator() -> Option<&'static jsonschema::Validator> {
-    static VALIDATOR: OnceLock<Option<jsonschema::Validator>> = OnceLock::new();
-    VALIDATOR
-        .get_or_init(|| jsonschema::validator_for(&model::json_schema()).ok())
-        .as_ref()
-}
-
-/// Converts a JSON Pointer (`/spec/children/1/id`) to our field syntax.
-fn pointer_to_field(pointer: &str) -> String {
-    let mut out = String::new();
-    for seg in pointer.split('/').skip(1) {
-        let seg = seg.replace("~1", "/").replace("~0", "~");
-        if seg.parse::<usize>().is_ok() {
-            out.push_str(&format!("[{seg}]"));
-        } else {
-            if !out.is_empty() {
-                out.push('.');
-            }
-            out.push_str(&seg);
-        }
-    }
-    out
-}
-
 /// Validates and compiles one document; `None` when it has errors.
 pub(super) fn compile(
     doc: RawDocument,
@@ -248,57 +183,70 @@ pub(super) fn compile(
         diags,
         errors: 0,
     };
+    let rule = read_rule(&mut ck, &doc)?;
+    check_header(&mut ck, &rule);
+    let spec = &rule.spec;
+    let parent = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
+    let settings = compile_settings(&mut ck, spec);
 
-    // A CRD or a parent left in the rules directory: one clear error, not a
-    // dump of every way it fails the Rule schema.
-    let doc_api = doc.value.get("apiVersion").and_then(Value::as_str);
-    let doc_kind = doc.value.get("kind").and_then(Value::as_str);
-    if doc_kind != Some(model::KIND) {
-        let found = |v: Option<&str>| v.map(|s| format!("`{s}`")).unwrap_or("nothing".into());
-        ck.error(
-            if doc_kind.is_some() { "kind" } else { "" },
-            format!(
-                "not a Rule: this document has apiVersion {} and kind {}; a rules directory \
-                 holds only `{}` `{}` documents (move CRDs and parents elsewhere)",
-                found(doc_api),
-                found(doc_kind),
-                model::API_VERSION,
-                model::KIND
-            ),
-        );
-        return None;
-    }
+    let mut builder = EngineBuilder::new(limits);
+    let entries = compile_entries(&mut ck, &mut builder, &doc, spec);
 
-    // Shape first: every structural error in the document at once.
-    if let Some(validator) = format_validator() {
-        let mut shape_errors: Vec<(String, String)> = validator
-            .iter_errors(&doc.value)
-            .map(|e| {
-                (
-                    pointer_to_field(&e.instance_path().to_string()),
-                    e.to_string(),
-                )
-            })
-            .collect();
-        shape_errors.sort();
-        shape_errors.dedup();
-        for (field, message) in shape_errors {
-            ck.error(&field, message);
+    let (fields, conditions) = match &spec.status {
+        Some(status) => compile_status(&mut ck, status, &parent, &mut builder, &entries.known),
+        None => (Vec::new(), Vec::new()),
+    };
+
+    let (crd, findings) = super::crd::generate(&rule);
+    for f in findings {
+        if f.error {
+            ck.error(&f.field, f.message);
+        } else {
+            ck.warning(&f.field, f.message);
         }
     }
+
     if ck.errors > 0 {
         return None;
     }
-    let rule: Rule = match serde_path_to_error::deserialize(&doc.value) {
-        Ok(rule) => rule,
+    let engine = match builder.build() {
+        Ok(engine) => engine,
         Err(err) => {
-            let field = err.path().to_string();
-            let field = if field == "." { String::new() } else { field };
-            ck.error(&field, err.inner().to_string());
+            ck.error("spec", format!("cannot compile: {err}"));
             return None;
         }
     };
+    let revision = super::revision::revision(&doc.value, &entries.template_files);
+    Some(CompiledRule {
+        name: rule.metadata.name.clone(),
+        revision,
+        template_files: entries.template_files,
+        rollout: settings.rollout,
+        parent,
+        engine,
+        related: entries.related,
+        vars: entries.vars,
+        children: entries.children,
+        order: entries.order,
+        patches: entries.patches,
+        patch_order: entries.patch_order,
+        schema: settings.schema,
+        fields,
+        conditions,
+        resync: settings.resync,
+        templates: entries.templates,
+        crd,
+        file: doc.file,
+        lines: doc.lines,
+        document: doc.value,
+        rule,
+    })
+}
 
+/// The rule's own names and its parent: apiVersion, kind, `metadata.name`,
+/// `spec.parent` (apiVersion, kind, namespaces, selector) and the
+/// ServiceAccount it runs as.
+fn check_header(ck: &mut Checker, rule: &Rule) {
     if rule.api_version != model::API_VERSION {
         ck.error(
             "apiVersion",
@@ -326,7 +274,6 @@ pub(super) fn compile(
     }
 
     let spec = &rule.spec;
-    let parent = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
     if !is_api_version(&spec.parent.api_version) {
         ck.error(
             "spec.parent.apiVersion",
@@ -373,7 +320,17 @@ pub(super) fn compile(
             }
         }
     }
+}
 
+/// What a rule sets once for all its parents, checked.
+struct Settings {
+    schema: Option<jsonschema::Validator>,
+    resync: Option<Duration>,
+    rollout: Option<super::rollout::Settings>,
+}
+
+/// `spec.schema`, `spec.defaults`, `spec.resync` and `spec.rollout`.
+fn compile_settings(ck: &mut Checker, spec: &RuleSpec) -> Settings {
     let schema = match &spec.schema {
         Some(schema) => match jsonschema::draft202012::new(schema) {
             Ok(v) => Some(v),
@@ -413,7 +370,7 @@ pub(super) fn compile(
     let rollout = spec
         .rollout
         .as_ref()
-        .and_then(|r| match crate::rollout::Settings::compile(r) {
+        .and_then(|r| match super::rollout::Settings::compile(r) {
             Ok(settings) => Some(settings),
             Err(errors) => {
                 for (field, message) in errors {
@@ -422,15 +379,42 @@ pub(super) fn compile(
                 None
             }
         });
+    Settings {
+        schema,
+        resync,
+        rollout,
+    }
+}
 
-    // Related entries and vars first: children read them.
+/// A rule's related entries, vars, children and patches, compiled, with
+/// the order they are planned in.
+struct Entries {
+    known: Known,
+    related: Vec<CompiledRelated>,
+    vars: Vec<CompiledVar>,
+    children: Vec<CompiledChild>,
+    order: Vec<usize>,
+    patches: Vec<CompiledChild>,
+    patch_order: Vec<usize>,
+    templates: BTreeMap<String, String>,
+    template_files: BTreeMap<String, String>,
+}
+
+/// Related entries and vars first (children read them), then children and
+/// patches: ids, kinds, templates, expressions, dependencies; the orders
+/// only when all of that is sound.
+fn compile_entries(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    doc: &RawDocument,
+    spec: &RuleSpec,
+) -> Entries {
     let mut known = Known {
         children: spec.children.iter().map(|c| c.id.clone()).collect(),
         related: spec.related.iter().map(|r| r.id.clone()).collect(),
         patches: spec.patches.iter().map(|p| p.id.clone()).collect(),
         vars: BTreeSet::new(),
     };
-    let mut builder = EngineBuilder::new(limits);
     let mut seen_related: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, r) in spec.related.iter().enumerate() {
         if let Some(first) = seen_related.insert(&r.id, i) {
@@ -449,8 +433,8 @@ pub(super) fn compile(
             );
         }
     }
-    let related = compile_related(&mut ck, &mut builder, &spec.related, &known);
-    let vars = compile_vars(&mut ck, &mut builder, &spec.vars, &mut known);
+    let related = compile_related(ck, builder, &spec.related, &known);
+    let vars = compile_vars(ck, builder, &spec.vars, &mut known);
 
     // Children, then patches: ids, kinds, templates, expressions, dependencies.
     let mut templates = BTreeMap::new();
@@ -468,9 +452,9 @@ pub(super) fn compile(
             );
         }
         let mut entry = Entry {
-            ck: &mut ck,
-            builder: &mut builder,
-            doc: &doc,
+            ck,
+            builder,
+            doc,
             spec,
             known: &known,
             templates: &mut templates,
@@ -482,12 +466,12 @@ pub(super) fn compile(
     }
     let mut patches = Vec::new();
     if !spec.patches.is_empty() {
-        patch::check_ids(&mut ck, spec);
+        patch::check_ids(ck, spec);
         for (i, p) in spec.patches.iter().enumerate() {
             let mut entry = Entry {
-                ck: &mut ck,
-                builder: &mut builder,
-                doc: &doc,
+                ck,
+                builder,
+                doc,
                 spec,
                 known: &known,
                 templates: &mut templates,
@@ -520,104 +504,24 @@ pub(super) fn compile(
         Vec::new()
     };
     let patch_order = if ck.errors == 0 {
-        patch::order(&mut ck, spec, &patches)
+        patch::order(ck, spec, &patches)
     } else {
         Vec::new()
     };
-
-    let (fields, conditions) = match &spec.status {
-        Some(status) => compile_status(&mut ck, status, &parent, &mut builder, &known),
-        None => (Vec::new(), Vec::new()),
-    };
-
-    let (crd, findings) = crate::crd::generate(&rule);
-    for f in findings {
-        if f.error {
-            ck.error(&f.field, f.message);
-        } else {
-            ck.warning(&f.field, f.message);
-        }
-    }
-
-    if ck.errors > 0 {
-        return None;
-    }
-    let engine = match builder.build() {
-        Ok(engine) => engine,
-        Err(err) => {
-            ck.error("spec", format!("cannot compile: {err}"));
-            return None;
-        }
-    };
-    let revision = super::revision::revision(&doc.value, &template_files);
-    Some(CompiledRule {
-        name: rule.metadata.name.clone(),
-        revision,
-        template_files,
-        rollout,
-        parent,
-        engine,
+    Entries {
+        known,
         related,
         vars,
         children,
         order,
         patches,
         patch_order,
-        schema,
-        fields,
-        conditions,
-        resync,
         templates,
-        crd,
-        file: doc.file,
-        lines: doc.lines,
-        document: doc.value,
-        rule,
-    })
+        template_files,
+    }
 }
 
 fn merge_reads(into: &mut render::Calls, from: render::Calls) {
     into.reads.extend(from.reads);
     into.dynamic.extend(from.dynamic);
-}
-
-/// Entries (children, or patches) in dependency order (Kahn's algorithm,
-/// stable by declaration): `deps[i]` are the indexes `i` waits for; on a
-/// cycle, the ids along it.
-fn topological_order(deps: &[&[usize]], ids: &[&str]) -> Result<Vec<usize>, Vec<String>> {
-    let n = deps.len();
-    let mut done = vec![false; n];
-    let mut order = Vec::with_capacity(n);
-    while order.len() < n {
-        let next = (0..n).find(|&i| !done[i] && deps[i].iter().all(|&d| done[d]));
-        match next {
-            Some(i) => {
-                done[i] = true;
-                order.push(i);
-            }
-            None => return Err(find_cycle(deps, ids, &done)),
-        }
-    }
-    Ok(order)
-}
-
-fn find_cycle(deps: &[&[usize]], ids: &[&str], done: &[bool]) -> Vec<String> {
-    // Walk unfinished dependencies until a node repeats.
-    let start = done.iter().position(|d| !d).unwrap_or(0);
-    let mut path = vec![start];
-    let mut current = start;
-    loop {
-        let next = deps[current]
-            .iter()
-            .copied()
-            .find(|&d| !done[d])
-            .unwrap_or(start);
-        if let Some(pos) = path.iter().position(|&p| p == next) {
-            let mut cycle: Vec<String> = path[pos..].iter().map(|&i| ids[i].to_owned()).collect();
-            cycle.push(ids[next].to_owned());
-            return cycle;
-        }
-        path.push(next);
-        current = next;
-    }
 }

@@ -12,9 +12,12 @@
 //! rules it concerns, so a reload can keep what validates.
 
 mod compile;
+pub mod crd;
 pub mod load;
 pub mod model;
+mod names;
 pub mod revision;
+pub mod rollout;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -3,13 +3,23 @@
 //! These types are the single source of truth: the loader deserializes into
 //! them and `trellis schema` derives the format's JSON Schema from them, so the
 //! two cannot drift. Semantic checks (names, cycles, expressions) live in
-//! `validate`; this module only says what shape a rule has.
+//! `compile`; this module only says what shape a rule has.
 
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// A kind's scope is a fact about kinds; the format names it where a rule
+/// may state it (`scope:` hints, `crd.scope`).
+pub use crate::kinds::Scope;
+
+mod crd;
+mod rollout;
+
+pub use crd::{CelValidation, ColumnType, CrdSpec, PrinterColumn};
+pub use rollout::{MaxFailedSpec, OnFailure, RolloutHealth, RolloutSpec, RolloutStep};
 
 pub const API_VERSION: &str = "trellis.dev/v1alpha1";
 pub const KIND: &str = "Rule";
@@ -90,80 +100,6 @@ pub struct RuleSpec {
     pub rollout: Option<RolloutSpec>,
 }
 
-/// How a new version of the rule reaches its parents.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RolloutSpec {
-    /// Share of the rule's parents on the new version, step by step; a last
-    /// step of 100 is implied.
-    #[serde(default)]
-    pub steps: Vec<RolloutStep>,
-    /// Parents matching this selector move first.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub canary: Option<LabelSelector>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health: Option<RolloutHealth>,
-    /// `rollback` (default): every parent back to the previous version; `halt`:
-    /// stop where it is until `trellis rollout promote` or `abort`.
-    #[serde(default)]
-    pub on_failure: OnFailure,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RolloutStep {
-    /// 1..100: at this step, the first ceil(percent * N / 100) parents of the
-    /// rollout order are on the new version.
-    #[schemars(range(min = 1, max = 100))]
-    pub percent: u32,
-    /// How long to hold once the step's parents are on the new version
-    /// (`1m`, `30s`), or `manual`: until `trellis rollout promote`. Default: no pause.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pause: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RolloutHealth {
-    /// The parent condition that must be True at the parent's current
-    /// generation (default `Ready`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub condition: Option<String>,
-    /// A moved parent not healthy this long after moving has failed (default `5m`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<String>,
-    /// Failures tolerated: a count, or a share of the moved parents like
-    /// `"10%"` (default 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_failed: Option<MaxFailedSpec>,
-}
-
-/// `maxFailed`: a count or a percentage string.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum MaxFailedSpec {
-    Count(u32),
-    Percent(String),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum OnFailure {
-    /// Every parent back to the previous version; the new one marked failed.
-    #[default]
-    Rollback,
-    /// Parents stay where they are until promoted or aborted.
-    Halt,
-}
-
-/// Namespaced or cluster-scoped. Discovery decides on a live cluster; this
-/// field only informs offline commands about kinds they cannot look up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Scope {
-    Namespaced,
-    Cluster,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ParentSpec {
@@ -181,86 +117,6 @@ pub struct ParentSpec {
     /// Scope for offline commands; discovery is authoritative when running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
-}
-
-/// The parent's generated CustomResourceDefinition: group, version and kind
-/// come from `spec.parent`, the `spec` schema from `spec.schema` and
-/// `spec.defaults`; this block says the rest.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CrdSpec {
-    /// `Namespaced` (default) or `Cluster`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<Scope>,
-    /// Resource name; default: kubectl-style plural of the lowercased kind.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plural: Option<String>,
-    /// Short names for kubectl, e.g. `[wa]`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub short_names: Vec<String>,
-    /// Categories for `kubectl get <category>`, e.g. `[all]`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub categories: Vec<String>,
-    /// Columns of `kubectl get`; default: Ready, Synced, Age. A column named
-    /// `Ready`, `Synced`, `Reason` or `Age` without a `jsonPath` is the
-    /// built-in one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub printer_columns: Option<Vec<PrinterColumn>>,
-    /// CEL rules on the whole object (`self.metadata`, `self.spec`), checked
-    /// by the API server at admission.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub validations: Vec<CelValidation>,
-    /// JSON Schema of `.status` properties, to type the rule's status fields
-    /// (each one is kept as any value otherwise).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status_schema: Option<Value>,
-}
-
-/// One `kubectl get` column of the generated CRD.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct PrinterColumn {
-    pub name: String,
-    /// JSONPath (kubectl syntax, starting with `.`) into the parent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub json_path: Option<String>,
-    /// Default `string`.
-    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub type_: Option<ColumnType>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// 0 (default) shows in `kubectl get`; higher only with `-o wide`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub format: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ColumnType {
-    String,
-    Integer,
-    Number,
-    Boolean,
-    Date,
-}
-
-/// A CEL validation rule, as in `x-kubernetes-validations`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CelValidation {
-    pub rule: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message_expression: Option<String>,
-    /// `FieldValueInvalid` (default), `FieldValueForbidden`, `FieldValueRequired`, `FieldValueDuplicate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Field the error is reported on, e.g. `.spec.replicas`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field_path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

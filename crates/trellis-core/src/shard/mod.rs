@@ -23,30 +23,9 @@
 pub mod handover;
 pub mod ring;
 
-use sha2::{Digest, Sha256};
-
-/// How many buckets parents are cut into.
-pub const BUCKETS: usize = 256;
-
-/// Label carried by every child: the bucket of its parent's uid.
-pub const LABEL_BUCKET: &str = "trellis.dev/bucket";
-
-/// One of the [`BUCKETS`] buckets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Bucket(pub u8);
-
-/// The bucket of a parent: the first byte of the sha256 of its uid. A uid
-/// is random, so buckets fill evenly; sha256 is the same on every
-/// architecture and in every release, so a bucket never moves by itself.
-pub fn bucket_of(uid: &str) -> Bucket {
-    Bucket(Sha256::digest(uid.as_bytes())[0])
-}
-
-impl std::fmt::Display for Bucket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+// A parent's bucket is a label value every child carries, so the planner
+// writes it; it is defined with the other labels and cut across replicas here.
+pub use crate::labels::{BUCKETS, Bucket, LABEL_BUCKET, bucket_of};
 
 /// A set of buckets (a 256-bit set).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

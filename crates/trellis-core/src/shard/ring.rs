@@ -24,6 +24,11 @@ pub struct Assignment {
     pub members: Vec<String>,
 }
 
+/// A Lease annotation that does not read as an [`Assignment`].
+#[derive(Debug, thiserror::Error)]
+#[error("{ANNOTATION_ASSIGNMENT}: not an assignment: {0}")]
+pub struct NotAnAssignment(#[source] serde_json::Error);
+
 impl Assignment {
     /// The assignment for these members (sorted, deduplicated).
     pub fn new(generation: u64, members: impl IntoIterator<Item = String>) -> Assignment {
@@ -74,9 +79,8 @@ impl Assignment {
     }
 
     /// From the Lease annotation; an error names what is wrong.
-    pub fn from_annotation(text: &str) -> Result<Assignment, String> {
-        let parsed: Assignment = serde_json::from_str(text)
-            .map_err(|e| format!("{ANNOTATION_ASSIGNMENT}: not an assignment: {e}"))?;
+    pub fn from_annotation(text: &str) -> Result<Assignment, NotAnAssignment> {
+        let parsed: Assignment = serde_json::from_str(text).map_err(NotAnAssignment)?;
         // Re-sorted: a hand-edited annotation must not make replicas
         // disagree about owners.
         Ok(Assignment::new(parsed.generation, parsed.members))
@@ -167,7 +171,7 @@ mod tests {
         let a = Assignment::new(3, members(&["r1", "r0"]));
         assert_eq!(Assignment::from_annotation(&a.to_annotation()).unwrap(), a);
         let err = Assignment::from_annotation("{\"generation\": \"x\"}").unwrap_err();
-        assert!(err.contains(ANNOTATION_ASSIGNMENT), "{err}");
+        assert!(err.to_string().contains(ANNOTATION_ASSIGNMENT), "{err}");
     }
 
     #[test]

@@ -99,7 +99,10 @@ fn failed_status_field_prunes_nothing_even_when_include_when_turned_false() {
         "pruned despite an error: {:?}",
         p.delete
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
     assert_eq!(condition(&p, "Synced")["reason"], "RenderError");
 }
 
@@ -146,7 +149,10 @@ fn undefined_ready_when_is_an_error_naming_child_and_expression() {
         "{:?}",
         p.errors
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
     assert_eq!(p.apply.len(), 1, "the child itself is applied");
     assert_eq!(p.apply[0].id, "cm");
     assert!(

@@ -134,7 +134,10 @@ fn cross_namespace_read_is_refused_unless_the_rule_allows_it() {
         &parent(json!({"from": "src", "ns": "other"})),
         vec![secret.clone()],
     );
-    assert_eq!(p.failure_reason, Some("CrossNamespaceRefused"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::CrossNamespaceRefused)
+    );
     assert!(
         p.apply.is_empty() && p.delete.is_empty(),
         "nothing read or written"
@@ -399,7 +402,10 @@ fn undefined_related_ready_when_is_an_error_naming_entry_and_expression() {
         "{:?}",
         p.errors
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
     assert_eq!(p.pending.len(), 1, "its reader waits: {:?}", p.pending);
     assert_eq!(p.pending[0].id, "copy");
     assert_eq!(p.apply.len(), 1, "a child that does not read it is applied");

@@ -95,7 +95,10 @@ fn a_parent_that_is_not_an_object_is_an_error_not_a_panic() {
         let p = run_cluster_parent(&r, &parent, vec![]);
         assert!(p.apply.is_empty(), "{parent}");
         assert_eq!(p.errors, ["App: the parent is not an object"], "{parent}");
-        assert_eq!(p.failure_reason, Some("InvalidSpec"));
+        assert_eq!(
+            p.failure_reason,
+            Some(crate::plan::FailureReason::InvalidSpec)
+        );
     }
 }
 
@@ -115,7 +118,10 @@ fn namespaced_parent_without_namespace_is_an_error() {
         "{:?}",
         p.errors
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
     let synced = condition(&p, "Synced");
     assert_eq!(synced["status"], "False");
     assert_eq!(synced["reason"], "RenderError");
@@ -133,7 +139,10 @@ fn cluster_scoped_parent_with_namespace_is_an_error() {
         "{:?}",
         p.errors
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
 }
 
 #[test]

@@ -24,7 +24,10 @@ fn invalid_spec_touches_nothing() {
     let p = run(&r, &parent(json!({"replicas": 9})), vec![cm]);
     assert!(p.apply.is_empty());
     assert!(p.delete.is_empty());
-    assert_eq!(p.failure_reason, Some("InvalidSpec"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::InvalidSpec)
+    );
     let synced = condition(&p, "Synced");
     assert_eq!(synced["status"], "False");
     assert_eq!(synced["reason"], "InvalidSpec");
@@ -50,7 +53,10 @@ fn schema_errors_name_the_field_as_users_write_it() {
     let mut p = parent(spec);
     p["status"] = json!({"observedGeneration": 1, "foreign": "kept"});
     let p = run(&r, &p, vec![]);
-    assert_eq!(p.failure_reason, Some("InvalidSpec"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::InvalidSpec)
+    );
     let mut at: Vec<&str> = p
         .errors
         .iter()

@@ -62,7 +62,10 @@ fn a_failing_var_leaves_earlier_vars_defined() {
         ],
         "the failing var once, then only its readers"
     );
-    assert_eq!(p.failure_reason, Some("RenderError"));
+    assert_eq!(
+        p.failure_reason,
+        Some(crate::plan::FailureReason::RenderError)
+    );
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use super::Known;
 use crate::rules::Diagnostic;
+use crate::rules::names::{is_api_version, is_child_id, is_kind};
 use crate::yaml::LineIndex;
 
 /// Every name of the evaluation context: the base names, then those visible
@@ -30,6 +31,29 @@ pub(super) struct Checker<'a> {
 }
 
 impl Checker<'_> {
+    /// An entry's (a child's, a patch's, a related entry's) id, apiVersion
+    /// and kind, each well-formed.
+    pub fn check_entry_names(&mut self, at: &str, id: &str, api_version: &str, kind: &str) {
+        if !is_child_id(id) {
+            self.error(
+                &format!("{at}.id"),
+                format!("`{id}` is not a valid id ([a-z][a-z0-9-]*, at most 63)"),
+            );
+        }
+        if !is_api_version(api_version) {
+            self.error(
+                &format!("{at}.apiVersion"),
+                format!("`{api_version}` is not a valid apiVersion"),
+            );
+        }
+        if !is_kind(kind) {
+            self.error(
+                &format!("{at}.kind"),
+                format!("`{kind}` is not a valid kind (CamelCase)"),
+            );
+        }
+    }
+
     pub fn error(&mut self, field: &str, message: impl Into<String>) {
         self.errors += 1;
         self.diags.push(Diagnostic::error(

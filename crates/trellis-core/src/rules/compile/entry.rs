@@ -8,13 +8,10 @@
 //! (`patches` is planned after every child, so only patches and status see
 //! it) and in what they may wait for (a child never waits for a patch).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::lint::{Code, lint};
-use super::{
-    Checker, CompiledChild, Known, VarReads, context_names, is_api_version, is_child_id, is_kind,
-    merge_reads, scope,
-};
+use super::{Checker, CompiledChild, Known, VarReads, context_names, merge_reads, scope};
 use crate::kinds::Gvk;
 use crate::render::{self, EngineBuilder, TemplateKind};
 use crate::rules::load::RawDocument;
@@ -74,52 +71,9 @@ impl Entry<'_, '_> {
         let (spec, known, doc) = (self.spec, self.known, self.doc);
         let at = format!("spec.{}[{i}]", role.list());
         let noun = role.noun();
-        if !is_child_id(&child.id) {
-            ck.error(
-                &format!("{at}.id"),
-                format!(
-                    "`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)",
-                    child.id
-                ),
-            );
-        }
-        if !is_api_version(&child.api_version) {
-            ck.error(
-                &format!("{at}.apiVersion"),
-                format!("`{}` is not a valid apiVersion", child.api_version),
-            );
-        }
-        if !is_kind(&child.kind) {
-            ck.error(
-                &format!("{at}.kind"),
-                format!("`{}` is not a valid kind (CamelCase)", child.kind),
-            );
-        }
+        ck.check_entry_names(&at, &child.id, &child.api_version, &child.kind);
         scope::check(ck, &at, spec, child);
-        let source = match (&child.template, &child.template_file) {
-            (Some(t), None) => Some(t.clone()),
-            (None, Some(rel)) => match doc.template_file(rel) {
-                Ok(text) => {
-                    let dir = doc.file.parent().unwrap_or(&doc.root);
-                    ck.template_files
-                        .insert(format!("{at}.templateFile"), dir.join(rel));
-                    self.template_files.insert(rel.clone(), text.clone());
-                    Some(text)
-                }
-                Err(message) => {
-                    ck.error(&format!("{at}.templateFile"), message);
-                    None
-                }
-            },
-            (Some(_), Some(_)) => {
-                ck.error(&at, "set either `template` or `templateFile`, not both");
-                None
-            }
-            (None, None) => {
-                ck.error(&at, "needs `template` or `templateFile`");
-                None
-            }
-        };
+        let source = template_source(ck, doc, self.template_files, &at, child);
         let field = if child.template.is_some() {
             format!("{at}.template")
         } else {
@@ -187,81 +141,7 @@ impl Entry<'_, '_> {
             role.names(for_each, true),
         );
 
-        let mut depends_on = Vec::new();
-        let mut depends_on_related = Vec::new();
-        let mut depends_on_patches = Vec::new();
-        let own = |list: &[String], id: &str| list.iter().position(|x| x == id);
-        let child_ids: Vec<String> = spec.children.iter().map(|c| c.id.clone()).collect();
-        let patch_ids: Vec<String> = spec.patches.iter().map(|p| p.id.clone()).collect();
-        let related_ids: Vec<String> = spec.related.iter().map(|r| r.id.clone()).collect();
-        let mine = match role {
-            Role::Child => &child_ids,
-            Role::Patch => &patch_ids,
-        };
-        for (j, dep) in child.depends_on.iter().enumerate() {
-            let here = format!("{at}.dependsOn[{j}]");
-            if own(mine, dep) == Some(i) {
-                ck.error(&here, format!("{noun} `{dep}` cannot depend on itself"));
-            } else if let Some(k) = own(&child_ids, dep) {
-                depends_on.push(k);
-            } else if let Some(k) = own(&related_ids, dep) {
-                depends_on_related.push(k);
-            } else if let Some(k) = own(&patch_ids, dep) {
-                match role {
-                    Role::Patch => depends_on_patches.push(k),
-                    Role::Child => ck.error(
-                        &here,
-                        format!(
-                            "`{dep}` is a patch: patches are planned after every child, \
-                             so a child cannot wait for one"
-                        ),
-                    ),
-                }
-            } else {
-                let ids = match role {
-                    Role::Child => "child or related",
-                    Role::Patch => "child, related or patch",
-                };
-                ck.error(&here, format!("unknown {ids} id `{dep}`"));
-            }
-        }
-        // Implicit edges: reading children.X, patches.Z (not its own id) or related.Y.
-        for (root, id) in &reads.reads {
-            match root.as_str() {
-                "children" => match own(&child_ids, id) {
-                    Some(k) if (role, k) != (Role::Child, i) && !depends_on.contains(&k) => {
-                        depends_on.push(k)
-                    }
-                    _ => {}
-                },
-                "patches" => match own(&patch_ids, id) {
-                    Some(k)
-                        if role == Role::Patch && k != i && !depends_on_patches.contains(&k) =>
-                    {
-                        depends_on_patches.push(k)
-                    }
-                    _ => {}
-                },
-                "related" => {
-                    if let Some(k) = own(&related_ids, id)
-                        && !depends_on_related.contains(&k)
-                    {
-                        depends_on_related.push(k);
-                    }
-                }
-                // `vars.*` adds no edge: a var sees whatever is observed.
-                _ => {}
-            }
-        }
-        for root in reads.dynamic.iter().filter(|r| *r != "vars") {
-            ck.warning(
-                &at,
-                format!(
-                    "reads `{root}` with a computed subscript: that adds no dependency; \
-                     list what must be ready first in `dependsOn`"
-                ),
-            );
-        }
+        let deps = dependencies(ck, spec, role, i, &at, child, &reads);
         Some(CompiledChild {
             spec: child.clone(),
             gvk: Gvk::new(&child.api_version, &child.kind),
@@ -269,10 +149,145 @@ impl Entry<'_, '_> {
             include_when,
             for_each: for_each_expr,
             ready_when,
-            depends_on,
-            depends_on_related,
-            depends_on_patches,
+            depends_on: deps.children,
+            depends_on_related: deps.related,
+            depends_on_patches: deps.patches,
             reads_vars: VarReads::of(&reads),
         })
+    }
+}
+
+/// What an entry waits for, as indexes into the rule's lists.
+struct Dependencies {
+    children: Vec<usize>,
+    related: Vec<usize>,
+    patches: Vec<usize>,
+}
+
+/// An entry's dependencies: explicit (`dependsOn`, checked against the ids
+/// it may name) and implicit (static reads of `children.X`, `related.Y`,
+/// `patches.Z`); a computed read adds none and is warned about.
+fn dependencies(
+    ck: &mut Checker,
+    spec: &RuleSpec,
+    role: Role,
+    i: usize,
+    at: &str,
+    child: &ChildSpec,
+    reads: &render::Calls,
+) -> Dependencies {
+    let noun = role.noun();
+    let mut depends_on = Vec::new();
+    let mut depends_on_related = Vec::new();
+    let mut depends_on_patches = Vec::new();
+    let own = |list: &[String], id: &str| list.iter().position(|x| x == id);
+    let child_ids: Vec<String> = spec.children.iter().map(|c| c.id.clone()).collect();
+    let patch_ids: Vec<String> = spec.patches.iter().map(|p| p.id.clone()).collect();
+    let related_ids: Vec<String> = spec.related.iter().map(|r| r.id.clone()).collect();
+    let mine = match role {
+        Role::Child => &child_ids,
+        Role::Patch => &patch_ids,
+    };
+    for (j, dep) in child.depends_on.iter().enumerate() {
+        let here = format!("{at}.dependsOn[{j}]");
+        if own(mine, dep) == Some(i) {
+            ck.error(&here, format!("{noun} `{dep}` cannot depend on itself"));
+        } else if let Some(k) = own(&child_ids, dep) {
+            depends_on.push(k);
+        } else if let Some(k) = own(&related_ids, dep) {
+            depends_on_related.push(k);
+        } else if let Some(k) = own(&patch_ids, dep) {
+            match role {
+                Role::Patch => depends_on_patches.push(k),
+                Role::Child => ck.error(
+                    &here,
+                    format!(
+                        "`{dep}` is a patch: patches are planned after every child, \
+                         so a child cannot wait for one"
+                    ),
+                ),
+            }
+        } else {
+            let ids = match role {
+                Role::Child => "child or related",
+                Role::Patch => "child, related or patch",
+            };
+            ck.error(&here, format!("unknown {ids} id `{dep}`"));
+        }
+    }
+    // Implicit edges: reading children.X, patches.Z (not its own id) or related.Y.
+    for (root, id) in &reads.reads {
+        match root.as_str() {
+            "children" => match own(&child_ids, id) {
+                Some(k) if (role, k) != (Role::Child, i) && !depends_on.contains(&k) => {
+                    depends_on.push(k)
+                }
+                _ => {}
+            },
+            "patches" => match own(&patch_ids, id) {
+                Some(k) if role == Role::Patch && k != i && !depends_on_patches.contains(&k) => {
+                    depends_on_patches.push(k)
+                }
+                _ => {}
+            },
+            "related" => {
+                if let Some(k) = own(&related_ids, id)
+                    && !depends_on_related.contains(&k)
+                {
+                    depends_on_related.push(k);
+                }
+            }
+            // `vars.*` adds no edge: a var sees whatever is observed.
+            _ => {}
+        }
+    }
+    for root in reads.dynamic.iter().filter(|r| *r != "vars") {
+        ck.warning(
+            at,
+            format!(
+                "reads `{root}` with a computed subscript: that adds no dependency; \
+                 list what must be ready first in `dependsOn`"
+            ),
+        );
+    }
+    Dependencies {
+        children: depends_on,
+        related: depends_on_related,
+        patches: depends_on_patches,
+    }
+}
+
+/// The template's text: inline, or read from `templateFile` (which the
+/// checker then names in findings inside it, and the revision counts).
+fn template_source(
+    ck: &mut Checker,
+    doc: &RawDocument,
+    template_files: &mut BTreeMap<String, String>,
+    at: &str,
+    child: &ChildSpec,
+) -> Option<String> {
+    match (&child.template, &child.template_file) {
+        (Some(t), None) => Some(t.clone()),
+        (None, Some(rel)) => match doc.template_file(rel) {
+            Ok(text) => {
+                let dir = doc.file.parent().unwrap_or(&doc.root);
+                ck.template_files
+                    .insert(format!("{at}.templateFile"), dir.join(rel));
+                template_files.insert(rel.clone(), text.clone());
+                Some(text)
+            }
+            Err(message) => {
+                ck.error(&format!("{at}.templateFile"), message);
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            ck.error(at, "set either `template` or `templateFile`, not both");
+            None
+        }
+        (None, None) => {
+            ck.error(at, "needs `template` or `templateFile`");
+            None
+        }
     }
 }

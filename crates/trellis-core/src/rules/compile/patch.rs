@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Checker, CompiledChild, topological_order};
+use super::order::topological_order;
+use super::{Checker, CompiledChild};
 use crate::rules::model::RuleSpec;
 
 /// Every patch id once, and never a child's or a related entry's.

@@ -10,12 +10,12 @@
 use std::collections::BTreeSet;
 
 use super::lint::{Code, lint};
-use super::{Checker, context_names, is_api_version, is_child_id, is_kind};
+use super::{Checker, context_names};
 use crate::kinds::Gvk;
 use crate::render::shape::Shape;
 use crate::render::{Calls, EngineBuilder, ExprId, TemplateId, TemplateKind};
 use crate::rules::model::{
-    RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
+    RelatedSelector, RelatedSpec, SelectorOperator, TemplatedExpressions, TemplatedLabels, VarSpec,
 };
 
 /// Ids and names a template may refer to, for `check`.
@@ -155,24 +155,7 @@ pub(super) fn compile_related(
     let mut out = Vec::new();
     for (i, r) in entries.iter().enumerate() {
         let at = format!("spec.related[{i}]");
-        if !is_child_id(&r.id) {
-            ck.error(
-                &format!("{at}.id"),
-                format!("`{}` is not a valid id ([a-z][a-z0-9-]*, at most 63)", r.id),
-            );
-        }
-        if !is_api_version(&r.api_version) {
-            ck.error(
-                &format!("{at}.apiVersion"),
-                format!("`{}` is not a valid apiVersion", r.api_version),
-            );
-        }
-        if !is_kind(&r.kind) {
-            ck.error(
-                &format!("{at}.kind"),
-                format!("`{}` is not a valid kind (CamelCase)", r.kind),
-            );
-        }
+        ck.check_entry_names(&at, &r.id, &r.api_version, &r.kind);
         if r.name.is_some() == r.selector.is_some() {
             ck.error(
                 &at,
@@ -214,107 +197,10 @@ pub(super) fn compile_related(
                 known,
             )
         });
-        let selector = r.selector.as_ref().map(|sel| {
-            let field = format!("{at}.selector");
-            let match_labels = sel.match_labels.as_ref().map(|labels| match labels {
-                TemplatedLabels::Map(map) => Templated::Parts(
-                    map.iter()
-                        .filter_map(|(k, v)| {
-                            let f = format!("{field}.matchLabels.{k}");
-                            text_template(
-                                ck,
-                                builder,
-                                &f,
-                                &tname(&format!("label:{k}")),
-                                TemplateKind::Text,
-                                v,
-                                known,
-                            )
-                            .map(|t| (k.clone(), t))
-                        })
-                        .collect(),
-                ),
-                TemplatedLabels::Template(src) => {
-                    let f = format!("{field}.matchLabels");
-                    match text_template(
-                        ck,
-                        builder,
-                        &f,
-                        &tname("labels"),
-                        TemplateKind::Object,
-                        src,
-                        known,
-                    ) {
-                        Some(t) => Templated::Whole(t),
-                        None => Templated::Parts(Vec::new()),
-                    }
-                }
-            });
-            let match_expressions = sel.match_expressions.as_ref().map(|exprs| match exprs {
-                TemplatedExpressions::List(list) => Templated::Parts(
-                    list.iter()
-                        .enumerate()
-                        .map(|(j, req)| {
-                            let needs_values = matches!(
-                                req.operator,
-                                SelectorOperator::In | SelectorOperator::NotIn
-                            );
-                            if needs_values == req.values.is_empty() {
-                                ck.error(
-                                    &format!("{field}.matchExpressions[{j}].values"),
-                                    if needs_values {
-                                        "operators In and NotIn need values"
-                                    } else {
-                                        "operators Exists and DoesNotExist take no values"
-                                    },
-                                );
-                            }
-                            let values = req
-                                .values
-                                .iter()
-                                .enumerate()
-                                .filter_map(|(k, v)| {
-                                    let f = format!("{field}.matchExpressions[{j}].values[{k}]");
-                                    text_template(
-                                        ck,
-                                        builder,
-                                        &f,
-                                        &tname(&format!("expr:{j}:{k}")),
-                                        TemplateKind::Text,
-                                        v,
-                                        known,
-                                    )
-                                })
-                                .collect();
-                            CompiledRequirement {
-                                key: req.key.clone(),
-                                operator: req.operator,
-                                values,
-                            }
-                        })
-                        .collect(),
-                ),
-                TemplatedExpressions::Template(src) => {
-                    let f = format!("{field}.matchExpressions");
-                    match text_template(
-                        ck,
-                        builder,
-                        &f,
-                        &tname("exprs"),
-                        TemplateKind::Object,
-                        src,
-                        known,
-                    ) {
-                        Some(t) => Templated::Whole(t),
-                        None => Templated::Parts(Vec::new()),
-                    }
-                }
-            });
-            CompiledSelector {
-                match_labels,
-                match_expressions,
-            }
-        });
+        let selector = r
+            .selector
+            .as_ref()
+            .map(|sel| compile_selector(ck, builder, &format!("{at}.selector"), &r.id, sel, known));
         let ready_when = r.ready_when.as_ref().and_then(|src| {
             let field = format!("{at}.readyWhen");
             match builder.add_expression(src) {
@@ -350,6 +236,116 @@ pub(super) fn compile_related(
         });
     }
     out
+}
+
+/// A related entry's `selector`, each part a template: `matchLabels` as a
+/// map of templated values or one template, `matchExpressions` as a list
+/// of requirements with templated values or one template.
+fn compile_selector(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    field: &str,
+    id: &str,
+    sel: &RelatedSelector,
+    known: &Known,
+) -> CompiledSelector {
+    let tname = |part: &str| format!("related:{id}:{part}");
+    let match_labels = sel.match_labels.as_ref().map(|labels| match labels {
+        TemplatedLabels::Map(map) => Templated::Parts(
+            map.iter()
+                .filter_map(|(k, v)| {
+                    let f = format!("{field}.matchLabels.{k}");
+                    text_template(
+                        ck,
+                        builder,
+                        &f,
+                        &tname(&format!("label:{k}")),
+                        TemplateKind::Text,
+                        v,
+                        known,
+                    )
+                    .map(|t| (k.clone(), t))
+                })
+                .collect(),
+        ),
+        TemplatedLabels::Template(src) => {
+            let f = format!("{field}.matchLabels");
+            match text_template(
+                ck,
+                builder,
+                &f,
+                &tname("labels"),
+                TemplateKind::Object,
+                src,
+                known,
+            ) {
+                Some(t) => Templated::Whole(t),
+                None => Templated::Parts(Vec::new()),
+            }
+        }
+    });
+    let match_expressions = sel.match_expressions.as_ref().map(|exprs| match exprs {
+        TemplatedExpressions::List(list) => Templated::Parts(
+            list.iter()
+                .enumerate()
+                .map(|(j, req)| {
+                    let needs_values =
+                        matches!(req.operator, SelectorOperator::In | SelectorOperator::NotIn);
+                    if needs_values == req.values.is_empty() {
+                        ck.error(
+                            &format!("{field}.matchExpressions[{j}].values"),
+                            if needs_values {
+                                "operators In and NotIn need values"
+                            } else {
+                                "operators Exists and DoesNotExist take no values"
+                            },
+                        );
+                    }
+                    let values = req
+                        .values
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(k, v)| {
+                            let f = format!("{field}.matchExpressions[{j}].values[{k}]");
+                            text_template(
+                                ck,
+                                builder,
+                                &f,
+                                &tname(&format!("expr:{j}:{k}")),
+                                TemplateKind::Text,
+                                v,
+                                known,
+                            )
+                        })
+                        .collect();
+                    CompiledRequirement {
+                        key: req.key.clone(),
+                        operator: req.operator,
+                        values,
+                    }
+                })
+                .collect(),
+        ),
+        TemplatedExpressions::Template(src) => {
+            let f = format!("{field}.matchExpressions");
+            match text_template(
+                ck,
+                builder,
+                &f,
+                &tname("exprs"),
+                TemplateKind::Object,
+                src,
+                known,
+            ) {
+                Some(t) => Templated::Whole(t),
+                None => Templated::Parts(Vec::new()),
+            }
+        }
+    });
+    CompiledSelector {
+        match_labels,
+        match_expressions,
+    }
 }
 
 fn is_var_name(s: &str) -> bool {

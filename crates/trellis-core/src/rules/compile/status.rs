@@ -4,6 +4,8 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::render::Calls;
+use crate::rules::model::{ConditionSpec, StatusField};
+use crate::rules::names::{is_kind, is_reason};
 
 /// Validates and compiles the `status:` block: fields (JSONPath or
 /// expression) and the rule's own conditions.
@@ -29,174 +31,200 @@ pub(super) fn compile_status(
     base.insert("patches");
     for (i, f) in status.fields.iter().enumerate() {
         let at = format!("spec.status.fields[{i}]");
-        let path: Vec<String> = f.path.split('.').map(str::to_owned).collect();
-        if path.iter().any(|p| p.is_empty()) {
-            ck.error(
-                &format!("{at}.path"),
-                format!("`{}` is not a dotted path", f.path),
-            );
-        }
-        if path
-            .first()
-            .is_some_and(|p| p == "conditions" || p == "observedGeneration")
-        {
-            ck.error(
-                &format!("{at}.path"),
-                format!("`{}` is written by trellis itself", f.path),
-            );
-        }
-        let mut reads_vars = VarReads::default();
-        let source = match (&f.from, &f.json_path, &f.value) {
-            (Some(from), Some(jp), None) => {
-                if !known.children.contains(from.as_str()) {
-                    ck.error(&format!("{at}.from"), format!("unknown child id `{from}`"));
-                }
-                match jsonpath_rust::parser::parse_json_path(jp) {
-                    Ok(query) => {
-                        if f.default.is_some() && !crate::status::is_singular(&query) {
-                            ck.warning(
-                                &format!("{at}.default"),
-                                format!(
-                                    "never used: `{jp}` is not a singular query (a wildcard, \
-                                     slice, filter or descendant), so it always yields a list, \
-                                     [] when nothing matches or `{from}` does not exist"
-                                ),
-                            );
-                        }
-                        Some(FieldSource::JsonPath {
-                            child: from.clone(),
-                            query,
-                            text: jp.clone(),
-                        })
-                    }
-                    Err(err) => {
-                        ck.error(&format!("{at}.jsonPath"), format!("JSONPath syntax: {err}"));
-                        None
-                    }
-                }
-            }
-            (None, None, Some(value)) => match builder.add_expression(value) {
-                Ok(id) => {
-                    lint(
-                        ck,
-                        builder,
-                        &format!("{at}.value"),
-                        Code::Expression(id, value),
-                    );
-                    let names = builder.expression_names(id, true);
-                    ck.check_names(
-                        &format!("{at}.value"),
-                        "a status field's value",
-                        names,
-                        &base,
-                        known,
-                    );
-                    reads_vars = VarReads::of(&builder.expression_calls(id));
-                    Some(FieldSource::Value(id))
-                }
-                Err(err) => {
-                    ck.error(&format!("{at}.value"), format!("expression syntax: {err}"));
-                    None
-                }
-            },
-            _ => {
-                ck.error(&at, "set either `from` with `jsonPath`, or `value`");
-                None
-            }
-        };
-        if let Some(source) = source {
-            fields.push(CompiledField {
-                path,
-                source,
-                default: f.default.clone(),
-                reads_vars,
-            });
-        }
+        fields.extend(compile_field(ck, builder, known, &base, &at, f));
     }
     let mut types = BTreeSet::new();
     for (i, c) in status.conditions.iter().enumerate() {
         let at = format!("spec.status.conditions[{i}]");
-        if !is_kind(&c.type_) {
-            ck.error(
-                &format!("{at}.type"),
-                format!("`{}` is not a CamelCase type", c.type_),
-            );
+        let new_type = types.insert(c.type_.clone());
+        conditions.extend(compile_condition(
+            ck, builder, known, &base, &at, c, new_type,
+        ));
+    }
+    (fields, conditions)
+}
+
+/// One `spec.status.fields` entry: its path, and either a JSONPath on a
+/// child or an expression; `None` when neither compiles.
+fn compile_field(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    known: &Known,
+    base: &BTreeSet<&str>,
+    at: &str,
+    f: &StatusField,
+) -> Option<CompiledField> {
+    let path: Vec<String> = f.path.split('.').map(str::to_owned).collect();
+    if path.iter().any(|p| p.is_empty()) {
+        ck.error(
+            &format!("{at}.path"),
+            format!("`{}` is not a dotted path", f.path),
+        );
+    }
+    if path
+        .first()
+        .is_some_and(|p| p == "conditions" || p == "observedGeneration")
+    {
+        ck.error(
+            &format!("{at}.path"),
+            format!("`{}` is written by trellis itself", f.path),
+        );
+    }
+    let mut reads_vars = VarReads::default();
+    let source = match (&f.from, &f.json_path, &f.value) {
+        (Some(from), Some(jp), None) => {
+            if !known.children.contains(from.as_str()) {
+                ck.error(&format!("{at}.from"), format!("unknown child id `{from}`"));
+            }
+            match jsonpath_rust::parser::parse_json_path(jp) {
+                Ok(query) => {
+                    if f.default.is_some() && !crate::json_path::is_singular(&query) {
+                        ck.warning(
+                            &format!("{at}.default"),
+                            format!(
+                                "never used: `{jp}` is not a singular query (a wildcard, \
+                                 slice, filter or descendant), so it always yields a list, \
+                                 [] when nothing matches or `{from}` does not exist"
+                            ),
+                        );
+                    }
+                    Some(FieldSource::JsonPath {
+                        child: from.clone(),
+                        query,
+                        text: jp.clone(),
+                    })
+                }
+                Err(err) => {
+                    ck.error(&format!("{at}.jsonPath"), format!("JSONPath syntax: {err}"));
+                    None
+                }
+            }
         }
-        if c.type_ == "Ready" || c.type_ == "Synced" {
-            ck.error(
-                &format!("{at}.type"),
-                format!("`{}` is written by trellis itself", c.type_),
-            );
-        }
-        if !types.insert(c.type_.clone()) {
-            ck.error(
-                &format!("{at}.type"),
-                format!("duplicate condition type `{}`", c.type_),
-            );
-        }
-        if !is_reason(&c.reason) {
-            ck.error(
-                &format!("{at}.reason"),
-                format!("`{}` is not a CamelCase reason", c.reason),
-            );
-        }
-        // What `when` and `message` read of `vars`.
-        let mut reads = Calls::default();
-        let when = match builder.add_expression(&c.when) {
+        (None, None, Some(value)) => match builder.add_expression(value) {
             Ok(id) => {
                 lint(
                     ck,
                     builder,
-                    &format!("{at}.when"),
-                    Code::Expression(id, &c.when),
+                    &format!("{at}.value"),
+                    Code::Expression(id, value),
                 );
                 let names = builder.expression_names(id, true);
                 ck.check_names(
-                    &format!("{at}.when"),
-                    "a condition's when",
+                    &format!("{at}.value"),
+                    "a status field's value",
                     names,
-                    &base,
+                    base,
                     known,
                 );
-                merge_reads(&mut reads, builder.expression_calls(id));
+                reads_vars = VarReads::of(&builder.expression_calls(id));
+                Some(FieldSource::Value(id))
+            }
+            Err(err) => {
+                ck.error(&format!("{at}.value"), format!("expression syntax: {err}"));
+                None
+            }
+        },
+        _ => {
+            ck.error(at, "set either `from` with `jsonPath`, or `value`");
+            None
+        }
+    };
+    source.map(|source| CompiledField {
+        path,
+        source,
+        default: f.default.clone(),
+        reads_vars,
+    })
+}
+
+/// One `spec.status.conditions` entry: its type (`new_type`: not used by an
+/// earlier entry), reason, `when` and `message`; `None` when `when` does not
+/// compile.
+fn compile_condition(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    known: &Known,
+    base: &BTreeSet<&str>,
+    at: &str,
+    c: &ConditionSpec,
+    new_type: bool,
+) -> Option<CompiledCondition> {
+    if !is_kind(&c.type_) {
+        ck.error(
+            &format!("{at}.type"),
+            format!("`{}` is not a CamelCase type", c.type_),
+        );
+    }
+    if c.type_ == "Ready" || c.type_ == "Synced" {
+        ck.error(
+            &format!("{at}.type"),
+            format!("`{}` is written by trellis itself", c.type_),
+        );
+    }
+    if !new_type {
+        ck.error(
+            &format!("{at}.type"),
+            format!("duplicate condition type `{}`", c.type_),
+        );
+    }
+    if !is_reason(&c.reason) {
+        ck.error(
+            &format!("{at}.reason"),
+            format!("`{}` is not a CamelCase reason", c.reason),
+        );
+    }
+    // What `when` and `message` read of `vars`.
+    let mut reads = Calls::default();
+    let when = match builder.add_expression(&c.when) {
+        Ok(id) => {
+            lint(
+                ck,
+                builder,
+                &format!("{at}.when"),
+                Code::Expression(id, &c.when),
+            );
+            let names = builder.expression_names(id, true);
+            ck.check_names(
+                &format!("{at}.when"),
+                "a condition's when",
+                names,
+                base,
+                known,
+            );
+            merge_reads(&mut reads, builder.expression_calls(id));
+            Some(id)
+        }
+        Err(err) => {
+            ck.error(&format!("{at}.when"), format!("expression syntax: {err}"));
+            None
+        }
+    };
+    let message = c.message.as_ref().and_then(|text| {
+        match builder.add_template(&format!("condition:{}", c.type_), TemplateKind::Text, text) {
+            Ok(id) => {
+                lint(ck, builder, &format!("{at}.message"), Code::Text(&id, text));
+                let names = builder.template_names(&id, true);
+                ck.check_names(
+                    &format!("{at}.message"),
+                    "a condition's message",
+                    names,
+                    base,
+                    known,
+                );
+                merge_reads(&mut reads, builder.template_calls(&id));
                 Some(id)
             }
             Err(err) => {
-                ck.error(&format!("{at}.when"), format!("expression syntax: {err}"));
+                ck.error(&format!("{at}.message"), format!("template syntax: {err}"));
                 None
             }
-        };
-        let message = c.message.as_ref().and_then(|text| {
-            match builder.add_template(&format!("condition:{}", c.type_), TemplateKind::Text, text)
-            {
-                Ok(id) => {
-                    lint(ck, builder, &format!("{at}.message"), Code::Text(&id, text));
-                    let names = builder.template_names(&id, true);
-                    ck.check_names(
-                        &format!("{at}.message"),
-                        "a condition's message",
-                        names,
-                        &base,
-                        known,
-                    );
-                    merge_reads(&mut reads, builder.template_calls(&id));
-                    Some(id)
-                }
-                Err(err) => {
-                    ck.error(&format!("{at}.message"), format!("template syntax: {err}"));
-                    None
-                }
-            }
-        });
-        if let Some(when) = when {
-            conditions.push(CompiledCondition {
-                type_: c.type_.clone(),
-                when,
-                reason: c.reason.clone(),
-                message,
-                reads_vars: VarReads::of(&reads),
-            });
         }
-    }
-    (fields, conditions)
+    });
+    when.map(|when| CompiledCondition {
+        type_: c.type_.clone(),
+        when,
+        reason: c.reason.clone(),
+        message,
+        reads_vars: VarReads::of(&reads),
+    })
 }

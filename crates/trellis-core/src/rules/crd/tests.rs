@@ -1,8 +1,8 @@
-//! Tests of [`generate`] (the CRD of a rule) and of the RBAC that
-//! `--manage-crds` grants on the CRDs it generates. The schema conversion's
-//! tests are in `schema/tests.rs`, the offline CRDs' in `offline.rs`.
+//! Tests of [`generate`] (the CRD of a rule). The schema conversion's tests
+//! are in `schema/tests.rs`, the offline CRDs' in `crate::crd::offline`, the
+//! RBAC that `--manage-crds` grants on generated CRDs in `crate::rbac`.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::generate;
 use crate::rules::model::Rule;
@@ -215,41 +215,5 @@ spec:
         messages.iter().any(|m| m
             .contains("rule.yaml:12: error: spec.schema.properties.a.if: `if` has no equivalent")),
         "{messages:#?}"
-    );
-}
-
-#[test]
-fn rbac_for_manage_crds_grants_create_and_patch_on_the_generated_crds_by_name() {
-    let set = crate::rules::testing::load_texts(&[(
-        "rule.yaml",
-        "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n  parent: {apiVersion: demo.example.com/v1, kind: Policy}\n  crd: {}\n",
-    )]);
-    let crd_rules = |role: &Value| -> Vec<Value> {
-        role["rules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["resources"] == json!(["customresourcedefinitions"]))
-            .cloned()
-            .collect()
-    };
-    let plain = crate::rbac::cluster_role_with(&set, "trellis", false);
-    assert_eq!(
-        crd_rules(&plain),
-        [
-            json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]})
-        ]
-    );
-    let managing = crate::rbac::cluster_role_with(&set, "trellis", true);
-    let named: Vec<Value> = crd_rules(&managing)
-        .into_iter()
-        .filter(|r| r.get("resourceNames").is_some())
-        .collect();
-    assert_eq!(
-        named,
-        [
-            json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["policies.demo.example.com"], "verbs": ["create"]}),
-            json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["policies.demo.example.com"], "verbs": ["patch"]}),
-        ]
     );
 }

@@ -1,5 +1,5 @@
-//! The child-schema check through `check`'s own pipeline: rule files on
-//! disk, every diagnostic as `check` prints it.
+//! The child-schema check (`crate::conform`) through `check`'s own
+//! pipeline: rule files on disk, every diagnostic as `check` prints it.
 
 use std::path::PathBuf;
 

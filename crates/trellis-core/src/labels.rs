@@ -1,0 +1,44 @@
+//! The labels and annotations trellis writes on the children it manages,
+//! and the one label value it computes: the bucket of the parent's uid.
+//! Every module that writes or reads them — the planner, drift detection,
+//! the shards, the operator's watches — takes the names from here, so they
+//! agree without depending on one another.
+
+use sha2::{Digest, Sha256};
+
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const LABEL_RULE: &str = "trellis.dev/rule";
+pub const LABEL_CHILD: &str = "trellis.dev/child";
+pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
+/// The revision of the rule version that rendered the child.
+pub const LABEL_REVISION: &str = "trellis.dev/revision";
+pub const MANAGED_BY: &str = "trellis";
+/// On children with `deletionPolicy: retain`: released, never deleted, by
+/// whichever rule version or cleanup finds them.
+pub const LABEL_DELETION_POLICY: &str = "trellis.dev/deletion-policy";
+pub const RETAIN: &str = "retain";
+/// On `recreate` children: the hash of the rendering the object came from.
+pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
+
+/// How many buckets parents are cut into.
+pub const BUCKETS: usize = 256;
+
+/// Label carried by every child: the bucket of its parent's uid.
+pub const LABEL_BUCKET: &str = "trellis.dev/bucket";
+
+/// One of the [`BUCKETS`] buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bucket(pub u8);
+
+/// The bucket of a parent: the first byte of the sha256 of its uid. A uid
+/// is random, so buckets fill evenly; sha256 is the same on every
+/// architecture and in every release, so a bucket never moves by itself.
+pub fn bucket_of(uid: &str) -> Bucket {
+    Bucket(Sha256::digest(uid.as_bytes())[0])
+}
+
+impl std::fmt::Display for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
