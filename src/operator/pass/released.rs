@@ -22,8 +22,9 @@
 //! selector or the namespaces): it reads the parent kind's metadata, page
 //! by page, outside the rule's scope, and keeps those that carry this
 //! rule's children or contributions (by parent uid) or trellis's finalizer
-//! where this rule sets one. A rule without a selector or namespaces has
-//! nothing outside its scope, and lists nothing.
+//! where this rule sets one; a sweep the API server does not answer is
+//! tried again every few seconds. A rule without a selector or namespaces
+//! has nothing outside its scope, and lists nothing.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -138,9 +139,8 @@ pub(in crate::operator) async fn run(
     }
     // uid → candidate; one per parent, the served mark kept.
     let mut waiting: BTreeMap<String, Candidate> = BTreeMap::new();
-    for c in sweep(&ctx).await {
-        waiting.insert(c.uid.clone(), c);
-    }
+    // A sweep the API server did not answer is tried again at each tick.
+    let mut swept = false;
     let mut busy: HashSet<String> = HashSet::new();
     let mut running: JoinSet<(Candidate, Fate)> = JoinSet::new();
     let mut tick = tokio::time::interval(RETRY);
@@ -162,6 +162,12 @@ pub(in crate::operator) async fn run(
         }
         while let Ok(c) = candidates.try_recv() {
             add(&mut waiting, c);
+        }
+        if !swept && let Some(found) = sweep(&ctx).await {
+            swept = true;
+            for c in found {
+                add(&mut waiting, c);
+            }
         }
         let due: Vec<String> = waiting
             .keys()
@@ -206,6 +212,7 @@ async fn release(ctx: &RuleCtx, c: &Candidate) -> Fate {
     let kind = &ctx.kinds.parent;
     let api: Api<ParentObject> = kind.api(ctx.shared.client.clone(), c.namespace.as_deref());
     let mut acted = false;
+    debug!(rule = %ctx.rule().name, parent = %format!("{}/{}", c.namespace.as_deref().unwrap_or(""), c.name), "releasing a parent that may have left the rule");
     loop {
         if ctx.stop.is_cancelled() || ctx.check_write(&c.uid).is_err() {
             return Fate::Later;
@@ -274,12 +281,13 @@ async fn release(ctx: &RuleCtx, c: &Candidate) -> Fate {
 }
 
 /// The parents outside the rule that still carry something of it: see the
-/// module docs. Errors are logged; what was read until then is kept.
-async fn sweep(ctx: &RuleCtx) -> Vec<Candidate> {
+/// module docs. `None` (logged) when the API server did not answer: the
+/// caller sweeps again later, so no parent is left behind by an outage.
+async fn sweep(ctx: &RuleCtx) -> Option<Vec<Candidate>> {
     let rule = ctx.rule();
     let spec = &rule.rule.spec.parent;
     if spec.selector.is_none() && spec.namespaces.is_empty() {
-        return Vec::new();
+        return Some(Vec::new());
     }
     let held: HashSet<String> = ctx
         .parents
@@ -300,7 +308,7 @@ async fn sweep(ctx: &RuleCtx) -> Vec<Candidate> {
     named.retain(|uid| !held.contains(uid));
     let finalizes = sets_finalizer(&rule);
     if named.is_empty() && !finalizes {
-        return Vec::new();
+        return Some(Vec::new());
     }
     let kind = &ctx.kinds.parent;
     let scopes: Vec<Option<&String>> = if !kind.namespaced || ctx.shared.namespaces.is_empty() {
@@ -317,8 +325,8 @@ async fn sweep(ctx: &RuleCtx) -> Vec<Candidate> {
             let page = match api.list_metadata(&params).await {
                 Ok(page) => page,
                 Err(err) => {
-                    warn!(rule = %rule.name, kind = %kind.gvk, "cannot look for parents that left the rule: {err}");
-                    break;
+                    warn!(rule = %rule.name, kind = %kind.gvk, "cannot look for parents that left the rule (trying again in {RETRY:?}): {err}");
+                    return None;
                 }
             };
             for p in &page.items {
@@ -347,7 +355,8 @@ async fn sweep(ctx: &RuleCtx) -> Vec<Candidate> {
     if !out.is_empty() {
         info!(rule = %rule.name, parents = out.len(), "found parents that left the rule while it was not watching them");
     }
-    out
+    debug!(rule = %rule.name, found = ?out.iter().map(|c| format!("{}/{}", c.namespace.as_deref().unwrap_or(""), c.name)).collect::<Vec<_>>(), named = named.len(), "swept the parents outside the rule");
+    Some(out)
 }
 
 #[cfg(test)]
