@@ -279,29 +279,7 @@ async fn diff_parent(
     let uid = s("/metadata/uid").unwrap_or_default();
 
     // The children, as the operator's caches hold them.
-    let mut objects = Vec::new();
-    let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
-    for child in &rule.children {
-        let Some(kind) = kinds.find(&child.gvk.group, &child.gvk.kind) else {
-            continue;
-        };
-        if objects
-            .iter()
-            .any(|(g, _): &(Gvk, Value)| g.group == child.gvk.group && g.kind == child.gvk.kind)
-        {
-            continue;
-        }
-        let list = api(client, kind, None)
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| format!("listing {} children: {e}", child.gvk))?;
-        objects.extend(
-            list.items
-                .into_iter()
-                .map(|o| (child.gvk.clone(), to_value(o, kind))),
-        );
-    }
-    let mut objects: Vec<Value> = objects.into_iter().map(|(_, v)| v).collect();
+    let objects = live_children(client, rule, kinds, uid).await?;
     let due = versions.map(|v| {
         let on = parent
             .pointer("/status/ruleRevision")
@@ -316,39 +294,7 @@ async fn diff_parent(
     });
     let rule: &CompiledRule = due.as_deref().unwrap_or(rule);
 
-    // Plan, fetch what the related entries read, plan again until the
-    // reads stop changing (a related name may come from a var).
-    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let scope_of = |g: &Gvk| kinds.scope_of(g);
-    let mut fetched: BTreeSet<String> = BTreeSet::new();
-    let mut observed;
-    let mut pass;
-    let mut rounds = 0;
-    loop {
-        observed = Observed::from_objects(objects.iter().cloned());
-        pass = plan::plan(
-            rule,
-            &Input {
-                parent,
-                observed: &observed,
-                now: &now,
-                scope_of: &scope_of,
-            },
-        );
-        let new: Vec<&RelatedRead> = pass
-            .reads
-            .iter()
-            .filter(|r| !fetched.contains(&format!("{r:?}")))
-            .collect();
-        rounds += 1;
-        if new.is_empty() || rounds > 4 {
-            break;
-        }
-        for read in new {
-            fetched.insert(format!("{read:?}"));
-            objects.extend(fetch_related(client, kinds, read).await?);
-        }
-    }
+    let (observed, pass) = plan_with_reads(client, rule, kinds, parent, objects).await?;
 
     for apply in &pass.apply {
         let change =
@@ -449,6 +395,83 @@ async fn diff_parent(
             .extend(status_changes(client, rule, kinds, parent, name, namespace, status).await?);
     }
     Ok(out)
+}
+
+/// The rule's children of one parent, as the operator's caches hold them:
+/// one labelled list per child kind.
+async fn live_children(
+    client: &Client,
+    rule: &CompiledRule,
+    kinds: &Kinds,
+    uid: &str,
+) -> Result<Vec<Value>, String> {
+    let mut objects = Vec::new();
+    let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
+    for child in &rule.children {
+        let Some(kind) = kinds.find(&child.gvk.group, &child.gvk.kind) else {
+            continue;
+        };
+        if objects
+            .iter()
+            .any(|(g, _): &(Gvk, Value)| g.group == child.gvk.group && g.kind == child.gvk.kind)
+        {
+            continue;
+        }
+        let list = api(client, kind, None)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| format!("listing {} children: {e}", child.gvk))?;
+        objects.extend(
+            list.items
+                .into_iter()
+                .map(|o| (child.gvk.clone(), to_value(o, kind))),
+        );
+    }
+    Ok(objects.into_iter().map(|(_, v)| v).collect())
+}
+
+/// Plans, fetches what the related entries read, and plans again until the
+/// reads stop changing (a related name may come from a var).
+async fn plan_with_reads(
+    client: &Client,
+    rule: &CompiledRule,
+    kinds: &Kinds,
+    parent: &Value,
+    mut objects: Vec<Value>,
+) -> Result<(Observed, plan::Plan), String> {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let scope_of = |g: &Gvk| kinds.scope_of(g);
+    let mut fetched: BTreeSet<String> = BTreeSet::new();
+    let mut observed;
+    let mut pass;
+    let mut rounds = 0;
+    loop {
+        observed = Observed::from_objects(objects.iter().cloned());
+        pass = plan::plan(
+            rule,
+            &Input {
+                parent,
+                observed: &observed,
+                now: &now,
+                scope_of: &scope_of,
+            },
+        );
+        let new: Vec<&RelatedRead> = pass
+            .reads
+            .iter()
+            .filter(|r| !fetched.contains(&format!("{r:?}")))
+            .collect();
+        rounds += 1;
+        if new.is_empty() || rounds > 4 {
+            break;
+        }
+        for read in new {
+            fetched.insert(format!("{read:?}"));
+            objects.extend(fetch_related(client, kinds, read).await?);
+        }
+    }
+
+    Ok((observed, pass))
 }
 
 /// The objects one related read covers.
