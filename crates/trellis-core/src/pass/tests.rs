@@ -67,6 +67,11 @@ fn entry_checks_run_in_one_order_deletion_and_scope_before_pause() {
     );
 }
 
+/// The ids of the children a round sends, in order.
+fn to_send_ids(rounds: &Rounds, plan: &Plan) -> Vec<String> {
+    rounds.to_send(plan).iter().map(|a| a.id.clone()).collect()
+}
+
 #[test]
 fn a_child_whose_dependency_the_pass_made_is_sent_in_the_next_round_of_the_same_pass() {
     let r = rule();
@@ -77,11 +82,7 @@ fn a_child_whose_dependency_the_pass_made_is_sent_in_the_next_round_of_the_same_
     // Round 1: only `config` can render; `web` reads it and waits.
     assert!(rounds.begin_round());
     let first = plan_with(&r, &p, &observed);
-    let send: Vec<String> = rounds
-        .to_send(&first)
-        .iter()
-        .map(|a| a.id.clone())
-        .collect();
+    let send = to_send_ids(&rounds, &first);
     assert_eq!(send, ["config"]);
     let config = first.apply[0].clone();
     let got = rounds.record(&config, Sent::Created);
@@ -101,11 +102,7 @@ fn a_child_whose_dependency_the_pass_made_is_sent_in_the_next_round_of_the_same_
     // Round 2: `web` renders now; `config` is not sent again.
     assert!(rounds.begin_round());
     let second = plan_with(&r, &p, &observed);
-    let send: Vec<String> = rounds
-        .to_send(&second)
-        .iter()
-        .map(|a| a.id.clone())
-        .collect();
+    let send = to_send_ids(&rounds, &second);
     assert_eq!(send, ["web"]);
     let web = second.apply.iter().find(|a| a.id == "web").unwrap().clone();
     rounds.record(&web, Sent::Created);
