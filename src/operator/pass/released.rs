@@ -52,6 +52,8 @@ const RETRY: Duration = Duration::from_secs(3);
 const MAX_WAITING: usize = 10_000;
 /// The sweep reads the parent kind's metadata in pages of this many.
 const PAGE: u32 = 500;
+/// How long the sweep waits for one page.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A parent that may have left the rule, as last seen.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -128,15 +130,17 @@ pub(in crate::operator) async fn run(
     ctx: Arc<RuleCtx>,
     mut candidates: mpsc::UnboundedReceiver<Candidate>,
 ) {
+    let name = ctx.rule().name.clone();
+    debug!(rule = %name, "release task: waiting for the caches");
     let mut ready = ctx.caches_ready.clone();
     tokio::select! {
         listed = ready.wait_for(|r| *r) => if listed.is_err() { return },
         () = ctx.stop.cancelled() => return,
     }
-    tokio::select! {
-        listed = ctx.parents.wait_until_ready() => if listed.is_err() { return },
-        () = ctx.stop.cancelled() => return,
-    }
+    // Not the parents' cache: its first list can take long (a streaming
+    // list waits for the API server's watch cache to be fresh), and the
+    // sweep asks each parent's scope of its own metadata anyway.
+    debug!(rule = %name, "release task: children listed");
     // uid → candidate; one per parent, the served mark kept.
     let mut waiting: BTreeMap<String, Candidate> = BTreeMap::new();
     // A sweep the API server did not answer is tried again at each tick.
@@ -289,12 +293,6 @@ async fn sweep(ctx: &RuleCtx) -> Option<Vec<Candidate>> {
     if spec.selector.is_none() && spec.namespaces.is_empty() {
         return Some(Vec::new());
     }
-    let held: HashSet<String> = ctx
-        .parents
-        .state()
-        .iter()
-        .filter_map(|p| p.object.uid())
-        .collect();
     let mut named: BTreeSet<String> = ctx.related.contributors(&rule.name).into_iter().collect();
     for cache in &ctx.children {
         named.extend(
@@ -305,7 +303,6 @@ async fn sweep(ctx: &RuleCtx) -> Option<Vec<Candidate>> {
                 .filter_map(|c| c.parent_uid().map(str::to_owned)),
         );
     }
-    named.retain(|uid| !held.contains(uid));
     let finalizes = sets_finalizer(&rule);
     if named.is_empty() && !finalizes {
         return Some(Vec::new());
@@ -322,9 +319,17 @@ async fn sweep(ctx: &RuleCtx) -> Option<Vec<Candidate>> {
             kind.api(ctx.shared.client.clone(), scope.map(String::as_str));
         let mut params = ListParams::default().limit(PAGE);
         loop {
-            let page = match api.list_metadata(&params).await {
-                Ok(page) => page,
-                Err(err) => {
+            debug!(rule = %rule.name, scope = ?scope, "sweeping the parents outside the rule");
+            // A request that hangs (a pooled connection the server dropped)
+            // must not hold the sweep, and every candidate behind it, for
+            // good: given up after PAGE_TIMEOUT and tried again.
+            let page = match tokio::time::timeout(PAGE_TIMEOUT, api.list_metadata(&params)).await {
+                Ok(Ok(page)) => page,
+                Err(_) => {
+                    warn!(rule = %rule.name, kind = %kind.gvk, "cannot look for parents that left the rule (trying again in {RETRY:?}): no answer within {PAGE_TIMEOUT:?}");
+                    return None;
+                }
+                Ok(Err(err)) => {
                     warn!(rule = %rule.name, kind = %kind.gvk, "cannot look for parents that left the rule (trying again in {RETRY:?}): {err}");
                     return None;
                 }
@@ -333,7 +338,7 @@ async fn sweep(ctx: &RuleCtx) -> Option<Vec<Candidate>> {
                 let Some(uid) = p.metadata.uid.as_deref() else {
                     continue;
                 };
-                if held.contains(uid) || why_out(&rule, &p.metadata).is_none() {
+                if why_out(&rule, &p.metadata).is_none() {
                     continue;
                 }
                 let finalized = p
