@@ -4,8 +4,8 @@
 //! context, into an empty directory, and `cargo metadata --locked --offline`
 //! resolves the build there (manifest, lockfile, path patches, declared
 //! targets). Then every repository file that the compiler read for the
-//! trellis binary (its dep-info, written by this very `cargo test` build)
-//! must be in the replay. A file the build needs and the Dockerfile or
+//! trellis binary and the core crate it links (their dep-info, written by
+//! this very `cargo test` build) must be in the replay. A file the build needs and the Dockerfile or
 //! `.dockerignore` leaves out fails here, not in a user's `docker build`.
 //! (The final stage is compared with the packed image in tests/node.rs.)
 
@@ -201,7 +201,9 @@ fn files_read_for_trellis(bin: &Path) -> BTreeSet<PathBuf> {
     let mut read = BTreeSet::new();
     for entry in std::fs::read_dir(&deps).unwrap().flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        if !(name.starts_with("trellis-") && name.ends_with(".d")) {
+        // The binary's crate and the core crate it links (`trellis_core-`).
+        let ours = name.starts_with("trellis-") || name.starts_with("trellis_core-");
+        if !(ours && name.ends_with(".d")) {
             continue;
         }
         let text = std::fs::read_to_string(entry.path()).unwrap();
@@ -306,7 +308,13 @@ fn the_dockerfile_build_stage_resolves_offline_from_exactly_what_it_copies() {
     // Every repository file the compiler read for the trellis binary (its
     // dep-info: sources, included files, the vendored crate) was copied.
     let read = files_read_for_trellis(Path::new(env!("CARGO_BIN_EXE_trellis")));
-    for must in ["src/main.rs", "src/lib.rs"] {
+    for must in [
+        "src/main.rs",
+        "src/lib.rs",
+        "crates/trellis-core/src/lib.rs",
+        // Read through include_str!: a data file, not a module.
+        "crates/trellis-core/src/conform/kubernetes-1.35.json",
+    ] {
         assert!(
             read.contains(Path::new(must)),
             "the dep-info of this build lists no {must}: {read:?}"
