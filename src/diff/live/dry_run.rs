@@ -171,7 +171,7 @@ pub(super) async fn status_changes(
     name: &str,
     namespace: Option<&str>,
     status: &Value,
-) -> Result<Vec<FieldChange>, String> {
+) -> Result<Vec<FieldChange>, super::LiveError> {
     let api = api(client, &kinds.parent, namespace);
     let claim = if kinds.parent.status_subresource {
         None
@@ -190,7 +190,7 @@ pub(super) async fn status_changes(
     } else {
         api.patch(name, &params, &Patch::Merge(&patch)).await
     };
-    let after = result.map_err(|e| format!("status of {name}: {e}"))?;
+    let after = result.map_err(super::LiveError::api(format!("status of {name}")))?;
     let after = after.data.get("status").cloned().unwrap_or(json!({}));
     let before = parent.get("status").cloned().unwrap_or(json!({}));
     let mut changes = field_changes(&before, &after);
