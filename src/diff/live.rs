@@ -7,8 +7,8 @@
 //! Where the operator would skip a write (a `createOnly` child that exists,
 //! a child whose live object carries this rendering's hash and every field
 //! it sets), so does this, with the same functions
-//! ([`crate::operator::live_render_hash`], [`crate::drift::drifted`],
-//! [`crate::operator::foreign_owner`]).
+//! ([`crate::ownership::live_render_hash`], [`crate::drift::drifted`],
+//! [`crate::ownership::foreign_owner`]).
 
 use std::collections::BTreeSet;
 

@@ -9,10 +9,11 @@ use serde_json::{Value, json};
 
 use super::{Kinds, api, to_value};
 use crate::diff::{ChildChange, FieldChange, field_changes, object_changes};
-use crate::operator::{foreign_owner, live_render_hash, status_patch};
+use crate::ownership::{foreign_owner, live_render_hash};
 use crate::plan::{ANNOTATION_RENDER_HASH, Apply, ObjectKey};
 use crate::rules::CompiledRule;
 use crate::rules::model::Policy;
+use crate::status_patch::status_patch;
 
 /// What the operator's apply of one child would do, decided as it decides
 /// and, where it would write, answered by a dry-run.
