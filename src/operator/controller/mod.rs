@@ -53,13 +53,28 @@ async fn pause(shared: &Shared, shutdown: &CancellationToken, timeout: Duration)
     }
 }
 
+/// How long a rule waiting for a kind (or for its versions) waits before
+/// it looks again, when no CRD change wakes it first: 1 s doubling to 30 s.
+fn waiting_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
+
+fn next_retry(backoff: &mut backon::ExponentialBackoff) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(30))
+}
+
 async fn rule_loop(
     rules: watch::Receiver<Arc<CompiledRule>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
     let name = rules.borrow().name.clone();
-    let mut retry = Duration::from_secs(1);
+    let mut retry = waiting_backoff();
     let mut last_state: Option<RuleState> = None;
     // Logs a state once, not on every retry.
     let report = |last: &mut Option<RuleState>, state: RuleState| {
@@ -87,8 +102,7 @@ async fn rule_loop(
             Ok(kinds) => kinds,
             Err(why) => {
                 report(&mut last_state, RuleState::Waiting(why.to_string()));
-                pause(&shared, &shutdown, retry).await;
-                retry = (retry * 2).min(Duration::from_secs(30));
+                pause(&shared, &shutdown, next_retry(&mut retry)).await;
                 continue;
             }
         };
@@ -116,12 +130,11 @@ async fn rule_loop(
             Ok(kinds) => kinds,
             Err(why) => {
                 report(&mut last_state, RuleState::Waiting(why.to_string()));
-                pause(&shared, &shutdown, retry).await;
-                retry = (retry * 2).min(Duration::from_secs(30));
+                pause(&shared, &shutdown, next_retry(&mut retry)).await;
                 continue;
             }
         };
-        retry = Duration::from_secs(1);
+        retry = waiting_backoff();
         if let Err(why) = identity::preflight(&shared, &rule, &kinds, &namespaces).await {
             account_denied(&shared, &name, true);
             report(&mut last_state, RuleState::Inactive(why.to_string()));
