@@ -22,6 +22,7 @@ use crate::yaml::LineIndex;
 
 mod checker;
 mod entry;
+mod hand_off;
 mod lint;
 mod order;
 mod patch;
@@ -119,6 +120,8 @@ pub struct CompiledChild {
     pub depends_on_patches: Vec<usize>,
     /// The vars its template and expressions read.
     pub reads_vars: VarReads,
+    /// `handOff`, each path as keys ([`crate::ownership::parse_path`]).
+    pub hand_off: Vec<Vec<String>>,
 }
 
 #[derive(Debug)]

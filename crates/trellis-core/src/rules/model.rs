@@ -217,6 +217,12 @@ pub struct ChildSpec {
     /// ownership removed) instead of deleting it.
     #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
     pub deletion_policy: DeletionPolicy,
+    /// Fields (`spec.replicas`, `metadata.annotations["a/b"]`) trellis sets
+    /// when it makes the object and stops sending once another field
+    /// manager has changed them (an HPA, `kubectl scale`): it never fights
+    /// for them, and drift detection ignores them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hand_off: Vec<String>,
 }
 
 /// What becomes of a child when its parent goes or it is no longer rendered.
@@ -304,6 +310,7 @@ impl PatchSpec {
             plural: self.plural.clone(),
             scope: self.scope,
             deletion_policy: DeletionPolicy::Delete,
+            hand_off: Vec::new(),
         }
     }
 }

@@ -142,6 +142,7 @@ impl Entry<'_, '_> {
         );
 
         let deps = dependencies(ck, spec, role, i, &at, child, &reads);
+        let hand_off = super::hand_off::compile(ck, &at, child);
         Some(CompiledChild {
             spec: child.clone(),
             gvk: Gvk::new(&child.api_version, &child.kind),
@@ -153,6 +154,7 @@ impl Entry<'_, '_> {
             depends_on_related: deps.related,
             depends_on_patches: deps.patches,
             reads_vars: VarReads::of(&reads),
+            hand_off,
         })
     }
 }
