@@ -525,6 +525,7 @@ use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
+pub use parent::parent_context;
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches, why_not_selected};
 pub use patch::{PatchApply, Release, TARGET_NOT_FOUND, field_manager, has_manager};
