@@ -92,6 +92,7 @@ fn main() -> ExitCode {
         Command::Schema => cli::schema(),
         Command::Lsp { crds, strict } => cli::lsp(crds.as_deref(), strict),
         Command::Crd { rules } => cli::crd(&rules),
+        Command::Convert { rules, to, parent } => cli::convert(&rules, &parent, &to),
         Command::Diff {
             rules,
             parent,

@@ -129,6 +129,69 @@ pub fn crd_documents(set: &RuleSet) -> Result<String, yaml::SerializeError> {
     Ok(out)
 }
 
+/// `trellis convert`: every object of `parent_path` at version `to`.
+pub fn convert(dirs: &[PathBuf], parent_path: &Path, to: &str) -> ExitCode {
+    let Ok(set) = load(dirs, Limits::default()) else {
+        return ExitCode::from(2);
+    };
+    let objects = match read_objects(parent_path, &yaml::Limits::FILES) {
+        Ok(objects) => objects,
+        Err(e) => {
+            stderr!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let version = to.rsplit('/').next().unwrap_or(to);
+    let mut out = String::new();
+    let mut failed = false;
+    for object in &objects {
+        let gvk = crate::kinds::Gvk::new(
+            object
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            object
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+        );
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let converted = crate::conversion::rule_for(&set, &gvk.group, &gvk.kind)
+            .ok_or_else(|| crate::conversion::ConversionError::NoRule {
+                group: gvk.group.clone(),
+                kind: gvk.kind.clone(),
+            })
+            .and_then(|rule| crate::conversion::convert(rule, object, version));
+        match converted.map(|c| yaml::to_string(&c)) {
+            Ok(Ok(text)) => {
+                if !out.is_empty() {
+                    out.push_str("---\n");
+                }
+                out.push_str(&text);
+            }
+            Ok(Err(e)) => {
+                stderr!("error: {} {name}: {e}", gvk.kind);
+                failed = true;
+            }
+            Err(e) => {
+                stderr!("error: {}: {} {name}: {e}", parent_path.display(), gvk.kind);
+                failed = true;
+            }
+        }
+    }
+    if let Err(code) = print_out(&out) {
+        return code;
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 pub fn crd(dirs: &[PathBuf]) -> ExitCode {
     let set = match load(dirs, Limits::default()) {
         Ok(set) => set,
