@@ -402,10 +402,19 @@ pub enum Command {
         parent: PathBuf,
     },
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
+    ///
+    /// With --against-cluster, print instead whether applying each one over
+    /// the live CRD (KUBECONFIG or in-cluster) would break stored parents or
+    /// clients, one line per breaking change naming version and path;
+    /// nothing is applied. Exit 1 when a change is breaking and its rule
+    /// does not set `crd: {allowBreaking: true}`.
     Crd {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
+        /// Compare with the live CRDs instead of printing [default: off]
+        #[arg(long)]
+        against_cluster: bool,
     },
     /// Staged rollouts of rule changes (`rollout:`), as kept in the cluster:
     /// status, promote, abort
