@@ -81,12 +81,7 @@ pub fn changes(live: &Value, new: &Value) -> Vec<Breaking> {
                 .unwrap_or(Value::Null)
         };
         let mut found = Vec::new();
-        compare(
-            &schema(before),
-            &schema(&after),
-            &mut String::new(),
-            &mut found,
-        );
+        compare(&schema(before), &schema(&after), "", &mut found);
         out.extend(found.into_iter().map(|(path, what)| breaking(&path, what)));
     }
     out
@@ -117,8 +112,8 @@ fn join(path: &str, key: &str) -> String {
 }
 
 /// The breaking differences of `after` over `before` at `path`.
-fn compare(before: &Value, after: &Value, path: &mut String, out: &mut Vec<(String, String)>) {
-    let here = path.clone();
+fn compare(before: &Value, after: &Value, path: &str, out: &mut Vec<(String, String)>) {
+    let here = path.to_owned();
     let ty = |s: &Value| s.get("type").and_then(Value::as_str).map(str::to_owned);
     match (ty(before), ty(after)) {
         (Some(b), Some(a)) if b != a && !(b == "integer" && a == "number") => {
@@ -141,7 +136,7 @@ fn compare(before: &Value, after: &Value, path: &mut String, out: &mut Vec<(Stri
         for (key, was) in old {
             let field = join(&here, key);
             match new.and_then(|p| p.get(key)) {
-                Some(now) => compare(was, now, &mut field.clone(), out),
+                Some(now) => compare(was, now, &field, out),
                 None if open_ended(after) => {}
                 None => out.push((field, "removed".into())),
             }
@@ -234,7 +229,7 @@ fn compare(before: &Value, after: &Value, path: &mut String, out: &mut Vec<(Stri
             && b.is_object()
             && a.is_object()
         {
-            compare(b, a, &mut format!("{here}[]"), out);
+            compare(b, a, &format!("{here}[]"), out);
         }
     }
 }
