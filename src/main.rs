@@ -19,33 +19,44 @@ fn main() -> ExitCode {
             service_account_recheck,
             limits,
             leader,
-        } => cli::run(
-            trellis::operator::Options {
-                leader_election: match leader.settings() {
-                    Ok(settings) => settings,
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::from(2);
-                    }
+            webhook,
+        } => {
+            let operator_namespace =
+                trellis::operator::home::operator_namespace(operator_namespace.as_deref());
+            let webhook = match webhook.settings(&operator_namespace) {
+                Ok(settings) => settings,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            cli::run(
+                trellis::operator::Options {
+                    leader_election: match leader.settings() {
+                        Ok(settings) => settings,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    concurrency,
+                    metrics_addr: metrics_addr.0,
+                    reload_poll,
+                    manage_crds,
+                    shards: leader.shards,
+                    operator_namespace,
+                    webhook,
+                    require_service_account,
+                    account_recheck: service_account_recheck,
+                    limits: limits.limits(),
+                    instance: std::env::var("POD_NAME")
+                        .or_else(|_| std::env::var("HOSTNAME"))
+                        .unwrap_or_else(|_| "trellis".into()),
+                    ..trellis::operator::Options::new(rules, namespaces)
                 },
-                concurrency,
-                metrics_addr: metrics_addr.0,
-                reload_poll,
-                manage_crds,
-                shards: leader.shards,
-                operator_namespace: trellis::operator::home::operator_namespace(
-                    operator_namespace.as_deref(),
-                ),
-                require_service_account,
-                account_recheck: service_account_recheck,
-                limits: limits.limits(),
-                instance: std::env::var("POD_NAME")
-                    .or_else(|_| std::env::var("HOSTNAME"))
-                    .unwrap_or_else(|_| "trellis".into()),
-                ..trellis::operator::Options::new(rules, namespaces)
-            },
-            log_format,
-        ),
+                log_format,
+            )
+        }
         Command::Check {
             rules,
             crds,

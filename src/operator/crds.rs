@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::leadership::leader::Gate;
+use super::webhook::Endpoint;
 use crate::rules::RuleSet;
 
 /// How long one CRD may take to become Established before we log and move on.
@@ -37,10 +38,11 @@ const ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 pub fn spawn(
     client: Client,
     gate: Gate,
+    webhook: Endpoint,
     shutdown: CancellationToken,
 ) -> watch::Sender<Option<Arc<RuleSet>>> {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(manage(client, gate, rx, shutdown));
+    tokio::spawn(manage(client, gate, rx, webhook, shutdown));
     tx
 }
 
@@ -48,26 +50,46 @@ async fn manage(
     client: Client,
     gate: Gate,
     mut sets: watch::Receiver<Option<Arc<RuleSet>>>,
+    mut webhook: Endpoint,
     shutdown: CancellationToken,
 ) {
     let mut became_leader = gate.became_leader().boxed();
     loop {
         let set = sets.borrow_and_update().clone();
+        webhook.ca.borrow_and_update();
         if let Some(set) = set
             && gate.may_write()
         {
-            apply_all(&client, &set).await;
+            apply_all(&client, &set, Some(&webhook)).await;
         }
+        // A new CA (first made, or rotated) goes into every caBundle.
         tokio::select! {
             _ = shutdown.cancelled() => return,
             changed = sets.changed() => if changed.is_err() { return },
+            changed = webhook.ca.changed() => if changed.is_err() { return },
             woke = became_leader.next() => if woke.is_none() { return },
         }
     }
 }
 
+/// The CRD as applied: a kind with versions gets the webhook's
+/// `clientConfig` and CA; `None` while the CA it must carry is not known.
+fn with_webhook(crd: &Value, webhook: Option<&Endpoint>) -> Option<Value> {
+    let (Some(webhook), Some(_)) = (webhook, crd.pointer("/spec/conversion/webhook")) else {
+        return Some(crd.clone());
+    };
+    let ca = webhook.ca.borrow().clone();
+    if ca.is_none() && webhook.settings.cert_dir.is_none() {
+        return None;
+    }
+    let mut crd = crd.clone();
+    crd["spec"]["conversion"]["webhook"]["clientConfig"] =
+        webhook.settings.client_config(ca.as_deref());
+    Some(crd)
+}
+
 /// Applies every generated CRD of `set` and waits for each to be Established.
-pub async fn apply_all(client: &Client, set: &RuleSet) {
+pub async fn apply_all(client: &Client, set: &RuleSet, webhook: Option<&Endpoint>) {
     for rule in &set.rules {
         let allow_breaking = rule
             .rule
@@ -75,9 +97,14 @@ pub async fn apply_all(client: &Client, set: &RuleSet) {
             .crd
             .as_ref()
             .is_some_and(|c| c.allow_breaking);
-        if let Some(crd) = &rule.crd
-            && let Err(e) = apply_checked(client, crd, allow_breaking).await
-        {
+        let Some(generated) = &rule.crd else {
+            continue;
+        };
+        let Some(crd) = with_webhook(generated, webhook) else {
+            info!(rule = %rule.name, "--manage-crds: the CRD waits for the conversion webhook's CA");
+            continue;
+        };
+        if let Err(e) = apply_checked(client, &crd, allow_breaking).await {
             warn!(rule = %rule.name, "--manage-crds: {e}");
         }
     }
