@@ -482,6 +482,7 @@ fn prune(
 mod child;
 mod children;
 mod conditions;
+mod items;
 mod object;
 mod observed;
 pub mod offline_input;
@@ -491,7 +492,7 @@ mod related;
 pub mod sample;
 mod vars;
 
-pub use child::MAX_FOR_EACH_ITEMS;
+pub use items::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};
 use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};

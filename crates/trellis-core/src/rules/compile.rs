@@ -22,9 +22,11 @@ use crate::yaml::LineIndex;
 
 mod checker;
 mod entry;
+mod for_each;
 mod lint;
 mod order;
 mod patch;
+mod propagate;
 mod related;
 pub mod scope;
 mod shape;
@@ -33,6 +35,8 @@ mod status;
 use checker::Checker;
 pub use checker::code_line;
 use entry::{Entry, Role};
+pub use for_each::{CompiledForEach, MAX_FOR_EACH_NAMES};
+pub use propagate::MAX_PROPAGATE_KEYS;
 use lint::{Code, lint};
 use order::topological_order;
 pub use related::{
@@ -109,7 +113,7 @@ pub struct CompiledChild {
     pub gvk: Gvk,
     pub template: TemplateId,
     pub include_when: Option<ExprId>,
-    pub for_each: Option<ExprId>,
+    pub for_each: Option<CompiledForEach>,
     pub ready_when: Option<ExprId>,
     /// Indexes of the children this one depends on (explicit and implicit).
     pub depends_on: Vec<usize>,
@@ -143,12 +147,22 @@ pub enum FieldSource {
 
 #[derive(Debug)]
 pub struct CompiledCondition {
+    /// The type; a template's text for a per-item condition.
     pub type_: String,
+    /// `forEach` set: one condition per item, its type rendered per item.
+    pub per_item: Option<PerItem>,
     pub when: ExprId,
     pub reason: String,
     pub message: Option<TemplateId>,
     /// The vars its `when` and `message` read.
     pub reads_vars: VarReads,
+}
+
+/// A per-item condition's `forEach` and `type` template.
+#[derive(Debug)]
+pub struct PerItem {
+    pub for_each: CompiledForEach,
+    pub type_: TemplateId,
 }
 
 /// Names every template and expression may use.
@@ -186,6 +200,9 @@ pub(super) fn compile(
     let rule = read_rule(&mut ck, &doc)?;
     check_header(&mut ck, &rule);
     let spec = &rule.spec;
+    if let Some(propagate) = &spec.propagate {
+        propagate::check_propagate(&mut ck, propagate);
+    }
     let parent = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
     let settings = compile_settings(&mut ck, spec);
 

@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use compile::{
-    CompiledChild, CompiledCondition, CompiledField, CompiledRelated, CompiledRequirement,
+    CompiledChild, CompiledCondition, CompiledField, CompiledForEach, CompiledRelated, CompiledRequirement, PerItem,
+    MAX_FOR_EACH_NAMES, MAX_PROPAGATE_KEYS,
     CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarReads,
     VarSource, code_line, context_names, scope,
 };

@@ -40,6 +40,10 @@ pub struct CrdSpec {
     /// (each one is kept as any value otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_schema: Option<Value>,
+    /// The `scale` subresource: `kubectl scale` and HorizontalPodAutoscalers
+    /// on parents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<super::ScaleSpec>,
 }
 
 /// One `kubectl get` column of the generated CRD.
