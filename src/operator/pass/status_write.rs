@@ -194,8 +194,9 @@ pub fn status_patch(
     status: &Value,
     claim_generation: Option<i64>,
 ) -> Value {
+    let owned = rule.status_paths();
     let stale = stale_fields(
-        rule.fields.iter().map(|f| f.path.as_slice()),
+        owned.iter().map(Vec::as_slice),
         current,
         status,
     );
@@ -218,8 +219,9 @@ pub(in crate::operator) async fn write_status(
     status: Value,
 ) -> Result<(), Error> {
     let current = parent_json.get("status");
+    let owned = rule.status_paths();
     let stale = stale_fields(
-        rule.fields.iter().map(|f| f.path.as_slice()),
+        owned.iter().map(Vec::as_slice),
         current,
         &status,
     );

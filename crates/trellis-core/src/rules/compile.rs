@@ -102,6 +102,18 @@ impl CompiledRule {
             .any(|c| c.spec.deletion_policy == model::DeletionPolicy::Retain)
     }
 
+    /// Paths under `.status` the rule writes besides trellis's conditions
+    /// and generation: its fields, and the inventory's. One the pass no
+    /// longer produces is removed from the parent.
+    pub fn status_paths(&self) -> Vec<Vec<String>> {
+        let mut paths: Vec<Vec<String>> = self.fields.iter().map(|f| f.path.clone()).collect();
+        if self.rule.spec.status.as_ref().is_some_and(|s| s.inventory) {
+            paths.push(vec!["children".into()]);
+            paths.push(vec!["childrenTruncated".into()]);
+        }
+        paths
+    }
+
     pub fn patch(&self, id: &str) -> Option<&CompiledChild> {
         self.patches.iter().find(|c| c.spec.id == id)
     }

@@ -31,6 +31,8 @@ pub use compile::{
     VarSource, code_line, context_names, scope,
 };
 
+pub(crate) use names::is_condition_type;
+
 use crate::kinds::Gvk;
 use crate::render::Limits;
 
