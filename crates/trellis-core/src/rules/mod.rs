@@ -310,3 +310,5 @@ mod tests_budget;
 mod tests_check;
 #[cfg(test)]
 mod tests_patches;
+#[cfg(test)]
+mod tests_sharing;
