@@ -526,4 +526,33 @@ mod tests {
             "{m}"
         );
     }
+
+    #[test]
+    fn a_cartesian_for_each_is_one_node_per_combination_and_its_reads_are_edges() {
+        let rule = crate::rules::testing::rule_with_spec(
+            r#"  parent: {apiVersion: demo.trellis.dev/v1, kind: App}
+  children:
+    - id: zones
+      apiVersion: v1
+      kind: ConfigMap
+      template: "metadata: {name: z}"
+    - id: cell
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: {region: spec.regions, zone: "children.zones.data | list"}
+      template: "metadata: {name: {{ item.region ~ item.zone }}}"
+"#,
+        );
+        let g = Graph::of(&rule);
+        assert_eq!(
+            g.nodes[1].for_each.as_deref(),
+            Some("{region: spec.regions, zone: children.zones.data | list}")
+        );
+        assert_eq!(edges(&g), [("zones", "cell", EdgeKind::Implicit)]);
+        let mermaid = to_mermaid(&[g]);
+        assert!(
+            mermaid.contains("app__cell[[\"cell<br/>ConfigMap<br/>forEach: {region: spec.regions, zone: children.zones.data | list}\"]]"),
+            "{mermaid}"
+        );
+    }
 }
