@@ -37,9 +37,9 @@ async fn configmap_applies(addr: &str) -> f64 {
     .await
 }
 
-/// Three ConfigMaps (one plain, two from a `forEach`), one of them setting
-/// `team` itself; the parent's `team` and `example.com/*` labels and its
-/// `note` annotation are copied onto each.
+/// Four ConfigMaps (one plain, two from a `forEach`, one setting `team`
+/// itself); the parent's `team` and `example.com/*` labels and its `note`
+/// annotation are copied onto each. The parent keeps an inventory.
 const PROPAGATE_RULE: &str = r#"
 apiVersion: trellis.dev/v1alpha1
 kind: Rule
@@ -74,7 +74,19 @@ spec:
           name: {{ parent.metadata.name ~ "-fixed" }}
           labels:
             team: template
+  status:
+    inventory: true
 "#;
+
+/// One parent edit: what it is, the patch, the `team` and
+/// `example.com/cost` labels every propagated child then has, and the
+/// ConfigMap applies it costs.
+type Step = (
+    &'static str,
+    Value,
+    (Option<&'static str>, Option<&'static str>),
+    f64,
+);
 
 fn labels_of(cm: &ConfigMap) -> (Option<String>, Option<String>, Option<String>) {
     let labels = cm.labels();
@@ -106,7 +118,7 @@ async fn propagate_follows_parent_labels_with_one_apply_per_changed_child() {
 
     // Each parent edit below is a label or annotation change only (no new
     // generation): it must wake the controller all the same.
-    let steps: [(&str, Value, (Option<&str>, Option<&str>), f64); 4] = [
+    let steps: [Step; 4] = [
         (
             "added",
             json!({"metadata": {"labels": {"team": "blue", "example.com/cost": "7"}}}),
@@ -155,19 +167,36 @@ async fn propagate_follows_parent_labels_with_one_apply_per_changed_child() {
         assert_eq!(labels_of(&fixed).1.as_deref(), cost);
         tokio::time::sleep(QUIET).await;
         let now = configmap_applies(&addr).await;
-        eprintln!("[sharing] label {what}: {} ConfigMap applies", now - applies);
-        assert_eq!(now - applies, writes, "label {what}: one apply per changed child");
+        eprintln!(
+            "[sharing] label {what}: {} ConfigMap applies",
+            now - applies
+        );
+        assert_eq!(
+            now - applies,
+            writes,
+            "label {what}: one apply per changed child"
+        );
         applies = now;
     }
     assert_eq!(
         metric(&addr, "trellis_status_writes", &[]).await,
         statuses,
-        "a label edit changes nothing in the status: no status write"
+        "a label edit changes nothing in the status, inventory included: no status write"
     );
+    let parent = parents.get("p").await.unwrap();
+    let names: Vec<&str> = parent.data["status"]["children"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["p-config", "p-a", "p-b", "p-fixed"]);
     // The removed keys are gone from the live children, not only unsent.
     for name in propagated {
         let cm = cms.get(name).await.unwrap();
-        assert!(!cm.labels().contains_key("team"), "{name}: {:?}", cm.labels());
+        assert!(
+            !cm.labels().contains_key("team"),
+            "{name}: {:?}",
+            cm.labels()
+        );
     }
     operator.stop().await;
 }
@@ -232,7 +261,10 @@ async fn scaling_a_parent_reaches_its_deployment_and_the_inventory_lists_its_chi
     let _cleanup = Cleanup::crds(&[&kind]);
     let rule = kind.rule(SCALE_RULE);
     let set = support::operator::rule_set(&[&rule]);
-    let generated = set.rules[0].crd.clone().expect("the rule generates its CRD");
+    let generated = set.rules[0]
+        .crd
+        .clone()
+        .expect("the rule generates its CRD");
     assert_eq!(generated["metadata"]["name"], kind.crd_name());
     let crd: CustomResourceDefinition = serde_json::from_value(generated).unwrap();
     support::apply_crd(&ns.client, &crd).await;
@@ -331,7 +363,12 @@ async fn a_cartesian_for_each_and_per_item_conditions_live() {
     let parents = kind.api(&ns);
     wait_condition(&parents, "g", "UsServed", "True").await;
     let cms: Api<ConfigMap> = ns.api();
-    let want = [("g-eu-web", "0"), ("g-eu-db", "1"), ("g-us-web", "2"), ("g-us-db", "3")];
+    let want = [
+        ("g-eu-web", "0"),
+        ("g-eu-db", "1"),
+        ("g-us-web", "2"),
+        ("g-us-db", "3"),
+    ];
     for (name, index) in want {
         let cm = cms.get(name).await.unwrap();
         let data = cm.data.unwrap_or_default();

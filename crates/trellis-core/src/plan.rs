@@ -498,17 +498,17 @@ mod rule_conditions;
 pub mod sample;
 mod vars;
 
-pub use inventory::MAX_INVENTORY;
-pub use items::MAX_FOR_EACH_ITEMS;
-pub use propagate::{MAX_PROPAGATED_BYTES, MAX_PROPAGATED_KEYS};
 use child::{ChildResult, Item, Outcome, plan_child};
 use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};
+pub use inventory::MAX_INVENTORY;
+pub use items::MAX_FOR_EACH_ITEMS;
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches, why_not_selected};
 pub use patch::{PatchApply, Release, TARGET_NOT_FOUND, field_manager, has_manager};
+pub use propagate::{MAX_PROPAGATED_BYTES, MAX_PROPAGATED_KEYS};
 pub use related::{
     MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,
     selector_matches_with,

@@ -195,11 +195,7 @@ pub fn status_patch(
     claim_generation: Option<i64>,
 ) -> Value {
     let owned = rule.status_paths();
-    let stale = stale_fields(
-        owned.iter().map(Vec::as_slice),
-        current,
-        status,
-    );
+    let stale = stale_fields(owned.iter().map(Vec::as_slice), current, status);
     let mut status = status.clone();
     if let Some(generation) = claim_generation {
         claim_next_generation(&mut status, generation);
@@ -220,11 +216,7 @@ pub(in crate::operator) async fn write_status(
 ) -> Result<(), Error> {
     let current = parent_json.get("status");
     let owned = rule.status_paths();
-    let stale = stale_fields(
-        owned.iter().map(Vec::as_slice),
-        current,
-        &status,
-    );
+    let stale = stale_fields(owned.iter().map(Vec::as_slice), current, &status);
     // Fields the API server is known to drop would otherwise make every pass
     // look like a change; they are still sent along with any real one.
     let comparable = without_paths(&status, &lock(&ctx.warned));
@@ -316,6 +308,32 @@ mod tests {
         // A failed pass keeps the last good values.
         let failed = json!({"kept": "y", "conditions": [{"type": "Synced", "status": "False", "reason": "RenderError"}]});
         assert!(stale_fields(paths(), Some(&current), &failed).is_empty());
+    }
+
+    #[test]
+    fn a_truncation_count_no_longer_produced_is_removed_and_the_inventory_replaced() {
+        let rule = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  children: []\n  status:\n    inventory: true\n",
+        );
+        let current = json!({"children": [{"id": "a"}, {"id": "b"}], "childrenTruncated": 3});
+        let new = json!({"children": [{"id": "a"}], "conditions": [{"type": "Synced", "status": "True"}]});
+        let patch = status_patch(&rule, Some(&current), &new, None);
+        assert_eq!(
+            patch,
+            json!({"status": {"children": [{"id": "a"}], "childrenTruncated": null,
+                "conditions": [{"type": "Synced", "status": "True"}]}})
+        );
+        // Unchanged: nothing to write.
+        let same = json!({"children": [{"id": "a"}]});
+        assert!(status_unchanged(Some(&same), &same));
+        assert!(
+            stale_fields(
+                rule.status_paths().iter().map(Vec::as_slice),
+                Some(&same),
+                &new
+            )
+            .is_empty()
+        );
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use minijinja::context;
 use super::items::for_each_items;
 use super::object::finish_object;
 use super::parent::ParentInfo;
@@ -16,6 +15,7 @@ use super::{Apply, Input};
 use crate::render::RenderError;
 use crate::rules::{CompiledChild, CompiledRule};
 use crate::yaml;
+use minijinja::context;
 
 /// What happened to one child in this pass.
 pub(super) enum Outcome {

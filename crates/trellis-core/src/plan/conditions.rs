@@ -225,12 +225,7 @@ pub(super) fn build_status(
     let previous = decided.without_retired(rule, previous.and_then(|s| s.get("conditions")));
     out.insert(
         "conditions".into(),
-        status::merge_conditions(
-            previous.as_ref(),
-            &ours,
-            info.generation,
-            input.now,
-        ),
+        status::merge_conditions(previous.as_ref(), &ours, info.generation, input.now),
     );
     (Value::Object(out), errors)
 }

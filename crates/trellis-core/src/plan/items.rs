@@ -114,10 +114,8 @@ fn combinations(lists: &[(&str, Vec<minijinja::Value>)]) -> Vec<minijinja::Value
     }
     out.into_iter()
         .map(|pairs| {
-            let map: std::collections::BTreeMap<String, minijinja::Value> = pairs
-                .into_iter()
-                .map(|(n, v)| (n.to_owned(), v))
-                .collect();
+            let map: std::collections::BTreeMap<String, minijinja::Value> =
+                pairs.into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
             minijinja::Value::from(map)
         })
         .collect()

@@ -135,13 +135,11 @@ mod tests {
     #[test]
     fn a_key_gone_from_the_parent_is_not_sent() {
         let mut meta = Map::new();
-        propagate(
-            &spec(&["team"], &[]),
-            &json!({"metadata": {}}),
-            &mut meta,
-        )
-        .unwrap();
-        assert!(meta.is_empty(), "no labels map is made for nothing: {meta:?}");
+        propagate(&spec(&["team"], &[]), &json!({"metadata": {}}), &mut meta).unwrap();
+        assert!(
+            meta.is_empty(),
+            "no labels map is made for nothing: {meta:?}"
+        );
     }
 
     #[test]

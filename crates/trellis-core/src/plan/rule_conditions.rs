@@ -119,7 +119,12 @@ pub(super) fn rule_conditions(
 impl RuleConditions {
     /// Keeps `cond` unless its type was given already in this pass (an
     /// error naming both places); false when refused.
-    fn take(&mut self, cond: Condition, here: String, given: &mut BTreeMap<String, String>) -> bool {
+    fn take(
+        &mut self,
+        cond: Condition,
+        here: String,
+        given: &mut BTreeMap<String, String>,
+    ) -> bool {
         if let Some(first) = given.get(&cond.type_) {
             self.errors.push(format!(
                 "{here}: condition type `{}` is also given by {first}",
@@ -158,7 +163,9 @@ fn decide(
     ctx: &minijinja::Value,
     what: &str,
 ) -> Result<Condition, RenderError> {
-    let ok = rule.engine.eval_bool(c.when, ctx, &format!("{what} when"))?;
+    let ok = rule
+        .engine
+        .eval_bool(c.when, ctx, &format!("{what} when"))?;
     let message = match &c.message {
         Some(t) => rule.engine.render(t, ctx, &format!("{what} message"))?,
         None => String::new(),

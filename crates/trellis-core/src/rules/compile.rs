@@ -36,9 +36,9 @@ use checker::Checker;
 pub use checker::code_line;
 use entry::{Entry, Role};
 pub use for_each::{CompiledForEach, MAX_FOR_EACH_NAMES};
-pub use propagate::MAX_PROPAGATE_KEYS;
 use lint::{Code, lint};
 use order::topological_order;
+pub use propagate::MAX_PROPAGATE_KEYS;
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
     VarReads, VarSource,

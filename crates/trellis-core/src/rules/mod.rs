@@ -25,10 +25,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use compile::{
-    CompiledChild, CompiledCondition, CompiledField, CompiledForEach, CompiledRelated, CompiledRequirement, PerItem,
-    MAX_FOR_EACH_NAMES, MAX_PROPAGATE_KEYS,
-    CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarReads,
-    VarSource, code_line, context_names, scope,
+    CompiledChild, CompiledCondition, CompiledField, CompiledForEach, CompiledRelated,
+    CompiledRequirement, CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known,
+    MAX_FOR_EACH_NAMES, MAX_PROPAGATE_KEYS, PerItem, Templated, VarReads, VarSource, code_line,
+    context_names, scope,
 };
 
 pub(crate) use names::is_condition_type;

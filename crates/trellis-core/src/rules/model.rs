@@ -20,8 +20,8 @@ mod rollout;
 mod sharing;
 
 pub use crd::{CelValidation, ColumnType, CrdSpec, PrinterColumn};
-pub use sharing::{ForEach, NamedLists, Propagate, ScaleSpec};
 pub use rollout::{MaxFailedSpec, OnFailure, RolloutHealth, RolloutSpec, RolloutStep};
+pub use sharing::{ForEach, NamedLists, Propagate, ScaleSpec};
 
 pub const API_VERSION: &str = "trellis.dev/v1alpha1";
 pub const KIND: &str = "Rule";

@@ -54,7 +54,10 @@ fn propagate_keys_must_be_keys_or_prefixes() {
 
 #[test]
 fn a_trellis_key_in_propagate_is_a_warning() {
-    let set = load(&format!("  propagate:\n    labels: ['trellis.dev/*']\n{CHILD}")).unwrap();
+    let set = load(&format!(
+        "  propagate:\n    labels: ['trellis.dev/*']\n{CHILD}"
+    ))
+    .unwrap();
     assert!(
         set.warnings[0]
             .to_string()
@@ -69,7 +72,12 @@ fn cartesian_for_each_names_are_identifiers_and_its_expressions_checked() {
     let d = errors(
         "  children:\n    - id: cell\n      apiVersion: v1\n      kind: ConfigMap\n      forEach:\n        region: spec.regions\n        my-tier: spec.tiers\n        zone: parnet.x\n      template: |\n        metadata: {name: \"{{ item.region }}\"}\n",
     );
-    has(&d, 15, "spec.children[0].forEach.my-tier", "not a valid name");
+    has(
+        &d,
+        15,
+        "spec.children[0].forEach.my-tier",
+        "not a valid name",
+    );
     has(&d, 16, "spec.children[0].forEach.zone", "`parnet`");
     let d = errors(
         "  children:\n    - id: cell\n      apiVersion: v1\n      kind: ConfigMap\n      forEach: {}\n      template: |\n        metadata: {name: x}\n",
@@ -86,7 +94,12 @@ fn a_templated_type_needs_for_each_and_per_item_conditions_see_item() {
     let d = errors(&format!(
         "{CHILD}  status:\n    conditions:\n      - type: \"{{{{ item }}}}Ready\"\n        when: \"item.ok\"\n        message: \"{{{{ itme }}}}\"\n        reason: Up\n"
     ));
-    has(&d, 18, "spec.status.conditions[0].when", "`item` is not available here");
+    has(
+        &d,
+        18,
+        "spec.status.conditions[0].when",
+        "`item` is not available here",
+    );
     has(&d, 19, "spec.status.conditions[0].message", "`itme`");
     let ok = load(&format!(
         "{CHILD}  status:\n    conditions:\n      - type: \"{{{{ item | title }}}}Ready\"\n        forEach: spec.dbs\n        when: \"index >= 0\"\n        message: \"{{{{ item }}}}\"\n        reason: Up\n"
@@ -97,7 +110,9 @@ fn a_templated_type_needs_for_each_and_per_item_conditions_see_item() {
     ))
     .unwrap();
     assert!(
-        fixed.warnings[0].to_string().contains("the same for every item"),
+        fixed.warnings[0]
+            .to_string()
+            .contains("the same for every item"),
         "{:?}",
         fixed.warnings
     );
@@ -108,7 +123,12 @@ fn inventory_owns_children_in_status() {
     let d = errors(&format!(
         "{CHILD}  status:\n    inventory: true\n    fields:\n      - path: children.count\n        value: \"1\"\n"
     ));
-    has(&d, 18, "spec.status.fields[0].path", "status.inventory is on");
+    has(
+        &d,
+        18,
+        "spec.status.fields[0].path",
+        "status.inventory is on",
+    );
 }
 
 const SCHEMA: &str = "  schema:\n    type: object\n    properties:\n      replicas: {type: integer}\n      name: {type: string}\n";
@@ -131,14 +151,39 @@ fn scale_paths_must_be_held_by_the_schema_or_the_status_fields() {
     let d = errors(&format!(
         "{SCHEMA}  crd:\n    scale:\n      specReplicasPath: .spec.count\n      statusReplicasPath: .status.ready\n      labelSelectorPath: .metadata.x\n{CHILD}{FIELDS}"
     ));
-    has(&d, 16, "spec.crd.scale.specReplicasPath", "not declared by spec.schema");
-    has(&d, 17, "spec.crd.scale.statusReplicasPath", "not a status field");
-    has(&d, 18, "spec.crd.scale.labelSelectorPath", "must start with `.spec.` or `.status.`");
+    has(
+        &d,
+        16,
+        "spec.crd.scale.specReplicasPath",
+        "not declared by spec.schema",
+    );
+    has(
+        &d,
+        17,
+        "spec.crd.scale.statusReplicasPath",
+        "not a status field",
+    );
+    has(
+        &d,
+        18,
+        "spec.crd.scale.labelSelectorPath",
+        "must start with `.spec.` or `.status.`",
+    );
     let d = errors(&format!(
         "{SCHEMA}  crd:\n    scale: {{specReplicasPath: .spec.name, statusReplicasPath: .spec.replicas}}\n{CHILD}{FIELDS}"
     ));
-    has(&d, 15, "spec.crd.scale.specReplicasPath", "of type string, not integer");
-    has(&d, 15, "spec.crd.scale.statusReplicasPath", "must start with `.status.`");
+    has(
+        &d,
+        15,
+        "spec.crd.scale.specReplicasPath",
+        "of type string, not integer",
+    );
+    has(
+        &d,
+        15,
+        "spec.crd.scale.statusReplicasPath",
+        "must start with `.status.`",
+    );
 }
 
 #[test]
@@ -153,10 +198,12 @@ fn a_rule_without_the_new_fields_generates_todays_crd() {
 
 #[test]
 fn inventory_is_declared_by_the_generated_crd() {
-    let set = load(&format!("  crd: {{}}\n{CHILD}  status:\n    inventory: true\n")).unwrap();
+    let set = load(&format!(
+        "  crd: {{}}\n{CHILD}  status:\n    inventory: true\n"
+    ))
+    .unwrap();
     let crd = set.rules[0].crd.as_ref().unwrap();
-    let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-        ["properties"];
+    let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
     assert_eq!(status["childrenTruncated"]["type"], "integer");
     let item = &status["children"]["items"];
     assert_eq!(
@@ -167,5 +214,10 @@ fn inventory_is_declared_by_the_generated_crd() {
     let d = errors(&format!(
         "  crd:\n    statusSchema: {{type: object, properties: {{children: {{type: string}}}}}}\n{CHILD}  status:\n    inventory: true\n"
     ));
-    has(&d, 10, "spec.crd.statusSchema.properties.children", "written by trellis");
+    has(
+        &d,
+        10,
+        "spec.crd.statusSchema.properties.children",
+        "written by trellis",
+    );
 }

@@ -13,7 +13,8 @@ fn labelled(mut parent: Value, labels: Value, annotations: Value) -> Value {
     parent
 }
 
-const PROPAGATE: &str = "  propagate:\n    labels: [team, example.com/*]\n    annotations: [note]\n";
+const PROPAGATE: &str =
+    "  propagate:\n    labels: [team, example.com/*]\n    annotations: [note]\n";
 
 const LABELLED_CM: &str = "    - id: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: |\n        metadata:\n          name: cm\n          labels: {team: fixed}\n";
 
@@ -125,7 +126,10 @@ fn inventory_keeps_a_held_back_childs_objects_and_leaves_out_an_excluded_one() {
 
 #[test]
 fn inventory_stops_at_one_hundred_and_counts_the_rest() {
-    let r = rule(&format!("{PARENT_KIND}  children:\n{}{INVENTORY}", each_cm(120)));
+    let r = rule(&format!(
+        "{PARENT_KIND}  children:\n{}{INVENTORY}",
+        each_cm(120)
+    ));
     let p = run(&r, &parent(json!({})), vec![]);
     assert!(p.errors.is_empty(), "{:?}", p.errors);
     let children = status(&p)["children"].as_array().unwrap();
@@ -157,7 +161,10 @@ fn a_per_item_condition_gives_one_condition_per_item() {
         (&json!("True"), &json!("Up"), &json!("0: orders"))
     );
     let users = condition(&p, "UsersReady");
-    assert_eq!((&users["status"], &users["reason"]), (&json!("False"), &json!("NotUp")));
+    assert_eq!(
+        (&users["status"], &users["reason"]),
+        (&json!("False"), &json!("NotUp"))
+    );
 }
 
 #[test]
@@ -179,7 +186,11 @@ fn duplicate_or_invalid_per_item_types_are_errors_of_the_pass() {
         let spec = json!({"dbs": [{"name": bad, "ok": true}]});
         let p = run(&r, &parent(spec), vec![]);
         assert_eq!(p.errors.len(), 1, "{bad}: {:?}", p.errors);
-        assert!(p.errors[0].contains("not a CamelCase condition type"), "{}", p.errors[0]);
+        assert!(
+            p.errors[0].contains("not a CamelCase condition type"),
+            "{}",
+            p.errors[0]
+        );
     }
     let own = json!({"dbs": [{"name": "", "ok": true}]});
     let r = rule(&format!(
@@ -187,7 +198,11 @@ fn duplicate_or_invalid_per_item_types_are_errors_of_the_pass() {
         PER_ITEM.replace("{{ item.name | title }}Ready", "{{ item.name }}Synced")
     ));
     let p = run(&r, &parent(own), vec![]);
-    assert!(p.errors[0].contains("written by trellis itself"), "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("written by trellis itself"),
+        "{:?}",
+        p.errors
+    );
 }
 
 #[test]
@@ -252,7 +267,8 @@ fn a_cartesian_for_each_renders_every_combination_first_name_slowest() {
 #[test]
 fn a_cartesian_for_each_is_bounded_by_the_product_of_its_lengths() {
     let r = rule(&format!("{PARENT_KIND}  children:\n{CARTESIAN}"));
-    let spec = json!({"regions": (0..40).collect::<Vec<_>>(), "tiers": (0..26).collect::<Vec<_>>()});
+    let spec =
+        json!({"regions": (0..40).collect::<Vec<_>>(), "tiers": (0..26).collect::<Vec<_>>()});
     let p = run(&r, &parent(spec), vec![]);
     assert_eq!(p.errors.len(), 1, "{:?}", p.errors);
     assert!(
@@ -264,7 +280,8 @@ fn a_cartesian_for_each_is_bounded_by_the_product_of_its_lengths() {
     let spec = json!({"regions": "eu", "tiers": ["a"]});
     let p = run(&r, &parent(spec), vec![]);
     assert!(
-        p.errors[0].contains("forEach of child \"cell\" (region)") && p.errors[0].contains("must yield a list"),
+        p.errors[0].contains("forEach of child \"cell\" (region)")
+            && p.errors[0].contains("must yield a list"),
         "{:?}",
         p.errors
     );
@@ -276,7 +293,11 @@ fn combinations_that_render_the_same_name_are_an_error() {
         "{PARENT_KIND}  children:\n{}",
         CARTESIAN.replace("item.region ~ '-' ~ item.tier", "item.region")
     ));
-    let p = run(&r, &parent(json!({"regions": ["eu"], "tiers": ["a", "b"]})), vec![]);
+    let p = run(
+        &r,
+        &parent(json!({"regions": ["eu"], "tiers": ["a", "b"]})),
+        vec![],
+    );
     assert!(
         p.errors.iter().any(|e| e.contains("rendered twice")),
         "{:?}",

@@ -59,7 +59,10 @@ pub(super) fn compile_for_each(
         ForEach::List(src) => expr(ck, place.field, src).map(CompiledForEach::List),
         ForEach::Product(named) => {
             if named.0.is_empty() {
-                ck.error(place.field, "names no list: give at least one `name: expression`");
+                ck.error(
+                    place.field,
+                    "names no list: give at least one `name: expression`",
+                );
                 return None;
             }
             if named.0.len() > MAX_FOR_EACH_NAMES {

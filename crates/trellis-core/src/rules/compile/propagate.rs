@@ -78,8 +78,16 @@ fn check_key(key: &str) -> Result<(), String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && (prefix || name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric()))
-        && (prefix || name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()));
+        && (prefix
+            || name
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric()))
+        && (prefix
+            || name
+                .bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_alphanumeric()));
     if !name_ok {
         return Err(
             "is not a label or annotation key ([prefix/]name: letters, digits, '-', '_', '.', \
@@ -106,7 +114,16 @@ mod tests {
         ] {
             assert!(check_key(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "a*b", "a/b/c", "Example.com/x", "-team", "team-", "x/", "/x"] {
+        for bad in [
+            "",
+            "a*b",
+            "a/b/c",
+            "Example.com/x",
+            "-team",
+            "team-",
+            "x/",
+            "/x",
+        ] {
             assert!(check_key(bad).is_err(), "{bad}");
         }
     }

@@ -38,7 +38,10 @@ pub(super) fn subresource(
             return;
         };
         let segments: Vec<&str> = path[root.len() + 2..].split('.').collect();
-        if segments.iter().any(|s| s.is_empty() || s.contains(['[', ']'])) {
+        if segments
+            .iter()
+            .any(|s| s.is_empty() || s.contains(['[', ']']))
+        {
             conv.error(
                 &field,
                 format!("`{path}` is not a dotted path of field names"),
