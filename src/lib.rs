@@ -15,7 +15,8 @@
 
 pub use trellis_core::{
     clock, conform, crd, drift, field_path, graph, json_path, kinds, labels, manifests, offline,
-    pass, plan, rbac, related_watches, render, rollout, rules, shard, status, yaml,
+    ownership, pass, plan, rbac, related_watches, render, rollout, rules, shard, status,
+    status_patch, yaml,
 };
 
 pub mod cli;

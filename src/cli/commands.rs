@@ -95,21 +95,8 @@ pub fn diff(
         Some(doc) => crate::diff::live::Target::Parent(doc),
         None => crate::diff::live::Target::All { namespace, rule },
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            stderr!("error: cannot start the async runtime: {e}");
-            return error;
-        }
-    };
-    let report = runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
-        })?;
-        let home = crate::operator::home::operator_namespace(operator_namespace.as_deref());
+    let home = crate::operator::home::operator_namespace(operator_namespace.as_deref());
+    let report = super::with_cluster(|client| async move {
         crate::diff::live::diff_as(&client, &set, &target, &home).await
     });
     match report {
@@ -131,7 +118,7 @@ pub fn diff(
 
 /// The YAML stream `trellis crd` prints: one document per rule with `crd:`,
 /// in rule-name order.
-pub fn crd_documents(set: &RuleSet) -> Result<String, String> {
+pub fn crd_documents(set: &RuleSet) -> Result<String, yaml::SerializeError> {
     let mut out = String::new();
     for crd in set.rules.iter().filter_map(|r| r.crd.as_ref()) {
         if !out.is_empty() {

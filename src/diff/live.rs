@@ -7,8 +7,8 @@
 //! Where the operator would skip a write (a `createOnly` child that exists,
 //! a child whose live object carries this rendering's hash and every field
 //! it sets), so does this, with the same functions
-//! ([`crate::operator::live_render_hash`], [`crate::drift::drifted`],
-//! [`crate::operator::foreign_owner`]).
+//! ([`crate::ownership::live_render_hash`], [`crate::drift::drifted`],
+//! [`crate::ownership::foreign_owner`]).
 
 use std::collections::BTreeSet;
 
@@ -49,6 +49,34 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+/// Why `trellis diff` against a cluster could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The 404 of discovery says little: say what is likely missing.
+    #[error("{0} is not served by the API server (is its CRD installed?)")]
+    ParentNotServed(Gvk),
+    #[error(transparent)]
+    NotServed(#[from] crate::operator::discovery::NotServed),
+    #[error("the parent manifest needs apiVersion, kind and metadata.name")]
+    IncompleteManifest,
+    #[error("no rule has parent {0}")]
+    NoRuleForParent(Gvk),
+    #[error("no rule named `{0}`")]
+    NoSuchRule(String),
+    #[error("{0} does not exist on the cluster (diff compares a live parent)")]
+    ParentMissing(String),
+    /// A read or a dry-run write the API server refused; `what` names it.
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube::Error },
+}
+
+impl LiveError {
+    fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LiveError {
+        let what = what.into();
+        move |source| LiveError::Api { what, source }
+    }
+}
+
 /// Every kind one rule touches, resolved through discovery.
 struct Kinds {
     parent: Resolved,
@@ -57,14 +85,10 @@ struct Kinds {
 }
 
 impl Kinds {
-    async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, String> {
-        // The 404 of discovery says little: say what is likely missing.
-        let parent = resolve(client, &rule.parent).await.map_err(|_| {
-            format!(
-                "{} is not served by the API server (is its CRD installed?)",
-                rule.parent
-            )
-        })?;
+    async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, LiveError> {
+        let parent = resolve(client, &rule.parent)
+            .await
+            .map_err(|_| LiveError::ParentNotServed(rule.parent.clone()))?;
         let mut others: Vec<Resolved> = Vec::new();
         let gvks = rule
             .children
@@ -118,7 +142,11 @@ fn describe(kind: &str, namespace: Option<&str>, name: &str) -> String {
 
 /// Diffs the targeted parents. `Err` when the cluster cannot answer (or the
 /// manifest names no rule's parent); a failing pass is reported in the diff.
-pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result<Report, String> {
+pub async fn diff(
+    client: &Client,
+    set: &RuleSet,
+    target: &Target<'_>,
+) -> Result<Report, LiveError> {
     let home = crate::operator::home::operator_namespace(None);
     diff_as(client, set, target, &home).await
 }
@@ -131,7 +159,7 @@ pub async fn diff_as(
     set: &RuleSet,
     target: &Target<'_>,
     operator_namespace: &str,
-) -> Result<Report, String> {
+) -> Result<Report, LiveError> {
     let writer = |rule: &CompiledRule| match &rule.rule.spec.service_account_name {
         Some(account) => crate::operator::identity::impersonating(
             client.clone(),
@@ -146,12 +174,12 @@ pub async fn diff_as(
             let (Some(api_version), Some(kind), Some(name)) =
                 (s("/apiVersion"), s("/kind"), s("/metadata/name"))
             else {
-                return Err("the parent manifest needs apiVersion, kind and metadata.name".into());
+                return Err(LiveError::IncompleteManifest);
             };
             let gvk = Gvk::new(api_version, kind);
             let rules: Vec<_> = set.for_parent(&gvk).collect();
             if rules.is_empty() {
-                return Err(format!("no rule has parent {api_version} {kind}"));
+                return Err(LiveError::NoRuleForParent(gvk));
             }
             for rule in rules {
                 let kinds = Kinds::of(client, rule).await?;
@@ -161,13 +189,8 @@ pub async fn diff_as(
                 let live = api(client, &kinds.parent, namespace)
                     .get_opt(name)
                     .await
-                    .map_err(|e| format!("{}: {e}", describe(kind, namespace, name)))?
-                    .ok_or_else(|| {
-                        format!(
-                            "{} does not exist on the cluster (diff compares a live parent)",
-                            describe(kind, namespace, name)
-                        )
-                    })?;
+                    .map_err(LiveError::api(describe(kind, namespace, name)))?
+                    .ok_or_else(|| LiveError::ParentMissing(describe(kind, namespace, name)))?;
                 let live = to_value(live, &kinds.parent);
                 report.diffs.push(
                     diff_parent(
@@ -186,7 +209,7 @@ pub async fn diff_as(
             if let Some(name) = rule
                 && set.get(name).is_none()
             {
-                return Err(format!("no rule named `{name}`"));
+                return Err(LiveError::NoSuchRule(name.clone()));
             }
             for r in &set.rules {
                 if rule.as_ref().is_some_and(|n| *n != r.name) {
@@ -202,7 +225,7 @@ pub async fn diff_as(
                 let parents = api(client, &kinds.parent, namespace.as_deref())
                     .list(&ListParams::default())
                     .await
-                    .map_err(|e| format!("listing {}: {e}", r.parent))?;
+                    .map_err(LiveError::api(format!("listing {}", r.parent)))?;
                 let mut parents: Vec<Value> = parents
                     .items
                     .into_iter()
@@ -259,7 +282,7 @@ async fn diff_parent(
     versions: Option<&crate::operator::versions::Versions>,
     kinds: &Kinds,
     parent: &Value,
-) -> Result<ParentDiff, String> {
+) -> Result<ParentDiff, LiveError> {
     let rule: &CompiledRule = newest;
     let s = |p: &str| parent.pointer(p).and_then(Value::as_str);
     let (name, namespace) = (
@@ -404,7 +427,7 @@ async fn live_children(
     rule: &CompiledRule,
     kinds: &Kinds,
     uid: &str,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, LiveError> {
     let mut objects = Vec::new();
     let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
     for child in &rule.children {
@@ -420,7 +443,7 @@ async fn live_children(
         let list = api(client, kind, None)
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(|e| format!("listing {} children: {e}", child.gvk))?;
+            .map_err(LiveError::api(format!("listing {} children", child.gvk)))?;
         objects.extend(
             list.items
                 .into_iter()
@@ -438,7 +461,7 @@ async fn plan_with_reads(
     kinds: &Kinds,
     parent: &Value,
     mut objects: Vec<Value>,
-) -> Result<(Observed, plan::Plan), String> {
+) -> Result<(Observed, plan::Plan), LiveError> {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let scope_of = |g: &Gvk| kinds.scope_of(g);
     let mut fetched: BTreeSet<String> = BTreeSet::new();
@@ -479,13 +502,16 @@ async fn fetch_related(
     client: &Client,
     kinds: &Kinds,
     read: &RelatedRead,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, LiveError> {
     let gvk = Gvk::new(&read.api_version, &read.kind);
     let Some(kind) = kinds.find(&gvk.group, &gvk.kind) else {
         return Ok(Vec::new());
     };
     let api = api(client, kind, read.namespace.as_deref());
-    let fail = |e: kube::Error| format!("reading related `{}` ({gvk}): {e}", read.id);
+    let fail = |source: kube::Error| LiveError::Api {
+        what: format!("reading related `{}` ({gvk})", read.id),
+        source,
+    };
     match &read.target {
         RelatedTarget::Name(name) => Ok(api
             .get_opt(name)

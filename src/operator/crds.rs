@@ -77,19 +77,40 @@ pub async fn apply_all(client: &Client, set: &RuleSet) {
     }
 }
 
+/// Why a generated CRD could not be applied, naming it.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdApplyError {
+    #[error("a generated CRD without a name")]
+    Unnamed,
+    #[error("applying CustomResourceDefinition {name}: {source}")]
+    Refused { name: String, source: kube::Error },
+    #[error("CustomResourceDefinition {0} disappeared after it was applied")]
+    Disappeared(String),
+    #[error("watching CustomResourceDefinition {name}: {source}")]
+    Watch {
+        name: String,
+        source: kube::runtime::wait::Error,
+    },
+    #[error("CustomResourceDefinition {0} not Established within {ESTABLISHED_WITHIN:?}")]
+    NotEstablished(String),
+}
+
 /// Server-side applies one CRD (taking over fields another manager set:
 /// the rule is the source of truth) and waits until it is Established.
-pub async fn apply(client: &Client, crd: &Value) -> Result<(), String> {
+pub async fn apply(client: &Client, crd: &Value) -> Result<(), CrdApplyError> {
     let name = crd
         .pointer("/metadata/name")
         .and_then(Value::as_str)
-        .ok_or("a generated CRD without a name")?;
+        .ok_or(CrdApplyError::Unnamed)?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(crate::crd::FIELD_MANAGER).force();
     let applied = api
         .patch(name, &params, &Patch::Apply(crd))
         .await
-        .map_err(|e| format!("applying CustomResourceDefinition {name}: {e}"))?;
+        .map_err(|source| CrdApplyError::Refused {
+            name: name.to_owned(),
+            source,
+        })?;
     let established = await_condition(api, name, conditions::is_crd_established());
     match tokio::time::timeout(ESTABLISHED_WITHIN, established).await {
         Ok(Ok(Some(_))) => {
@@ -100,12 +121,11 @@ pub async fn apply(client: &Client, crd: &Value) -> Result<(), String> {
             );
             Ok(())
         }
-        Ok(Ok(None)) => Err(format!(
-            "CustomResourceDefinition {name} disappeared after it was applied"
-        )),
-        Ok(Err(e)) => Err(format!("watching CustomResourceDefinition {name}: {e}")),
-        Err(_) => Err(format!(
-            "CustomResourceDefinition {name} not Established within {ESTABLISHED_WITHIN:?}"
-        )),
+        Ok(Ok(None)) => Err(CrdApplyError::Disappeared(name.to_owned())),
+        Ok(Err(source)) => Err(CrdApplyError::Watch {
+            name: name.to_owned(),
+            source,
+        }),
+        Err(_) => Err(CrdApplyError::NotEstablished(name.to_owned())),
     }
 }

@@ -284,8 +284,8 @@ fn template_source(
                 template_files.insert(rel.clone(), text.clone());
                 Some(text)
             }
-            Err(message) => {
-                ck.error(&format!("{at}.templateFile"), message);
+            Err(err) => {
+                ck.error(&format!("{at}.templateFile"), err.to_string());
                 None
             }
         },
