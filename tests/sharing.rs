@@ -5,11 +5,14 @@
 //! the parent's status; per-item conditions and a cartesian `forEach`.
 mod support;
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use support::faults::{free_address, metric};
@@ -321,6 +324,38 @@ async fn scaling_a_parent_reaches_its_deployment_and_the_inventory_lists_its_chi
     assert_eq!(status.selector.as_deref(), Some("app=web"));
     let parent = parents.get("web").await.unwrap();
     assert_eq!(parent.data["spec"]["replicas"], 3);
+
+    // A HorizontalPodAutoscaler can target the parent: the controller
+    // manager's HPA controller reads its `/scale` (without a metrics server
+    // it cannot go further, and says so in another condition).
+    let hpas: Api<HorizontalPodAutoscaler> = ns.api();
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": kind.api_version(), "kind": kind.kind, "name": "web"},
+            "minReplicas": 1,
+            "maxReplicas": 5,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}],
+        },
+    }))
+    .unwrap();
+    hpas.create(&PostParams::default(), &hpa)
+        .await
+        .expect("create HPA");
+    let able = support::eventually(
+        "the HPA reads the parent's /scale",
+        Duration::from_secs(90),
+        || async {
+            let hpa = hpas.get("web").await.map_err(|e| e.to_string())?;
+            let conditions = hpa.status.and_then(|s| s.conditions).unwrap_or_default();
+            match conditions.iter().find(|c| c.type_ == "AbleToScale") {
+                Some(c) if c.status == "True" => Ok(c.reason.clone().unwrap_or_default()),
+                other => Err(format!("AbleToScale: {other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(able, "SucceededGetScale");
     operator.stop().await;
 }
 

@@ -188,11 +188,7 @@ pub fn status_patch(
     claim_generation: Option<i64>,
 ) -> Value {
     let owned = rule.status_paths();
-    let stale = stale_fields(
-        owned.iter().map(Vec::as_slice),
-        current,
-        status,
-    );
+    let stale = stale_fields(owned.iter().map(Vec::as_slice), current, status);
     let mut status = status.clone();
     if let Some(generation) = claim_generation {
         claim_next_generation(&mut status, generation);
@@ -226,7 +222,10 @@ mod tests {
             "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  children: []\n",
         );
         let patch = status_patch(&plain, Some(&current), &new, None);
-        assert!(patch["status"].get("childrenTruncated").is_none(), "{patch}");
+        assert!(
+            patch["status"].get("childrenTruncated").is_none(),
+            "{patch}"
+        );
     }
 
     #[test]

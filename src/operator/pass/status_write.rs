@@ -23,11 +23,7 @@ pub(in crate::operator) async fn write_status(
 ) -> Result<(), Error> {
     let current = parent_json.get("status");
     let owned = rule.status_paths();
-    let stale = stale_fields(
-        owned.iter().map(Vec::as_slice),
-        current,
-        &status,
-    );
+    let stale = stale_fields(owned.iter().map(Vec::as_slice), current, &status);
     // Fields the API server is known to drop would otherwise make every pass
     // look like a change; they are still sent along with any real one.
     let comparable = without_paths(&status, &lock(&ctx.warned));
