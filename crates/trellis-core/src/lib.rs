@@ -13,6 +13,7 @@
 
 pub mod clock;
 pub mod conform;
+pub mod conversion;
 pub mod crd;
 pub mod drift;
 pub mod field_path;

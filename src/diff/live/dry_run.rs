@@ -71,15 +71,20 @@ pub(super) async fn child_change(
         }
         (_, Some(l))
             if live_render_hash(l) == Some(apply.hash.as_str())
-                && !crate::drift::drifted(&apply.object, l) =>
+                && !crate::drift::drifted(&apply.compared(), l) =>
         {
             return ChildChange::Unchanged;
         }
         _ => {}
     }
     let params = PatchParams::apply(&manager).force().dry_run();
+    // Listed objects carry their managedFields: what is handed off is known.
+    let body = match &live {
+        Some(l) => apply.body_over(l, &manager),
+        None => std::borrow::Cow::Borrowed(&apply.object),
+    };
     match api
-        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+        .patch(&apply.key.name, &params, &Patch::Apply(&*body))
         .await
     {
         Err(e) => refused(format!("applying {}: {e}", apply.key)),

@@ -161,9 +161,11 @@ pub(in crate::operator) async fn apply_child(
     // Nothing to send when the live object carries this rendering's hash
     // and still holds every field trellis sets: this survives a restart or
     // a failover (the hash is on the object), and ignores what others add.
+    // A `handOff` field differs from the rendering only once someone else
+    // has changed it, and then it is theirs: never drift.
     if let Some(live) = live
         && live_render_hash(live) == Some(apply.hash.as_str())
-        && !crate::drift::drifted(&apply.object, live)
+        && !crate::drift::drifted(&apply.compared(), live)
     {
         return Ok(Applied::unchanged(arrived.as_ref()));
     }
@@ -171,8 +173,9 @@ pub(in crate::operator) async fn apply_child(
     ctx.check_write(parent_uid)?;
     if ours {
         let params = PatchParams::apply(&manager).force();
+        let body = body_for(&api, apply, &manager).await?;
         let written = api
-            .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+            .patch(&apply.key.name, &params, &Patch::Apply(&body))
             .await
             .map_err(fail)?;
         // Remembered until the cache shows it (see above).
@@ -188,6 +191,25 @@ pub(in crate::operator) async fn apply_child(
     // apply; refused, it exists: ours after all (made by an earlier
     // process, not cached yet) or adopted, its fields are taken.
     create_or_take(ctx, &api, apply, adopt, &manager, parent_uid).await
+}
+
+/// [`Apply::body_over`] a child known to exist: one read of it (the
+/// caches keep no `managedFields`), only when it has `handOff` paths; gone
+/// by now, the whole rendering, which the apply then creates.
+async fn body_for(api: &Api<DynamicObject>, apply: &Apply, manager: &str) -> Result<Value, Error> {
+    if apply.hand_off.is_empty() {
+        return Ok(apply.object.clone());
+    }
+    let live = api
+        .get_opt(&apply.key.name)
+        .await
+        .map_err(apply_failed(apply))?;
+    Ok(match live {
+        Some(live) => apply
+            .body_over(&serde_json::to_value(&live).unwrap_or_default(), manager)
+            .into_owned(),
+        None => apply.object.clone(),
+    })
 }
 
 /// How a failed apply of `apply` reads.
@@ -285,15 +307,16 @@ async fn create_or_take(
             Ok(Applied::written(Outcome::Created, written))
         }
         Err(kube::Error::Api(e)) if refused(&e) => {
-            let (_, e) = whose(api, apply, adopt, e).await?;
+            let (existing, e) = whose(api, apply, adopt, e).await?;
             if e.code == 422 {
                 return Err(fail(kube::Error::Api(e)));
             }
+            let body = apply.body_over(&existing, manager);
             let written = api
                 .patch(
                     &apply.key.name,
                     &PatchParams::apply(manager).force(),
-                    &Patch::Apply(&apply.object),
+                    &Patch::Apply(&body),
                 )
                 .await
                 .map_err(fail)?;

@@ -22,6 +22,7 @@
 //! authors.
 
 pub mod builtin;
+mod hand_off;
 mod lines;
 mod sample;
 mod validate;
@@ -117,6 +118,7 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
             ));
         }
     }
+    out.extend(hand_off::findings(rule, &sample));
     let mut seen = BTreeSet::new();
     out.extend(schema_findings(rule, &sample, cx, &mut seen));
     // A sample refused with its lists empty (a `minItems`, a `oneOf`) has

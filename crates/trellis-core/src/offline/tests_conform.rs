@@ -558,3 +558,41 @@ fn check_warns_about_a_patch_that_breaks_when_a_list_is_empty() {
         "{found:?}"
     );
 }
+
+#[test]
+fn a_hand_off_path_the_template_sets_is_clean_and_one_it_never_sets_is_an_error() {
+    let with = |paths: &str| {
+        rule(&DEPLOYMENT_OK.replace(
+            "      kind: Deployment\n",
+            &format!("      kind: Deployment\n      handOff: {paths}\n"),
+        ))
+    };
+    let dir = Dir::new(&[("app.yaml", &with("[spec.replicas]"))]);
+    assert_eq!(dir.check(), Vec::<String>::new());
+
+    let text = with("[spec.replicas, spec.replica]");
+    let dir = Dir::new(&[("app.yaml", &text)]);
+    let line = text
+        .lines()
+        .position(|l| l.contains("handOff:"))
+        .expect("the line")
+        + 1;
+    assert_eq!(
+        dir.check(),
+        [format!(
+            "app.yaml:{line}: error: spec.children[0].handOff[1]: handOff `spec.replica`: the template of child `web` never sets it (not in its rendering for the sample parent), so there is nothing to hand off"
+        )]
+    );
+
+    let dir = Dir::new(&[("app.yaml", &with("[metadata.name, 'spec..x']"))]);
+    let found = dir.check();
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].contains("handOff[0]: `metadata.name` cannot be handed off"),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].contains("handOff[1]: `spec..x` is not a field path"),
+        "{found:#?}"
+    );
+}

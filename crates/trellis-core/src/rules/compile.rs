@@ -23,6 +23,7 @@ use crate::yaml::LineIndex;
 mod checker;
 mod entry;
 mod for_each;
+mod hand_off;
 mod lint;
 mod order;
 mod patch;
@@ -31,6 +32,7 @@ mod related;
 pub mod scope;
 mod shape;
 mod status;
+pub mod versions;
 
 use checker::Checker;
 pub use checker::code_line;
@@ -83,6 +85,10 @@ pub struct CompiledRule {
     pub template_files: BTreeMap<String, String>,
     /// `spec.rollout`, checked: a change moves parents in steps.
     pub rollout: Option<super::rollout::Settings>,
+    /// `spec.versions`: every served version but the hub (the parent's).
+    pub versions: Vec<versions::CompiledVersion>,
+    /// The version parents are stored in (`spec.storageVersion`, else the hub).
+    pub storage_version: String,
 }
 
 impl CompiledRule {
@@ -135,6 +141,8 @@ pub struct CompiledChild {
     pub depends_on_patches: Vec<usize>,
     /// The vars its template and expressions read.
     pub reads_vars: VarReads,
+    /// `handOff`, each path as keys ([`crate::ownership::parse_path`]).
+    pub hand_off: Vec<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -226,6 +234,8 @@ pub(super) fn compile(
         None => (Vec::new(), Vec::new()),
     };
 
+    let (versions, storage_version) = versions::compile(&mut ck, &mut builder, spec, &parent);
+
     let (crd, findings) = super::crd::generate(&rule);
     for f in findings {
         if f.error {
@@ -251,6 +261,8 @@ pub(super) fn compile(
         revision,
         template_files: entries.template_files,
         rollout: settings.rollout,
+        versions,
+        storage_version,
         parent,
         engine,
         related: entries.related,

@@ -20,6 +20,7 @@
 
 mod scale;
 pub mod schema;
+pub mod versions;
 
 #[cfg(test)]
 mod tests;
@@ -146,6 +147,8 @@ pub fn generate(rule: &Rule) -> (Option<Value>, Vec<Finding>) {
             }],
         },
     });
+    let mut doc = doc;
+    versions::extend(&mut conv, rule, &mut doc);
     let ok = !conv.has_errors();
     (ok.then_some(doc), conv.findings)
 }

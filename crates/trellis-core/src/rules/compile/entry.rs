@@ -150,6 +150,7 @@ impl Entry<'_, '_> {
         );
 
         let deps = dependencies(ck, spec, role, i, &at, child, &reads);
+        let hand_off = super::hand_off::compile(ck, &at, child);
         Some(CompiledChild {
             spec: child.clone(),
             gvk: Gvk::new(&child.api_version, &child.kind),
@@ -161,6 +162,7 @@ impl Entry<'_, '_> {
             depends_on_related: deps.related,
             depends_on_patches: deps.patches,
             reads_vars: VarReads::of(&reads),
+            hand_off,
         })
     }
 }
