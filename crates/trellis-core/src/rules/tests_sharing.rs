@@ -221,3 +221,34 @@ fn inventory_is_declared_by_the_generated_crd() {
         "written by trellis",
     );
 }
+
+#[test]
+fn every_version_must_hold_the_spec_replicas_path() {
+    let versioned = |old: &str| {
+        format!(
+            "  parent: {{apiVersion: demo.trellis.dev/v2, kind: App}}\n{SCHEMA}  crd:\n    scale: {{specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas.ready}}\n  versions:\n    - name: v1\n      schema:\n        type: object\n        properties:\n{old}      toHub: |\n        replicas: 1\n      fromHub: |\n        name: x\n{CHILD}{FIELDS}"
+        )
+    };
+    let head = "apiVersion: trellis.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: app\nspec:\n";
+    let load_spec = |spec: String| {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("rule.yaml"), format!("{head}{spec}")).unwrap();
+        load_dir(dir.path()).map_err(|d| d.iter().map(ToString::to_string).collect::<Vec<_>>())
+    };
+    let ok = load_spec(versioned("          replicas: {type: integer}\n")).unwrap();
+    let crd = ok.rules[0].crd.as_ref().unwrap();
+    for version in crd["spec"]["versions"].as_array().unwrap() {
+        assert_eq!(
+            version["subresources"]["scale"]["specReplicasPath"], ".spec.replicas",
+            "{}",
+            version["name"]
+        );
+    }
+    let d = load_spec(versioned("          name: {type: string}\n")).unwrap_err();
+    assert!(
+        d.iter()
+            .any(|m| m.contains("spec.crd.scale.specReplicasPath")
+                && m.contains("not an integer declared by spec.versions[0].schema")),
+        "{d:#?}"
+    );
+}

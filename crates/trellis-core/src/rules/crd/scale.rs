@@ -103,6 +103,40 @@ pub(super) fn subresource(
     Value::Object(out)
 }
 
+/// `specReplicasPath` checked against the `spec` schema of one more
+/// version (`at`: that version's field, e.g. `spec.versions[0]`): the
+/// `scale` subresource is on every version, so each must hold the path.
+pub(super) fn check_version(
+    conv: &mut Converter,
+    scale: &ScaleSpec,
+    spec: &Map<String, Value>,
+    at: &str,
+) {
+    let path = &scale.spec_replicas_path;
+    let Some(rest) = path.strip_prefix(".spec.") else {
+        return; // reported once, against the hub
+    };
+    let segments: Vec<&str> = rest.split('.').collect();
+    let schema = Value::Object(spec.clone());
+    let held = match find(&schema, &segments) {
+        Found::Declared(node) => {
+            node.get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("integer")
+                == "integer"
+        }
+        Found::AnyValue | Found::Missing => false,
+    };
+    if !held {
+        conv.error(
+            "spec.crd.scale.specReplicasPath",
+            format!(
+                "`{path}` is not an integer declared by {at}.schema (every version serves /scale)"
+            ),
+        );
+    }
+}
+
 /// What a structural schema says is at a path.
 enum Found<'a> {
     /// A declared property.
