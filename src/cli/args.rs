@@ -383,11 +383,38 @@ pub enum Command {
         #[command(flatten)]
         limits: RenderLimits,
     },
+    /// Convert parents to another API version of their kind (`versions:`),
+    /// offline, as the operator's conversion webhook would
+    ///
+    /// Every object in PARENT.yaml (one or more documents, or a List) is
+    /// converted A -> hub -> B with its rule's `toHub`/`fromHub` templates and
+    /// printed as YAML. Exit 0 when every object converted, 1 when one did
+    /// not (its error named), 2 when the rules or the file cannot be read.
+    Convert {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// The version to convert to (`v1`, or `group/v1`)
+        #[arg(long, value_name = "VERSION")]
+        to: String,
+        /// Parent manifest(s) to convert
+        #[arg(value_name = "PARENT.yaml")]
+        parent: PathBuf,
+    },
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
+    ///
+    /// With --against-cluster, print instead whether applying each one over
+    /// the live CRD (KUBECONFIG or in-cluster) would break stored parents or
+    /// clients, one line per breaking change naming version and path;
+    /// nothing is applied. Exit 1 when a change is breaking and its rule
+    /// does not set `crd: {allowBreaking: true}`.
     Crd {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
+        /// Compare with the live CRDs instead of printing [default: off]
+        #[arg(long)]
+        against_cluster: bool,
     },
     /// Staged rollouts of rule changes (`rollout:`), as kept in the cluster:
     /// status, promote, abort

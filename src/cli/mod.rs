@@ -30,7 +30,7 @@ pub use args::{
     RolloutAction, RolloutOutput,
 };
 pub use check::{check, lsp};
-pub use commands::{crd, crd_documents, diff, graph, schema};
+pub use commands::{convert, crd, crd_against_cluster, crd_documents, diff, graph, schema};
 pub use rbac::rbac;
 pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
