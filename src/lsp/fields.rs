@@ -228,4 +228,26 @@ spec:
             "{names:?}"
         );
     }
+
+    #[test]
+    fn the_sharing_fields_are_offered_where_they_belong() {
+        let schema = crate::rules::model::json_schema();
+        for (path, field) in [
+            (&["spec"][..], "propagate"),
+            (&["spec", "status"][..], "inventory"),
+            (&["spec", "crd"][..], "scale"),
+            (&["spec", "crd", "scale"][..], "labelSelectorPath"),
+            (&["spec", "status", "conditions"][..], "forEach"),
+            (&["spec", "propagate"][..], "annotations"),
+        ] {
+            let node = schema_at(&schema, &strings(path)).unwrap_or_else(|| panic!("{path:?}"));
+            let names: Vec<&str> = fields_of(&schema, node).iter().map(|(k, _)| *k).collect();
+            assert!(names.contains(&field), "{path:?}: {names:?}");
+        }
+        let for_each = schema_at(&schema, &strings(&["spec", "children", "forEach"])).unwrap();
+        assert!(
+            description(&schema, for_each).is_some_and(|d| d.contains("combination")),
+            "{for_each}"
+        );
+    }
 }

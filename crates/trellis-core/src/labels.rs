@@ -15,6 +15,9 @@ pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
 /// The revision of the rule version that rendered the child.
 pub const LABEL_REVISION: &str = "trellis.dev/revision";
 pub const MANAGED_BY: &str = "trellis";
+/// Every label and annotation trellis writes under its own name starts so;
+/// `propagate:` never copies one from a parent.
+pub const TRELLIS_PREFIX: &str = "trellis.dev/";
 /// On children with `deletionPolicy: retain`: released, never deleted, by
 /// whichever rule version or cleanup finds them.
 pub const LABEL_DELETION_POLICY: &str = "trellis.dev/deletion-policy";

@@ -187,11 +187,8 @@ pub fn status_patch(
     status: &Value,
     claim_generation: Option<i64>,
 ) -> Value {
-    let stale = stale_fields(
-        rule.fields.iter().map(|f| f.path.as_slice()),
-        current,
-        status,
-    );
+    let owned = rule.status_paths();
+    let stale = stale_fields(owned.iter().map(Vec::as_slice), current, status);
     let mut status = status.clone();
     if let Some(generation) = claim_generation {
         claim_next_generation(&mut status, generation);
@@ -206,6 +203,30 @@ pub fn status_patch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_truncation_count_no_longer_produced_is_removed_and_the_inventory_replaced() {
+        let rule = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  children: []\n  status:\n    inventory: true\n",
+        );
+        let current = json!({"children": [{"id": "a"}, {"id": "b"}], "childrenTruncated": 3});
+        let new = json!({"children": [{"id": "a"}], "conditions": [{"type": "Synced", "status": "True"}]});
+        let patch = status_patch(&rule, Some(&current), &new, None);
+        assert_eq!(
+            patch,
+            json!({"status": {"children": [{"id": "a"}], "childrenTruncated": null,
+                "conditions": [{"type": "Synced", "status": "True"}]}})
+        );
+        // A rule without an inventory leaves those fields to others.
+        let plain = crate::rules::testing::rule_with_spec(
+            "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  children: []\n",
+        );
+        let patch = status_patch(&plain, Some(&current), &new, None);
+        assert!(
+            patch["status"].get("childrenTruncated").is_none(),
+            "{patch}"
+        );
+    }
 
     #[test]
     fn a_field_no_longer_produced_is_stale_up_to_its_highest_lone_key() {

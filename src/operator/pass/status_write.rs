@@ -22,11 +22,8 @@ pub(in crate::operator) async fn write_status(
     status: Value,
 ) -> Result<(), Error> {
     let current = parent_json.get("status");
-    let stale = stale_fields(
-        rule.fields.iter().map(|f| f.path.as_slice()),
-        current,
-        &status,
-    );
+    let owned = rule.status_paths();
+    let stale = stale_fields(owned.iter().map(Vec::as_slice), current, &status);
     // Fields the API server is known to drop would otherwise make every pass
     // look like a change; they are still sent along with any real one.
     let comparable = without_paths(&status, &lock(&ctx.warned));

@@ -22,10 +22,12 @@ use crate::yaml::LineIndex;
 
 mod checker;
 mod entry;
+mod for_each;
 mod hand_off;
 mod lint;
 mod order;
 mod patch;
+mod propagate;
 mod related;
 pub mod scope;
 mod shape;
@@ -35,8 +37,10 @@ pub mod versions;
 use checker::Checker;
 pub use checker::code_line;
 use entry::{Entry, Role};
+pub use for_each::{CompiledForEach, MAX_FOR_EACH_NAMES};
 use lint::{Code, lint};
 use order::topological_order;
+pub use propagate::MAX_PROPAGATE_KEYS;
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
     VarReads, VarSource,
@@ -104,6 +108,18 @@ impl CompiledRule {
             .any(|c| c.spec.deletion_policy == model::DeletionPolicy::Retain)
     }
 
+    /// Paths under `.status` the rule writes besides trellis's conditions
+    /// and generation: its fields, and the inventory's. One the pass no
+    /// longer produces is removed from the parent.
+    pub fn status_paths(&self) -> Vec<Vec<String>> {
+        let mut paths: Vec<Vec<String>> = self.fields.iter().map(|f| f.path.clone()).collect();
+        if self.rule.spec.status.as_ref().is_some_and(|s| s.inventory) {
+            paths.push(vec!["children".into()]);
+            paths.push(vec!["childrenTruncated".into()]);
+        }
+        paths
+    }
+
     pub fn patch(&self, id: &str) -> Option<&CompiledChild> {
         self.patches.iter().find(|c| c.spec.id == id)
     }
@@ -115,7 +131,7 @@ pub struct CompiledChild {
     pub gvk: Gvk,
     pub template: TemplateId,
     pub include_when: Option<ExprId>,
-    pub for_each: Option<ExprId>,
+    pub for_each: Option<CompiledForEach>,
     pub ready_when: Option<ExprId>,
     /// Indexes of the children this one depends on (explicit and implicit).
     pub depends_on: Vec<usize>,
@@ -151,12 +167,22 @@ pub enum FieldSource {
 
 #[derive(Debug)]
 pub struct CompiledCondition {
+    /// The type; a template's text for a per-item condition.
     pub type_: String,
+    /// `forEach` set: one condition per item, its type rendered per item.
+    pub per_item: Option<PerItem>,
     pub when: ExprId,
     pub reason: String,
     pub message: Option<TemplateId>,
     /// The vars its `when` and `message` read.
     pub reads_vars: VarReads,
+}
+
+/// A per-item condition's `forEach` and `type` template.
+#[derive(Debug)]
+pub struct PerItem {
+    pub for_each: CompiledForEach,
+    pub type_: TemplateId,
 }
 
 /// Names every template and expression may use.
@@ -194,6 +220,9 @@ pub(super) fn compile(
     let rule = read_rule(&mut ck, &doc)?;
     check_header(&mut ck, &rule);
     let spec = &rule.spec;
+    if let Some(propagate) = &spec.propagate {
+        propagate::check_propagate(&mut ck, propagate);
+    }
     let parent = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
     let settings = compile_settings(&mut ck, spec);
 

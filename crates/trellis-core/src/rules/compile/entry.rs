@@ -103,6 +103,15 @@ impl Entry<'_, '_> {
                 }
             }
         });
+        let for_each_expr = child.for_each.as_ref().and_then(|fe| {
+            let place = super::for_each::Place {
+                field: &format!("{at}.forEach"),
+                what: &format!("a {noun}'s forEach"),
+                allowed: &role.names(false, false),
+                known,
+            };
+            super::for_each::compile_for_each(ck, builder, &place, fe, &mut reads)
+        });
         let mut expr =
             |ck: &mut Checker, name: &str, src: &Option<String>, allowed: BTreeSet<&str>| {
                 let src = src.as_ref()?;
@@ -133,7 +142,6 @@ impl Entry<'_, '_> {
             &child.include_when,
             role.names(false, false),
         );
-        let for_each_expr = expr(ck, "forEach", &child.for_each, role.names(false, false));
         let ready_when = expr(
             ck,
             "readyWhen",

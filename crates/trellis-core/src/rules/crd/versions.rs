@@ -37,6 +37,9 @@ pub(super) fn extend(conv: &mut Converter, rule: &Rule, doc: &mut Value) {
         entry["name"] = json!(v.name);
         entry["served"] = json!(v.served);
         let spec = version_spec_schema(conv, v.schema.as_ref(), v.defaults.as_ref(), i);
+        if let Some(scale) = rule.spec.crd.as_ref().and_then(|c| c.scale.as_ref()) {
+            super::scale::check_version(conv, scale, &spec, &format!("spec.versions[{i}]"));
+        }
         let root = &mut entry["schema"]["openAPIV3Schema"];
         let required = spec
             .get("required")
