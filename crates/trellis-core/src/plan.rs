@@ -162,6 +162,9 @@ pub struct Plan {
     /// Children no longer rendered with `deletionPolicy: retain`: released
     /// (kept without anything of trellis's) instead of deleted.
     pub retain: Vec<Delete>,
+    /// What became of each child, patch and related entry, by id (empty
+    /// when the pass stopped before planning them: see `errors`).
+    pub outcomes: BTreeMap<String, EntryOutcome>,
 }
 
 /// Inputs of [`plan`] besides the rule.
@@ -331,6 +334,8 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         plan.failure_reason = Some(FailureReason::RenderError);
     }
 
+    plan.outcomes = outcome::collect(rule, &outcome, &patched.outcome, &related_states);
+
     if rule.writes_status() {
         let outcomes = Outcomes {
             vars: &vars,
@@ -485,6 +490,7 @@ mod conditions;
 mod object;
 mod observed;
 pub mod offline_input;
+mod outcome;
 mod parent;
 mod patch;
 mod related;
@@ -496,6 +502,7 @@ use child::{ChildResult, Item, Outcome, plan_child};
 use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
+pub use outcome::EntryOutcome;
 pub use observed::{ObjectKey, Observed, RelatedSource};
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches, why_not_selected};
