@@ -50,14 +50,14 @@ pub struct Report {
 }
 
 /// Every kind one rule touches, resolved through discovery.
-struct Kinds {
-    parent: Resolved,
+pub(crate) struct Kinds {
+    pub(crate) parent: Resolved,
     /// Child and related kinds.
-    others: Vec<Resolved>,
+    pub(crate) others: Vec<Resolved>,
 }
 
 impl Kinds {
-    async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, String> {
+    pub(crate) async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, String> {
         // The 404 of discovery says little: say what is likely missing.
         let parent = resolve(client, &rule.parent).await.map_err(|_| {
             format!(
@@ -80,7 +80,7 @@ impl Kinds {
         Ok(Kinds { parent, others })
     }
 
-    fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
+    pub(crate) fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
         std::iter::once(&self.parent)
             .chain(&self.others)
             .find(|k| k.gvk.group == group && k.gvk.kind == kind)
@@ -101,7 +101,7 @@ fn api(client: &Client, kind: &Resolved, namespace: Option<&str>) -> Api<Dynamic
 }
 
 /// An object as JSON, with its apiVersion/kind (list items may lack them).
-fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
+pub(crate) fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
     obj.types = Some(TypeMeta {
         api_version: kind.resource.api_version.clone(),
         kind: kind.resource.kind.clone(),
@@ -226,7 +226,7 @@ pub async fn diff_as(
 
 /// For a rule with `rollout:`, its versions as the cluster keeps them (so
 /// each parent is diffed against the version it is due to run).
-async fn versions_of(
+pub(crate) async fn versions_of(
     client: &Client,
     operator_namespace: &str,
     rule: &std::sync::Arc<CompiledRule>,
@@ -271,30 +271,19 @@ async fn diff_parent(
         parent: describe(&rule.parent.kind, namespace, name),
         ..ParentDiff::default()
     };
-    // The operator's entry checks, in the operator's order.
-    if let Some(why) = crate::pass::entry(rule, parent, None).skipped() {
-        out.skipped = Some(why);
-        return Ok(out);
-    }
+    let (rule, observed, pass) = match plan_live(client, newest, versions, kinds, parent).await? {
+        Planned::Skipped(why) => {
+            out.skipped = Some(why);
+            return Ok(out);
+        }
+        Planned::Pass {
+            rule,
+            observed,
+            plan,
+        } => (rule, observed, plan),
+    };
+    let rule: &CompiledRule = &rule;
     let uid = s("/metadata/uid").unwrap_or_default();
-
-    // The children, as the operator's caches hold them.
-    let objects = live_children(client, rule, kinds, uid).await?;
-    let due = versions.map(|v| {
-        let on = parent
-            .pointer("/status/ruleRevision")
-            .or_else(|| {
-                objects.iter().find_map(|o| {
-                    o.pointer("/metadata/labels")?
-                        .get(crate::plan::LABEL_REVISION)
-                })
-            })
-            .and_then(Value::as_str);
-        v.rule_for(newest, uid, on)
-    });
-    let rule: &CompiledRule = due.as_deref().unwrap_or(rule);
-
-    let (observed, pass) = plan_with_reads(client, rule, kinds, parent, objects).await?;
 
     for apply in &pass.apply {
         let change =
@@ -395,6 +384,66 @@ async fn diff_parent(
             .extend(status_changes(client, rule, kinds, parent, name, namespace, status).await?);
     }
     Ok(out)
+}
+
+/// One live parent's pass, as the operator would plan it now.
+pub(crate) enum Planned {
+    /// The operator's entry checks stop it (paused, being deleted, out of
+    /// scope): why.
+    Skipped(String),
+    Pass {
+        /// The version that renders this parent (during a staged
+        /// rollout, the one it is due to run).
+        rule: std::sync::Arc<CompiledRule>,
+        /// The children, related objects and patch targets read.
+        observed: Observed,
+        plan: plan::Plan,
+    },
+}
+
+/// Plans one pass over the live `parent` exactly as the operator would:
+/// its entry checks, its children as the caches hold them, the version it
+/// is due to run, and the related objects and patch targets the pass reads
+/// (`trellis diff` and `trellis tree` both start here). Reads only.
+pub(crate) async fn plan_live(
+    client: &Client,
+    newest: &std::sync::Arc<CompiledRule>,
+    versions: Option<&crate::operator::versions::Versions>,
+    kinds: &Kinds,
+    parent: &Value,
+) -> Result<Planned, String> {
+    // The operator's entry checks, in the operator's order.
+    if let Some(why) = crate::pass::entry(newest, parent, None).skipped() {
+        return Ok(Planned::Skipped(why));
+    }
+    let uid = parent
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+
+    // The children, as the operator's caches hold them.
+    let objects = live_children(client, newest, kinds, uid).await?;
+    let rule = match versions {
+        None => newest.clone(),
+        Some(v) => {
+            let on = parent
+                .pointer("/status/ruleRevision")
+                .or_else(|| {
+                    objects.iter().find_map(|o| {
+                        o.pointer("/metadata/labels")?
+                            .get(crate::plan::LABEL_REVISION)
+                    })
+                })
+                .and_then(Value::as_str);
+            v.rule_for(newest, uid, on)
+        }
+    };
+    let (observed, plan) = plan_with_reads(client, &rule, kinds, parent, objects).await?;
+    Ok(Planned::Pass {
+        rule,
+        observed,
+        plan,
+    })
 }
 
 /// The rule's children of one parent, as the operator's caches hold them:

@@ -17,6 +17,9 @@
 //! operator's own test for skipping a write (the live object carries this
 //! rendering's hash and holds every field it sets, [`crate::drift::drifted`]).
 
+mod nest;
+mod readiness;
+pub mod target;
 pub mod text;
 
 use serde::Serialize;
@@ -24,8 +27,9 @@ use serde_json::Value;
 
 use crate::plan::{EntryOutcome, ObjectKey, Observed, Plan, RelatedTarget};
 use crate::rules::{CompiledChild, CompiledRule};
-use crate::rules::model::Policy;
 use crate::status::default_ready;
+use nest::nest;
+use readiness::{FirstNotReady, synced};
 
 /// One parent under one rule, as `trellis tree` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -164,7 +168,12 @@ pub fn build(
     let lines = if skipped.is_some() {
         Vec::new()
     } else {
-        nest(entries(rule, s("/metadata/uid").unwrap_or_default(), observed, plan))
+        nest(entries(
+            rule,
+            s("/metadata/uid").unwrap_or_default(),
+            observed,
+            plan,
+        ))
     };
     let conditions = conditions(parent);
     let (ready, ready_from) = if rule.writes_status() {
@@ -215,9 +224,9 @@ fn conditions(parent: &Value) -> Vec<ConditionView> {
 
 /// One entry of the rule and its lines (depth not yet set), with the ids
 /// of what it depends on.
-struct Entry {
-    deps: Vec<String>,
-    lines: Vec<Line>,
+pub(super) struct Entry {
+    pub(super) deps: Vec<String>,
+    pub(super) lines: Vec<Line>,
 }
 
 /// Every entry in a dependency order: related entries (they depend on
@@ -229,7 +238,13 @@ fn entries(rule: &CompiledRule, uid: &str, observed: &Observed, plan: &Plan) -> 
         let id = &related.spec.id;
         out.push(Entry {
             deps: Vec::new(),
-            lines: related_lines(id, &related.gvk.api_version(), &related.gvk.kind, observed, plan),
+            lines: related_lines(
+                id,
+                &related.gvk.api_version(),
+                &related.gvk.kind,
+                observed,
+                plan,
+            ),
         });
     }
     let live = observed.children_of(&rule.name, uid);
@@ -267,9 +282,15 @@ fn entries(rule: &CompiledRule, uid: &str, observed: &Observed, plan: &Plan) -> 
 }
 
 fn deps(rule: &CompiledRule, entry: &CompiledChild) -> Vec<String> {
-    let related = entry.depends_on_related.iter().map(|&r| &rule.related[r].spec.id);
+    let related = entry
+        .depends_on_related
+        .iter()
+        .map(|&r| &rule.related[r].spec.id);
     let children = entry.depends_on.iter().map(|&c| &rule.children[c].spec.id);
-    let patches = entry.depends_on_patches.iter().map(|&p| &rule.patches[p].spec.id);
+    let patches = entry
+        .depends_on_patches
+        .iter()
+        .map(|&p| &rule.patches[p].spec.id);
     related.chain(children).chain(patches).cloned().collect()
 }
 
@@ -300,7 +321,10 @@ fn at(mut line: Line, key: &ObjectKey) -> Line {
 
 /// Why a pending entry waits, as the plan says it.
 fn pending_reason(plan: &Plan, id: &str) -> Option<String> {
-    plan.pending.iter().find(|p| p.id == id).map(|p| p.describe())
+    plan.pending
+        .iter()
+        .find(|p| p.id == id)
+        .map(|p| p.describe())
 }
 
 /// The first error of the pass that names the entry.
@@ -311,7 +335,13 @@ fn error_of(plan: &Plan, noun: &str, id: &str) -> Option<String> {
 
 const NOT_PLANNED: &str = "not planned: the pass stopped before it (see the errors)";
 
-fn related_lines(id: &str, api_version: &str, kind: &str, observed: &Observed, plan: &Plan) -> Vec<Line> {
+fn related_lines(
+    id: &str,
+    api_version: &str,
+    kind: &str,
+    observed: &Observed,
+    plan: &Plan,
+) -> Vec<Line> {
     let base = |state| line(id, Role::Related, api_version, kind, state);
     let read = plan.reads.iter().find(|r| r.id == id);
     let mut out = match plan.outcomes.get(id) {
@@ -370,7 +400,15 @@ type Live<'a> = std::collections::BTreeMap<String, Vec<(&'a ObjectKey, &'a Value
 
 fn child_lines(child: &CompiledChild, live: &Live, plan: &Plan) -> Vec<Line> {
     let id = &child.spec.id;
-    let base = |state| line(id, Role::Child, &child.gvk.api_version(), &child.gvk.kind, state);
+    let base = |state| {
+        line(
+            id,
+            Role::Child,
+            &child.gvk.api_version(),
+            &child.gvk.kind,
+            state,
+        )
+    };
     let observed: &[(&ObjectKey, &Value)] = live.get(id).map(Vec::as_slice).unwrap_or_default();
     let mut out = Vec::new();
     match plan.outcomes.get(id) {
@@ -423,7 +461,10 @@ fn child_lines(child: &CompiledChild, live: &Live, plan: &Plan) -> Vec<Line> {
 /// What the pass prunes of the child `id`.
 fn pruned(id: &str, plan: &Plan, base: impl Fn(State) -> Line) -> Vec<Line> {
     let deleted = plan.delete.iter().map(|d| (d, "deleted"));
-    let retained = plan.retain.iter().map(|d| (d, "released (deletionPolicy: retain)"));
+    let retained = plan
+        .retain
+        .iter()
+        .map(|d| (d, "released (deletionPolicy: retain)"));
     deleted
         .chain(retained)
         .filter(|(d, _)| d.id == id)
@@ -456,71 +497,17 @@ fn failed(mut l: Line, plan: &Plan, noun: &str, id: &str) -> Line {
     l
 }
 
-/// Per-object readiness of an entry of several objects (`forEach`) from
-/// the planner's verdict, which names the first object that is not ready:
-/// those before it are ready, it is not, and past it the verdict says
-/// nothing.
-#[derive(Default)]
-struct FirstNotReady {
-    passed: bool,
-}
-
-impl FirstNotReady {
-    /// An object that does not exist: the verdict may be about it.
-    fn missing(&mut self, not_ready: &Option<String>, key: &ObjectKey) {
-        self.passed |= is_about(not_ready, key);
-    }
-
-    /// Ready or not (`None`: not known) and why not, for the object at
-    /// `key`; `after` reads readiness past the first one that is not.
-    fn readiness(
-        &mut self,
-        not_ready: &Option<String>,
-        key: &ObjectKey,
-        after: impl FnOnce() -> Option<Result<(), String>>,
-    ) -> (Option<bool>, Option<String>) {
-        let Some(why) = not_ready else {
-            return (Some(true), None);
-        };
-        if self.passed {
-            return match after() {
-                Some(Ok(())) => (Some(true), None),
-                Some(Err(why)) => (Some(false), Some(why)),
-                None => (None, None),
-            };
-        }
-        if is_about(not_ready, key) {
-            self.passed = true;
-            return (Some(false), Some(why.clone()));
-        }
-        (Some(true), None)
-    }
-}
-
-/// Whether the planner's "not ready" message is about the object at `key`
-/// (it starts with the object's key).
-fn is_about(not_ready: &Option<String>, key: &ObjectKey) -> bool {
-    not_ready
-        .as_deref()
-        .is_some_and(|why| why.starts_with(&key.to_string()))
-}
-
-/// The operator's skip test: a live child holding this rendering needs no
-/// write. `createOnly` children are never written again once they exist.
-fn synced(policy: Policy, rendered: &Value, hash: &str, live: &Value) -> bool {
-    if policy == Policy::CreateOnly {
-        return true;
-    }
-    let live_hash = live
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(crate::labels::ANNOTATION_RENDER_HASH))
-        .and_then(Value::as_str);
-    live_hash == Some(hash) && !crate::drift::drifted(rendered, live)
-}
-
 fn patch_lines(patch: &CompiledChild, plan: &Plan) -> Vec<Line> {
     let id = &patch.spec.id;
-    let base = |state| line(id, Role::Patch, &patch.gvk.api_version(), &patch.gvk.kind, state);
+    let base = |state| {
+        line(
+            id,
+            Role::Patch,
+            &patch.gvk.api_version(),
+            &patch.gvk.kind,
+            state,
+        )
+    };
     let targets: Vec<_> = plan.patches.iter().filter(|p| &p.id == id).collect();
     let mut out = Vec::new();
     let not_ready = match plan.outcomes.get(id) {
@@ -553,43 +540,6 @@ fn patch_lines(patch: &CompiledChild, plan: &Plan) -> Vec<Line> {
             l.synced = Some(target.held);
         }
         out.push(l);
-    }
-    out
-}
-
-/// The entries' lines in print order, each entry nested under one of its
-/// dependencies, the others named in `after`. Entries come in a dependency
-/// order; each goes at the end of the subtree of the dependency printed
-/// last so far, so every line still comes after everything it depends on
-/// (later insertions never move a line printed before).
-fn nest(entries: Vec<Entry>) -> Vec<Line> {
-    let mut out: Vec<Line> = Vec::new();
-    for entry in entries {
-        // The dependency printed last, by the index of its last line.
-        let last_line = |id: &str| out.iter().rposition(|l| l.id == id);
-        let under = entry
-            .deps
-            .iter()
-            .filter_map(|d| last_line(d).map(|at| (at, d)))
-            .max_by_key(|(at, _)| *at);
-        let (at, depth, after) = match under {
-            None => (out.len(), 1, entry.deps.clone()),
-            Some((last, dep)) => {
-                let depth = out[last].depth;
-                let end = out[last + 1..]
-                    .iter()
-                    .position(|l| l.depth <= depth)
-                    .map_or(out.len(), |p| last + 1 + p);
-                let after = entry.deps.iter().filter(|d| *d != dep).cloned().collect();
-                (end, depth + 1, after)
-            }
-        };
-        let lines = entry.lines.into_iter().map(|mut l| {
-            l.depth = depth;
-            l.after.clone_from(&after);
-            l
-        });
-        out.splice(at..at, lines);
     }
     out
 }

@@ -143,7 +143,10 @@ fn synced_means_the_live_object_holds_this_rendering_and_its_hash() {
     let live = applied(&r, &p, "a");
     let t = tree(&r, &p, live.clone());
     let a = line(&t, "a");
-    assert_eq!((a.state, a.ready, a.synced), (State::Present, Some(true), Some(true)));
+    assert_eq!(
+        (a.state, a.ready, a.synced),
+        (State::Present, Some(true), Some(true))
+    );
     // Someone changed a field trellis sets.
     let mut drifted = live[0].clone();
     drifted["metadata"]["labels"][LABEL_CHILD] = json!("a");
@@ -156,7 +159,10 @@ fn synced_means_the_live_object_holds_this_rendering_and_its_hash() {
     // An object no longer rendered is listed as pruned.
     let t = tree(&r, &p, vec![live[0].clone(), live_cm("old", "gone")]);
     let gone = line(&t, "gone");
-    assert_eq!((gone.state, gone.name.as_deref()), (State::Pruning, Some("old")));
+    assert_eq!(
+        (gone.state, gone.name.as_deref()),
+        (State::Pruning, Some("old"))
+    );
 }
 
 #[test]
@@ -166,7 +172,8 @@ fn for_each_objects_get_a_line_each_and_the_first_not_ready_one_says_why() {
     ));
     let p = parent(json!({"names": ["x", "y", "z"]}));
     let mut live = applied(&r, &p, "item");
-    live[1]["status"] = json!({"conditions": [{"type": "Available", "status": "False", "message": "no pods"}]});
+    live[1]["status"] =
+        json!({"conditions": [{"type": "Available", "status": "False", "message": "no pods"}]});
     live[2]["status"] = json!({"conditions": [{"type": "Available", "status": "False"}]});
     let t = tree(&r, &p, live);
     let rows: Vec<_> = t
@@ -176,8 +183,7 @@ fn for_each_objects_get_a_line_each_and_the_first_not_ready_one_says_why() {
         .collect();
     assert_eq!(
         rows,
-        [("x", Some(true)), ("y", Some(false)), ("z", Some(false))]
-            .map(|(n, r)| (n.to_owned(), r))
+        [("x", Some(true)), ("y", Some(false)), ("z", Some(false))].map(|(n, r)| (n.to_owned(), r))
     );
     let why = t.lines[1].reason.as_deref().unwrap_or_default();
     assert!(why.contains("no pods"), "{why}");
@@ -190,20 +196,39 @@ fn a_missing_related_object_is_missing_and_holds_back_its_reader_nested_under_it
         cm("copy", "      dependsOn: [src]\n"),
     ));
     let t = tree(&r, &parent(json!({"from": "creds"})), vec![]);
-    assert_eq!(ids_and_depths(&t), [("src".to_owned(), 1), ("copy".to_owned(), 2)]);
+    assert_eq!(
+        ids_and_depths(&t),
+        [("src".to_owned(), 1), ("copy".to_owned(), 2)]
+    );
     let src = line(&t, "src");
     assert_eq!((src.role, src.state), (Role::Related, State::Missing));
-    assert_eq!((src.namespace.as_deref(), src.name.as_deref()), (Some("ns"), Some("creds")));
-    assert!(src.reason.as_deref().unwrap_or_default().starts_with("RelatedNotFound"));
+    assert_eq!(
+        (src.namespace.as_deref(), src.name.as_deref()),
+        (Some("ns"), Some("creds"))
+    );
+    assert!(
+        src.reason
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("RelatedNotFound")
+    );
     let copy = line(&t, "copy");
     assert_eq!(copy.state, State::Pending);
-    assert!(copy.reason.as_deref().unwrap_or_default().contains("RelatedNotFound"));
+    assert!(
+        copy.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("RelatedNotFound")
+    );
     // Once it exists, it is read and ready; its reader renders.
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "creds", "namespace": "ns", "uid": "s"}});
     let t = tree(&r, &parent(json!({"from": "creds"})), vec![secret]);
     let src = line(&t, "src");
-    assert_eq!((src.state, src.ready, src.synced), (State::Present, Some(true), None));
+    assert_eq!(
+        (src.state, src.ready, src.synced),
+        (State::Present, Some(true), None)
+    );
     assert_eq!(line(&t, "copy").state, State::Missing);
 }
 
@@ -216,13 +241,22 @@ fn a_patch_whose_target_does_not_exist_is_missing_and_one_that_exists_is_synced_
     let t = tree(&r, &p, vec![]);
     let l = line(&t, "label");
     assert_eq!((l.role, l.state), (Role::Patch, State::Missing));
-    assert!(l.reason.as_deref().unwrap_or_default().contains("TargetNotFound"), "{l:?}");
+    assert!(
+        l.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("TargetNotFound"),
+        "{l:?}"
+    );
     let target = |team: &str| {
         json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "target", "uid": "ns-uid", "labels": {"team": team}}})
     };
     let l = line(&tree(&r, &p, vec![target("red")]), "label").clone();
-    assert_eq!((l.state, l.ready, l.synced), (State::Present, Some(true), Some(true)));
+    assert_eq!(
+        (l.state, l.ready, l.synced),
+        (State::Present, Some(true), Some(true))
+    );
     let l = line(&tree(&r, &p, vec![target("blue")]), "label").clone();
     assert_eq!(l.synced, Some(false));
 }
@@ -248,7 +282,10 @@ fn the_parent_is_ready_by_its_ready_condition_and_a_built_in_one_by_its_children
     dep["apiVersion"] = json!("apps/v1");
     dep["kind"] = json!("Deployment");
     let t = tree(&deco, &dep, vec![]);
-    assert_eq!((t.ready(), t.parent.ready_from), (false, ReadyFrom::Children));
+    assert_eq!(
+        (t.ready(), t.parent.ready_from),
+        (false, ReadyFrom::Children)
+    );
     let live = applied(&deco, &dep, "a");
     assert!(tree(&deco, &dep, live).ready());
 }
@@ -257,7 +294,13 @@ fn the_parent_is_ready_by_its_ready_condition_and_a_built_in_one_by_its_children
 fn a_skipped_parent_has_no_lines() {
     let r = rule(&format!("{PARENT_KIND}  children:\n{}", cm("a", "")));
     let p = parent(json!({}));
-    let t = build(&r, &p, &Observed::default(), &plan::Plan::default(), Some("paused".into()));
+    let t = build(
+        &r,
+        &p,
+        &Observed::default(),
+        &plan::Plan::default(),
+        Some("paused".into()),
+    );
     assert!(t.lines.is_empty());
     assert!(text::print(&[t]).contains("skipped: paused"));
 }
@@ -277,13 +320,51 @@ fn text_draws_the_tree_under_the_parent_with_one_row_per_line() {
     let rows: Vec<&str> = out.lines().collect();
     assert_eq!(rows[0], "rule app: App ns/a");
     assert_eq!(rows[1], "  Ready=False  DependencyNotReady  waiting for a");
-    let table: Vec<Vec<&str>> = rows[3..].iter().map(|r| r.split("  ").filter(|c| !c.is_empty()).map(str::trim).collect()).collect();
-    assert_eq!(table[0], ["ENTRY", "KIND", "OBJECT", "READY", "SYNCED", "STATUS"]);
-    assert_eq!(table[1], ["App/a", "App", "ns/a", "False", "-", "DependencyNotReady"]);
-    assert_eq!(table[2], ["├─ a", "ConfigMap", "ns/a-a", "False", "False", "missing: does not exist yet"]);
+    let table: Vec<Vec<&str>> = rows[3..]
+        .iter()
+        .map(|r| {
+            r.split("  ")
+                .filter(|c| !c.is_empty())
+                .map(str::trim)
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        table[0],
+        ["ENTRY", "KIND", "OBJECT", "READY", "SYNCED", "STATUS"]
+    );
+    assert_eq!(
+        table[1],
+        ["App/a", "App", "ns/a", "False", "-", "DependencyNotReady"]
+    );
+    assert_eq!(
+        table[2],
+        [
+            "├─ a",
+            "ConfigMap",
+            "ns/a-a",
+            "False",
+            "False",
+            "missing: does not exist yet"
+        ]
+    );
     assert!(rows[6].starts_with("│  └─ b "), "{out}");
-    assert!(rows[6].ends_with("  held back: waiting for child \"a\": ConfigMap ns/a-a does not exist yet"), "{out}");
-    assert_eq!(table[4], ["└─ c", "ConfigMap", "-", "-", "-", "excluded: includeWhen is false for this parent"]);
+    assert!(
+        rows[6]
+            .ends_with("  held back: waiting for child \"a\": ConfigMap ns/a-a does not exist yet"),
+        "{out}"
+    );
+    assert_eq!(
+        table[4],
+        [
+            "└─ c",
+            "ConfigMap",
+            "-",
+            "-",
+            "-",
+            "excluded: includeWhen is false for this parent"
+        ]
+    );
 }
 
 #[test]

@@ -25,7 +25,13 @@ pub fn print(trees: &[Tree]) -> String {
 fn print_one(tree: &Tree) -> String {
     let mut out = String::new();
     let p = &tree.parent;
-    let _ = writeln!(out, "rule {}: {} {}", tree.rule, p.kind, object(&p.namespace, Some(&p.name)));
+    let _ = writeln!(
+        out,
+        "rule {}: {} {}",
+        tree.rule,
+        p.kind,
+        object(&p.namespace, Some(&p.name))
+    );
     if p.conditions.is_empty() {
         let _ = writeln!(out, "  (no conditions)");
     }
@@ -134,7 +140,11 @@ fn prefix(lines: &[Line], i: usize) -> String {
     for level in 1..depth {
         out.push_str(if continues(level) { "│  " } else { "   " });
     }
-    out.push_str(if continues(depth) { "├─ " } else { "└─ " });
+    out.push_str(if continues(depth) {
+        "├─ "
+    } else {
+        "└─ "
+    });
     out
 }
 

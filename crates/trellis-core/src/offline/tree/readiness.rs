@@ -1,0 +1,69 @@
+//! Readiness and "synced" of one line's object, from the planner's verdict
+//! and the operator's own skip test.
+
+use serde_json::Value;
+
+use crate::plan::ObjectKey;
+use crate::rules::model::Policy;
+
+/// Per-object readiness of an entry of several objects (`forEach`) from
+/// the planner's verdict, which names the first object that is not ready:
+/// those before it are ready, it is not, and past it the verdict says
+/// nothing.
+#[derive(Default)]
+pub(super) struct FirstNotReady {
+    passed: bool,
+}
+
+impl FirstNotReady {
+    /// An object that does not exist: the verdict may be about it.
+    pub(super) fn missing(&mut self, not_ready: &Option<String>, key: &ObjectKey) {
+        self.passed |= is_about(not_ready, key);
+    }
+
+    /// Ready or not (`None`: not known) and why not, for the object at
+    /// `key`; `after` reads readiness past the first one that is not.
+    pub(super) fn readiness(
+        &mut self,
+        not_ready: &Option<String>,
+        key: &ObjectKey,
+        after: impl FnOnce() -> Option<Result<(), String>>,
+    ) -> (Option<bool>, Option<String>) {
+        let Some(why) = not_ready else {
+            return (Some(true), None);
+        };
+        if self.passed {
+            return match after() {
+                Some(Ok(())) => (Some(true), None),
+                Some(Err(why)) => (Some(false), Some(why)),
+                None => (None, None),
+            };
+        }
+        if is_about(not_ready, key) {
+            self.passed = true;
+            return (Some(false), Some(why.clone()));
+        }
+        (Some(true), None)
+    }
+}
+
+/// Whether the planner's "not ready" message is about the object at `key`
+/// (it starts with the object's key).
+pub(super) fn is_about(not_ready: &Option<String>, key: &ObjectKey) -> bool {
+    not_ready
+        .as_deref()
+        .is_some_and(|why| why.starts_with(&key.to_string()))
+}
+
+/// The operator's skip test: a live child holding this rendering needs no
+/// write. `createOnly` children are never written again once they exist.
+pub(super) fn synced(policy: Policy, rendered: &Value, hash: &str, live: &Value) -> bool {
+    if policy == Policy::CreateOnly {
+        return true;
+    }
+    let live_hash = live
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(crate::labels::ANNOTATION_RENDER_HASH))
+        .and_then(Value::as_str);
+    live_hash == Some(hash) && !crate::drift::drifted(rendered, live)
+}
