@@ -108,6 +108,25 @@ fn main() -> ExitCode {
             operator_namespace,
             limits.limits(),
         ),
+        Command::Tree {
+            rules,
+            target,
+            namespace,
+            output,
+            watch,
+            operator_namespace,
+            limits,
+        } => cli::tree(
+            &rules,
+            cli::tree::Request {
+                target: &target,
+                namespace,
+                output,
+                watch,
+                operator_namespace,
+            },
+            limits.limits(),
+        ),
         Command::Graph {
             rules,
             rule,

@@ -1,0 +1,374 @@
+//! `trellis tree`: one live parent and everything its rule keeps for it,
+//! nested by dependency (the core's [`crate::offline::tree`] builds and
+//! prints it). This side reads: the parent (GET), then the pass exactly as
+//! `trellis diff` plans it ([`crate::diff::live::plan_live`]: discovery,
+//! the children by label, the related objects and patch targets the pass
+//! reads, the version a staged rollout runs). Nothing is written.
+//!
+//! `--watch` keeps a watch on the parent, on its children (by label), and
+//! on every object the pass read, and prints the tree again whenever what
+//! it shows changes.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::Client;
+use serde_json::{Value, json};
+
+use super::{load, print_out};
+use crate::diff::live::{Kinds, Planned, plan_live, to_value, versions_of};
+use crate::kinds::Gvk;
+use crate::offline::tree::{self, Tree, target};
+use crate::plan::{LABEL_PARENT_UID, LABEL_RULE, RelatedTarget};
+use crate::render::Limits;
+use crate::rules::{CompiledRule, RuleSet};
+
+/// `trellis tree -o`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TreeOutput {
+    Text,
+    Json,
+}
+
+/// What `trellis tree` was asked.
+pub struct Request<'a> {
+    pub target: &'a str,
+    pub namespace: Option<String>,
+    pub output: TreeOutput,
+    pub watch: bool,
+    pub operator_namespace: Option<String>,
+}
+
+const ERROR: u8 = 2;
+
+/// `trellis tree`: exit 0 when the parent is Ready, 1 when it is not, 2 on
+/// an error (no rule for the kind, no such parent, the cluster not
+/// answering). With `--watch`, runs until interrupted.
+pub fn tree(dirs: &[std::path::PathBuf], request: Request, limits: Limits) -> ExitCode {
+    let Ok(set) = load(dirs, limits) else {
+        return ExitCode::from(ERROR);
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            stderr!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(ERROR);
+        }
+    };
+    runtime.block_on(async {
+        let client = match Client::try_default().await {
+            Ok(client) => client,
+            Err(e) => {
+                stderr!(
+                    "error: cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}"
+                );
+                return ExitCode::from(ERROR);
+            }
+        };
+        let viewer = match Viewer::new(&client, &set, &request).await {
+            Ok(viewer) => viewer,
+            Err(e) => {
+                stderr!("error: {e}");
+                return ExitCode::from(ERROR);
+            }
+        };
+        let seen = match viewer.look(&client).await {
+            Ok(seen) => seen,
+            Err(e) => {
+                stderr!("error: {e}");
+                return ExitCode::from(ERROR);
+            }
+        };
+        let code = match show(&seen, request.output, false) {
+            Ok(()) => exit_code(&seen.trees),
+            Err(code) => return code,
+        };
+        if !request.watch {
+            return code;
+        }
+        viewer.watch(&client, seen, request.output).await
+    })
+}
+
+fn exit_code(trees: &[Tree]) -> ExitCode {
+    ExitCode::from(if trees.iter().all(Tree::ready) { 0 } else { 1 })
+}
+
+/// The parent named on the command line and the rules that serve it.
+struct Viewer {
+    rules: Vec<Arc<CompiledRule>>,
+    gvk: Gvk,
+    kinds: Kinds,
+    name: String,
+    /// `None` for a cluster-scoped kind.
+    namespace: Option<String>,
+    operator_namespace: String,
+}
+
+/// One look at the cluster: the trees, and what to watch for the next.
+struct Seen {
+    trees: Vec<Tree>,
+    watches: Vec<WatchSpec>,
+}
+
+/// One watch `--watch` keeps: a kind, where, and which objects.
+#[derive(Debug, Clone, PartialEq)]
+struct WatchSpec {
+    group: String,
+    kind: String,
+    namespace: Option<String>,
+    labels: Option<String>,
+    fields: Option<String>,
+}
+
+impl Viewer {
+    async fn new(client: &Client, set: &RuleSet, request: &Request<'_>) -> Result<Viewer, String> {
+        let (gvk, rules, name) = target::resolve(set, request.target).map_err(|e| e.to_string())?;
+        let first = rules.first().ok_or("no rule")?;
+        let kinds = Kinds::of(client, first).await?;
+        let namespace = kinds.parent.namespaced.then(|| {
+            request
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned())
+        });
+        Ok(Viewer {
+            rules: rules.into_iter().cloned().collect(),
+            gvk,
+            kinds,
+            name,
+            namespace,
+            operator_namespace: crate::operator::home::operator_namespace(
+                request.operator_namespace.as_deref(),
+            ),
+        })
+    }
+
+    fn describe(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{} {ns}/{}", self.gvk.kind, self.name),
+            None => format!("{} {}", self.gvk.kind, self.name),
+        }
+    }
+
+    /// Reads the parent and plans each of its rules' passes.
+    async fn look(&self, client: &Client) -> Result<Seen, String> {
+        let api: Api<DynamicObject> = self
+            .kinds
+            .parent
+            .api(client.clone(), self.namespace.as_deref());
+        let parent = api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| format!("{}: {e}", self.describe()))?
+            .ok_or_else(|| format!("{} does not exist", self.describe()))?;
+        let parent = to_value(parent, &self.kinds.parent);
+        let serving: Vec<&Arc<CompiledRule>> = self
+            .rules
+            .iter()
+            .filter(|r| crate::plan::parent_matches(r, &parent))
+            .collect();
+        if serving.is_empty() {
+            let why: Vec<String> = self
+                .rules
+                .iter()
+                .filter_map(|r| {
+                    crate::plan::why_not_selected(r, &parent)
+                        .map(|why| format!("rule {} does not select it: {why}", r.name))
+                })
+                .collect();
+            return Err(format!("{}: {}", self.describe(), why.join("; ")));
+        }
+        let mut seen = Seen {
+            trees: Vec::new(),
+            watches: vec![WatchSpec {
+                group: self.gvk.group.clone(),
+                kind: self.gvk.kind.clone(),
+                namespace: self.namespace.clone(),
+                labels: None,
+                fields: Some(format!("metadata.name={}", self.name)),
+            }],
+        };
+        let uid = parent
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        for rule in serving {
+            let kinds = Kinds::of(client, rule).await?;
+            let mut notes = Vec::new();
+            let versions = versions_of(client, &self.operator_namespace, rule, &mut notes).await;
+            for note in notes {
+                stderr!("note: {note}");
+            }
+            let tree = match plan_live(client, rule, versions.as_ref(), &kinds, &parent).await? {
+                Planned::Skipped(why) => {
+                    let none = crate::plan::Observed::default();
+                    let plan = crate::plan::Plan::default();
+                    tree::build(rule, &parent, &none, &plan, Some(why))
+                }
+                Planned::Pass {
+                    rule,
+                    observed,
+                    plan,
+                } => {
+                    seen.watches.extend(watches_of(&rule, uid, &plan));
+                    tree::build(&rule, &parent, &observed, &plan, None)
+                }
+            };
+            seen.trees.push(tree);
+        }
+        Ok(seen)
+    }
+
+    /// `--watch`: prints the tree again whenever what it shows changes,
+    /// until interrupted; a failed look is said and watched past.
+    async fn watch(&self, client: &Client, mut seen: Seen, output: TreeOutput) -> ExitCode {
+        let mut last = rendering(&seen.trees, output);
+        let mut watches = seen.watches.clone();
+        let mut events = self.events(client, &watches);
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return exit_code(&seen.trees),
+                event = events.next() => if event.is_none() {
+                    // Every watch ended (they retry by themselves): start again.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    events = self.events(client, &watches);
+                    continue;
+                },
+            }
+            // Let a burst of changes (an apply, then its status) settle.
+            let settle = tokio::time::sleep(Duration::from_millis(300));
+            tokio::pin!(settle);
+            loop {
+                tokio::select! {
+                    _ = &mut settle => break,
+                    _ = events.next() => {}
+                }
+            }
+            match self.look(client).await {
+                Ok(now) => {
+                    let text = rendering(&now.trees, output);
+                    if text != last {
+                        if let Err(code) = show(&now, output, true) {
+                            return code;
+                        }
+                        last = text;
+                    }
+                    if now.watches != watches {
+                        watches = now.watches.clone();
+                        events = self.events(client, &watches);
+                    }
+                    seen = now;
+                }
+                Err(e) => {
+                    let text = format!("error: {e}");
+                    if text != last {
+                        stderr!("{text}");
+                        last = text;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One stream of "something changed" over every watch.
+    fn events(&self, client: &Client, specs: &[WatchSpec]) -> BoxStream<'static, ()> {
+        let mut streams = Vec::new();
+        for spec in specs {
+            let Some(kind) = self.kinds.find(&spec.group, &spec.kind) else {
+                continue;
+            };
+            let api: Api<DynamicObject> = kind.api(client.clone(), spec.namespace.as_deref());
+            let mut config = watcher::Config::default();
+            if let Some(labels) = &spec.labels {
+                config = config.labels(labels);
+            }
+            if let Some(fields) = &spec.fields {
+                config = config.fields(fields);
+            }
+            // Only changes matter: the first list of each watch is what
+            // was just shown.
+            let changes = watcher(api, config)
+                .default_backoff()
+                .filter_map(|event| async move {
+                    match event {
+                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Some(()),
+                        _ => None,
+                    }
+                });
+            streams.push(changes.boxed());
+        }
+        stream::select_all(streams).boxed()
+    }
+}
+
+/// What to watch for the next change of one rule's tree: its children by
+/// label, each object the pass read (related entries, patch targets).
+fn watches_of(rule: &CompiledRule, uid: &str, plan: &crate::plan::Plan) -> Vec<WatchSpec> {
+    let mut out: Vec<WatchSpec> = Vec::new();
+    let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
+    for child in &rule.children {
+        out.push(WatchSpec {
+            group: child.gvk.group.clone(),
+            kind: child.gvk.kind.clone(),
+            namespace: None,
+            labels: Some(selector.clone()),
+            fields: None,
+        });
+    }
+    for read in &plan.reads {
+        let gvk = Gvk::new(&read.api_version, &read.kind);
+        out.push(WatchSpec {
+            group: gvk.group,
+            kind: gvk.kind,
+            namespace: read.namespace.clone(),
+            labels: None,
+            fields: match &read.target {
+                RelatedTarget::Name(name) => Some(format!("metadata.name={name}")),
+                RelatedTarget::Selector(_) => None,
+            },
+        });
+    }
+    let mut unique = Vec::new();
+    for spec in out {
+        if !unique.contains(&spec) {
+            unique.push(spec);
+        }
+    }
+    unique
+}
+
+/// The text or JSON of a look. JSON: one object `{ready, trees}` (one line
+/// per look under `--watch`).
+fn rendering(trees: &[Tree], output: TreeOutput) -> String {
+    match output {
+        TreeOutput::Text => tree::text::print(trees),
+        TreeOutput::Json => {
+            let doc = json!({"ready": trees.iter().all(Tree::ready), "trees": trees});
+            format!("{doc}\n")
+        }
+    }
+}
+
+/// Prints a look; `again`: a redraw under `--watch` (a terminal is cleared
+/// first, anything else gets a separating line).
+fn show(seen: &Seen, output: TreeOutput, again: bool) -> Result<(), ExitCode> {
+    use std::io::IsTerminal;
+    let mut text = rendering(&seen.trees, output);
+    if again && matches!(output, TreeOutput::Text) {
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        text = if std::io::stdout().is_terminal() {
+            format!("\x1b[H\x1b[2J{stamp}\n{text}")
+        } else {
+            format!("\n--- {stamp}\n{text}")
+        };
+    }
+    print_out(&text)
+}
