@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
+use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::Client;
 use serde_json::{Value, json};
 
 use super::{load, print_out};

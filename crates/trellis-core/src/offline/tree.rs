@@ -426,7 +426,8 @@ fn child_lines(child: &CompiledChild, live: &Live, plan: &Plan) -> Vec<Line> {
             }
         }
         Some(EntryOutcome::Rendered { not_ready }) => {
-            let mut first = FirstNotReady::default();
+            let keys = plan.apply.iter().filter(|a| &a.id == id).map(|a| &a.key);
+            let mut first = FirstNotReady::new(not_ready, keys);
             for apply in plan.apply.iter().filter(|a| &a.id == id) {
                 let mut l = at(base(State::Present), &apply.key);
                 match observed.iter().find(|(k, _)| **k == apply.key) {
@@ -524,7 +525,7 @@ fn patch_lines(patch: &CompiledChild, plan: &Plan) -> Vec<Line> {
         _ => return vec![failed(base(State::Failed), plan, "patch", id)],
     };
     let pending = matches!(plan.outcomes.get(id), Some(EntryOutcome::Pending));
-    let mut first = FirstNotReady::default();
+    let mut first = FirstNotReady::new(&not_ready, targets.iter().map(|t| &t.key));
     for target in targets {
         let mut l = at(base(State::Present), &target.key);
         if target.uid.is_none() {

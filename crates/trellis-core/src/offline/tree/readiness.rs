@@ -9,13 +9,24 @@ use crate::rules::model::Policy;
 /// Per-object readiness of an entry of several objects (`forEach`) from
 /// the planner's verdict, which names the first object that is not ready:
 /// those before it are ready, it is not, and past it the verdict says
-/// nothing.
-#[derive(Default)]
+/// nothing. A verdict that names none of them (a `readyWhen` that failed)
+/// leaves every object's readiness unknown.
 pub(super) struct FirstNotReady {
     passed: bool,
+    named: bool,
 }
 
 impl FirstNotReady {
+    pub(super) fn new<'k>(
+        not_ready: &Option<String>,
+        mut keys: impl Iterator<Item = &'k ObjectKey>,
+    ) -> FirstNotReady {
+        FirstNotReady {
+            passed: false,
+            named: keys.any(|k| is_about(not_ready, k)),
+        }
+    }
+
     /// An object that does not exist: the verdict may be about it.
     pub(super) fn missing(&mut self, not_ready: &Option<String>, key: &ObjectKey) {
         self.passed |= is_about(not_ready, key);
@@ -32,6 +43,9 @@ impl FirstNotReady {
         let Some(why) = not_ready else {
             return (Some(true), None);
         };
+        if !self.named {
+            return (None, Some(why.clone()));
+        }
         if self.passed {
             return match after() {
                 Some(Ok(())) => (Some(true), None),
@@ -41,7 +55,11 @@ impl FirstNotReady {
         }
         if is_about(not_ready, key) {
             self.passed = true;
-            return (Some(false), Some(why.clone()));
+            // The line names the object already.
+            let why = why
+                .strip_prefix(&format!("{key} is not ready: "))
+                .unwrap_or(why);
+            return (Some(false), Some(why.to_owned()));
         }
         (Some(true), None)
     }
@@ -52,7 +70,7 @@ impl FirstNotReady {
 pub(super) fn is_about(not_ready: &Option<String>, key: &ObjectKey) -> bool {
     not_ready
         .as_deref()
-        .is_some_and(|why| why.starts_with(&key.to_string()))
+        .is_some_and(|why| why.starts_with(&format!("{key} ")))
 }
 
 /// The operator's skip test: a live child holding this rendering needs no

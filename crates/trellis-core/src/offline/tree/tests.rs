@@ -185,8 +185,24 @@ fn for_each_objects_get_a_line_each_and_the_first_not_ready_one_says_why() {
         rows,
         [("x", Some(true)), ("y", Some(false)), ("z", Some(false))].map(|(n, r)| (n.to_owned(), r))
     );
+    // The row names the object: the reason does not repeat it.
     let why = t.lines[1].reason.as_deref().unwrap_or_default();
-    assert!(why.contains("no pods"), "{why}");
+    assert_eq!(why, "condition Available is False: no pods");
+}
+
+#[test]
+fn a_failing_ready_when_leaves_readiness_unknown_and_says_why() {
+    let r = rule(&format!(
+        "{PARENT_KIND}  children:\n{}",
+        cm("a", "      readyWhen: \"self.status.count > 0\"\n"),
+    ));
+    let p = parent(json!({}));
+    let t = tree(&r, &p, applied(&r, &p, "a"));
+    let a = line(&t, "a");
+    assert_eq!((a.state, a.ready), (State::Present, None));
+    let why = a.reason.as_deref().unwrap_or_default();
+    assert!(why.contains("readyWhen of child \"a\""), "{why}");
+    assert!(!t.errors.is_empty());
 }
 
 #[test]

@@ -15,7 +15,7 @@
 
 use std::fmt::Write;
 
-use super::{Line, Role, State, Tree};
+use super::{Line, ReadyFrom, Role, State, Tree};
 
 /// Every tree, one block each, separated by a blank line.
 pub fn print(trees: &[Tree]) -> String {
@@ -75,10 +75,17 @@ fn print_one(tree: &Tree) -> String {
         object(&p.namespace, Some(&p.name)),
         flag(Some(p.ready)),
         condition("Synced").map_or("-".into(), |c| c.status.clone()),
-        condition("Ready")
-            .filter(|c| c.status != "True")
-            .and_then(|c| c.reason.clone())
-            .unwrap_or_default(),
+        match p.ready_from {
+            ReadyFrom::Condition => condition("Ready")
+                .filter(|c| c.status != "True")
+                .and_then(|c| c.reason.clone())
+                .unwrap_or_default(),
+            // Built-in kinds get no status from trellis: say where READY
+            // comes from.
+            ReadyFrom::Children => {
+                "READY: its rule's entries (no trellis status on a built-in kind)".into()
+            }
+        },
     ]);
     for (i, line) in tree.lines.iter().enumerate() {
         rows.push([
