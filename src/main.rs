@@ -82,10 +82,14 @@ fn main() -> ExitCode {
             manage_crds,
             operator_namespace,
             from_cluster,
+            viewer,
         } => cli::rbac(
             &rules,
             &name,
-            manage_crds,
+            cli::RbacRoles {
+                manage_crds,
+                viewer,
+            },
             &operator_namespace,
             from_cluster,
         ),

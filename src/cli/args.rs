@@ -306,6 +306,11 @@ pub enum Command {
         /// on disk only, with a note naming the rules this may miss]
         #[arg(long)]
         from_cluster: bool,
+        /// Print instead the read-only ClusterRole `<name>-viewer` that someone running
+        /// `trellis tree` (or `kubectl get`) on the rules' objects needs: get, list and watch
+        /// on every parent, child, related and patch-target kind [default: off]
+        #[arg(long)]
+        viewer: bool,
     },
     /// Print the JSON Schema of the rule format
     Schema,

@@ -32,7 +32,7 @@ pub use args::{
 };
 pub use check::{check, lsp};
 pub use commands::{crd, crd_documents, diff, graph, schema};
-pub use rbac::rbac;
+pub use rbac::{RbacRoles, rbac};
 pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
 pub use tree::tree;
