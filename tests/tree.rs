@@ -544,3 +544,55 @@ async fn errors_exit_two_with_a_clear_message() {
     assert!(run.err.contains("expected KIND/NAME"), "{}", run.err);
     assert!(run.out.is_empty(), "{}", run.out);
 }
+
+const UNSERVED_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: unserved
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  related:
+    - id: cert
+      apiVersion: nowhere.trellis.test/v1
+      kind: Certificate
+      name: "{{ parent.metadata.name }}"
+  children:
+    - id: plain
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name }}
+    - id: secured
+      apiVersion: v1
+      kind: ConfigMap
+      dependsOn: [cert]
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-secured" }}
+"#;
+
+/// As in the operator, a related kind the API server does not serve holds
+/// back only its readers: the tree shows the pass, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_related_kind_that_is_not_served_holds_back_only_its_readers() {
+    let ns = support::namespace().await;
+    let (kind, _cleanup) = install_kind(&ns, "Unserved").await;
+    let dir = rules_dir(&kind.rule(UNSERVED_RULE));
+    kind.create(&ns, "u", json!({}), &[]).await;
+    let run = tree(
+        dir.path(),
+        &[&target(&kind, "u"), "-n", ns.name(), "-o", "json"],
+    );
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    let doc = run.json();
+    let cert = line(&doc, "cert");
+    assert_eq!(cert["state"], "missing");
+    let why = cert["reason"].as_str().unwrap_or_default();
+    assert!(why.starts_with("RelatedKindNotServed: "), "{why}");
+    assert_eq!(line(&doc, "secured")["state"], "pending");
+    assert_eq!(line(&doc, "plain")["state"], "missing");
+}

@@ -28,6 +28,9 @@ use crate::rules::{CompiledRule, RuleSet};
 use dry_run::{child_change, patch_change, status_changes};
 
 mod dry_run;
+mod fetched;
+
+use fetched::Fetched;
 
 /// Which parents to diff.
 pub enum Target<'a> {
@@ -52,8 +55,12 @@ pub struct Report {
 /// Every kind one rule touches, resolved through discovery.
 pub(crate) struct Kinds {
     pub(crate) parent: Resolved,
-    /// Child and related kinds.
+    /// Child, related and patch-target kinds.
     pub(crate) others: Vec<Resolved>,
+    /// Related and patch-target kinds the API server does not serve, and
+    /// why: as in the operator, their entries hold back only their readers
+    /// (`RelatedKindNotServed`), never the whole pass.
+    pub(crate) unserved: Vec<(Gvk, String)>,
 }
 
 impl Kinds {
@@ -66,18 +73,29 @@ impl Kinds {
             )
         })?;
         let mut others: Vec<Resolved> = Vec::new();
-        let gvks = rule
-            .children
+        let mut unserved: Vec<(Gvk, String)> = Vec::new();
+        let children = rule.children.iter().map(|c| (c.gvk.clone(), true));
+        let reads = rule
+            .related
             .iter()
-            .map(|c| c.gvk.clone())
-            .chain(rule.related.iter().map(|r| r.gvk.clone()))
-            .chain(rule.patches.iter().map(|p| p.gvk.clone()));
-        for gvk in gvks {
-            if !others.iter().any(|o| o.gvk == gvk) {
-                others.push(resolve(client, &gvk).await?);
+            .map(|r| r.gvk.clone())
+            .chain(rule.patches.iter().map(|p| p.gvk.clone()))
+            .map(|gvk| (gvk, false));
+        for (gvk, required) in children.chain(reads) {
+            if others.iter().any(|o| o.gvk == gvk) || unserved.iter().any(|(g, _)| *g == gvk) {
+                continue;
+            }
+            match resolve(client, &gvk).await {
+                Ok(kind) => others.push(kind),
+                Err(why) if !required => unserved.push((gvk, why)),
+                Err(why) => return Err(why),
             }
         }
-        Ok(Kinds { parent, others })
+        Ok(Kinds {
+            parent,
+            others,
+            unserved,
+        })
     }
 
     pub(crate) fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
@@ -496,6 +514,10 @@ async fn plan_with_reads(
     let mut rounds = 0;
     loop {
         observed = Observed::from_objects(objects.iter().cloned());
+        if !kinds.unserved.is_empty() {
+            let fetched = Fetched::new(&observed, &kinds.unserved);
+            observed = observed.with_related(std::sync::Arc::new(fetched));
+        }
         pass = plan::plan(
             rule,
             &Input {
