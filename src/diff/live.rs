@@ -415,7 +415,7 @@ pub(crate) enum Planned {
         rule: std::sync::Arc<CompiledRule>,
         /// The children, related objects and patch targets read.
         observed: Observed,
-        plan: plan::Plan,
+        plan: Box<plan::Plan>,
     },
 }
 
@@ -460,7 +460,7 @@ pub(crate) async fn plan_live(
     Ok(Planned::Pass {
         rule,
         observed,
-        plan,
+        plan: Box::new(plan),
     })
 }
 
