@@ -112,25 +112,7 @@ fn main() -> ExitCode {
             operator_namespace,
             limits.limits(),
         ),
-        Command::Tree {
-            rules,
-            target,
-            namespace,
-            output,
-            watch,
-            operator_namespace,
-            limits,
-        } => cli::tree(
-            &rules,
-            cli::tree::Request {
-                target: &target,
-                namespace,
-                output,
-                watch,
-                operator_namespace,
-            },
-            limits.limits(),
-        ),
+        Command::Tree(args) => cli::tree(args),
         Command::Graph {
             rules,
             rule,

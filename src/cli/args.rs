@@ -391,52 +391,19 @@ pub enum Command {
     /// Against the live cluster (KUBECONFIG or in-cluster): one parent and
     /// everything its rule keeps for it, nested by dependency
     ///
-    /// Prints the parent's conditions, then one row per related entry, child
-    /// object and patch target of its rule, in dependency order, each nested
-    /// under what it depends on: id, kind, namespace/name, READY, SYNCED (the
-    /// live object holds what this pass renders), and why it is held back,
-    /// not ready, missing (rendered, not created yet), excluded (includeWhen
-    /// false) or failed. The pass is planned as `trellis diff` plans it, from
-    /// the live parent, its children and what the rule reads; nothing is
-    /// written.
+    /// The parent's conditions, then one row per related entry, child object
+    /// and patch target, in dependency order, nested under what it depends
+    /// on: id, kind, namespace/name, READY, SYNCED (the live object holds
+    /// this pass's rendering) and why one is held back, not ready, missing,
+    /// excluded (includeWhen false) or failed. Planned as `trellis diff`
+    /// plans it; nothing is written. KIND: the kind, its plural or a short
+    /// name, any case, optionally `.group` (webapp/shop, deployments.apps/api).
     ///
-    /// KIND is the parent kind, its plural or a short name, in any case,
-    /// optionally with `.group` (webapp/shop, wa/shop,
-    /// deployments.apps/api). Every rule of that kind that selects the parent
-    /// is shown.
-    ///
-    /// Exit code: 0 the parent is Ready (its Ready condition; for a built-in
-    /// kind, which gets no status: every included child exists and is
-    /// ready), 1 it is not, 2 an error (no rule for the kind, no such
-    /// parent, the cluster not answering). Needs get/list/watch on the
-    /// parent, child, related and patch-target kinds: `trellis rbac --viewer`
-    /// prints that ClusterRole.
-    Tree {
-        /// Rules directory (repeatable)
-        #[arg(long = "rules", required = true, value_name = "DIR")]
-        rules: Vec<PathBuf>,
-        /// The parent: KIND/NAME, e.g. webapp/shop
-        #[arg(value_name = "KIND/NAME")]
-        target: String,
-        /// The parent's namespace [default: the kubeconfig context's namespace; ignored for a
-        /// cluster-scoped kind]
-        #[arg(short = 'n', long, value_name = "NS")]
-        namespace: Option<String>,
-        /// Output format: text (a table, nested) or json (`{ready, trees}`; under --watch, one
-        /// document per line)
-        #[arg(short = 'o', long, value_enum, default_value = "text")]
-        output: crate::cli::tree::TreeOutput,
-        /// Keep watching the parent, its children and what its rule reads, and print the tree
-        /// again on every change, until interrupted [default: off]
-        #[arg(short = 'w', long)]
-        watch: bool,
-        /// Where the revision ConfigMaps of staged rollouts live: a parent is shown
-        /// under the version it is due to run [default: as `trellis run` resolves it]
-        #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
-        operator_namespace: Option<String>,
-        #[command(flatten)]
-        limits: RenderLimits,
-    },
+    /// Exit code: 0 the parent is Ready (a built-in kind, which gets no
+    /// status: every included entry ready), 1 it is not, 2 an error (no rule
+    /// for the kind, no such parent). Needs get/list/watch on the rule's
+    /// kinds: `trellis rbac --viewer` prints that ClusterRole.
+    Tree(crate::cli::tree::TreeArgs),
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
     Crd {
         /// Rules directory (repeatable)

@@ -24,7 +24,6 @@ use crate::diff::live::{Kinds, Planned, plan_live, to_value, versions_of};
 use crate::kinds::Gvk;
 use crate::offline::tree::{self, Tree, target};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE, RelatedTarget};
-use crate::render::Limits;
 use crate::rules::{CompiledRule, RuleSet};
 
 /// `trellis tree -o`.
@@ -34,13 +33,33 @@ pub enum TreeOutput {
     Json,
 }
 
-/// What `trellis tree` was asked.
-pub struct Request<'a> {
-    pub target: &'a str,
+/// `trellis tree`'s arguments (its help is on `Command::Tree`).
+#[derive(Debug, clap::Args)]
+pub struct TreeArgs {
+    /// Rules directory (repeatable)
+    #[arg(long = "rules", required = true, value_name = "DIR")]
+    pub rules: Vec<std::path::PathBuf>,
+    /// The parent: KIND/NAME, e.g. webapp/shop
+    #[arg(value_name = "KIND/NAME")]
+    pub target: String,
+    /// The parent's namespace [default: the kubeconfig context's namespace; ignored for a
+    /// cluster-scoped kind]
+    #[arg(short = 'n', long, value_name = "NS")]
     pub namespace: Option<String>,
+    /// Output format: text (a table, nested) or json (`{ready, trees}`; under --watch, one
+    /// document per line)
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: TreeOutput,
+    /// Keep watching the parent, its children and what its rule reads, and print the tree
+    /// again on every change, until interrupted [default: off]
+    #[arg(short = 'w', long)]
     pub watch: bool,
+    /// Where the revision ConfigMaps of staged rollouts live: a parent is shown
+    /// under the version it is due to run [default: as `trellis run` resolves it]
+    #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
     pub operator_namespace: Option<String>,
+    #[command(flatten)]
+    pub limits: super::RenderLimits,
 }
 
 const ERROR: u8 = 2;
@@ -48,8 +67,8 @@ const ERROR: u8 = 2;
 /// `trellis tree`: exit 0 when the parent is Ready, 1 when it is not, 2 on
 /// an error (no rule for the kind, no such parent, the cluster not
 /// answering). With `--watch`, runs until interrupted.
-pub fn tree(dirs: &[std::path::PathBuf], request: Request, limits: Limits) -> ExitCode {
-    let Ok(set) = load(dirs, limits) else {
+pub fn tree(request: TreeArgs) -> ExitCode {
+    let Ok(set) = load(&request.rules, request.limits.limits()) else {
         return ExitCode::from(ERROR);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -129,8 +148,9 @@ struct WatchSpec {
 }
 
 impl Viewer {
-    async fn new(client: &Client, set: &RuleSet, request: &Request<'_>) -> Result<Viewer, String> {
-        let (gvk, rules, name) = target::resolve(set, request.target).map_err(|e| e.to_string())?;
+    async fn new(client: &Client, set: &RuleSet, request: &TreeArgs) -> Result<Viewer, String> {
+        let (gvk, rules, name) =
+            target::resolve(set, &request.target).map_err(|e| e.to_string())?;
         let first = rules.first().ok_or("no rule")?;
         let kinds = Kinds::of(client, first).await?;
         let namespace = kinds.parent.namespaced.then(|| {
