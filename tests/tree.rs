@@ -596,3 +596,87 @@ async fn a_related_kind_that_is_not_served_holds_back_only_its_readers() {
     assert_eq!(line(&doc, "secured")["state"], "pending");
     assert_eq!(line(&doc, "plain")["state"], "missing");
 }
+
+/// `trellis rbac --viewer` prints all `trellis tree` needs: a kubeconfig
+/// acting as an account bound to that ClusterRole alone sees the tree;
+/// the same account without it gets exit 2 and the API server's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_role_rbac_prints_is_all_tree_needs() {
+    use k8s_openapi::api::authorization::v1::ResourceAttributes;
+    use support::operator::service_account_with_role;
+
+    let ns = support::namespace().await;
+    let (kind, mut cleanup) = install_kind(&ns, "Viewed").await;
+    let rule = kind.rule(RULE);
+    let dir = rules_dir(&rule);
+    let operator = Operator::start(&ns.client, ns.name(), &[&rule]);
+    kind.create(&ns, "v", json!({"greeting": "hi", "extra": true}), &[])
+        .await;
+    wait_condition(&kind.api(&ns), "v", "Ready", "True").await;
+
+    // As an account with no rights: refused, exit 2.
+    let as_user = |user: &str| {
+        let mut config = support::cluster().kubeconfig.clone();
+        for auth in &mut config.auth_infos {
+            if let Some(info) = auth.auth_info.as_mut() {
+                info.impersonate = Some(user.to_owned());
+            }
+        }
+        let path = dir
+            .path()
+            .join(format!("kubeconfig-{}", user.replace(':', "-")));
+        std::fs::write(&path, serde_json::to_string(&config).expect("kubeconfig")).expect("write");
+        path
+    };
+    let account = format!("system:serviceaccount:{}:trellis", ns.name());
+    let run_as = |kubeconfig: &Path| {
+        let out = tree_command(
+            dir.path(),
+            &[&target(&kind, "v"), "-n", ns.name(), "-o", "json"],
+        )
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run trellis tree");
+        Run {
+            code: out.status.code(),
+            out: String::from_utf8_lossy(&out.stdout).into_owned(),
+            err: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let kubeconfig = as_user(&account);
+    let run = run_as(&kubeconfig);
+    assert_eq!(run.code, Some(2), "{}{}", run.out, run.err);
+    assert!(run.err.contains("forbidden"), "{}", run.err);
+
+    // With exactly what `trellis rbac --viewer` prints, bound to it.
+    let printed = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(["rbac", "--viewer", "--name"])
+        .arg(support::unique_name("tree"))
+        .arg("--rules")
+        .arg(dir.path())
+        .output()
+        .expect("trellis rbac --viewer");
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let role = trellis::yaml::parse_value(
+        &String::from_utf8_lossy(&printed.stdout),
+        &trellis::yaml::Limits::FILES,
+    )
+    .expect("one ClusterRole");
+    let probe = ResourceAttributes {
+        group: Some(kind.group.clone()),
+        resource: Some(kind.plural.clone()),
+        verb: Some("watch".into()),
+        namespace: Some(ns.name().to_owned()),
+        ..Default::default()
+    };
+    let _client = service_account_with_role(&ns, role, probe, &mut cleanup).await;
+    let run = run_as(&kubeconfig);
+    assert_eq!(run.code, Some(0), "{}{}", run.out, run.err);
+    let doc = run.json();
+    assert_eq!(line(&doc, "extra")["state"], "present");
+    operator.stop().await;
+}
