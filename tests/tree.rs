@@ -543,6 +543,22 @@ async fn errors_exit_two_with_a_clear_message() {
     assert_eq!(run.code, Some(2), "{}{}", run.out, run.err);
     assert!(run.err.contains("expected KIND/NAME"), "{}", run.err);
     assert!(run.out.is_empty(), "{}", run.out);
+
+    // A parent its kind's only rule does not select.
+    let picky = kind.rule(&RULE.replace(
+        "    kind: @KIND@\n",
+        "    kind: @KIND@\n    selector: {matchLabels: {tier: web}}\n",
+    ));
+    assert!(picky.contains("selector:"), "{picky}");
+    let dir = rules_dir(&picky);
+    kind.create(&ns, "plain", json!({}), &[]).await;
+    let run = tree(dir.path(), &[&target(&kind, "plain"), "-n", ns.name()]);
+    assert_eq!(run.code, Some(2), "{}{}", run.out, run.err);
+    assert!(
+        run.err.contains("rule tree does not select it"),
+        "{}",
+        run.err
+    );
 }
 
 const UNSERVED_RULE: &str = r#"

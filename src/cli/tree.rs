@@ -17,7 +17,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{load, print_out};
 use crate::diff::live::{Kinds, Planned, plan_live, to_value, versions_of};
@@ -370,10 +370,7 @@ fn watches_of(rule: &CompiledRule, uid: &str, plan: &crate::plan::Plan) -> Vec<W
 fn rendering(trees: &[Tree], output: TreeOutput) -> String {
     match output {
         TreeOutput::Text => tree::text::print(trees),
-        TreeOutput::Json => {
-            let doc = json!({"ready": trees.iter().all(Tree::ready), "trees": trees});
-            format!("{doc}\n")
-        }
+        TreeOutput::Json => format!("{}\n", tree::to_json(trees)),
     }
 }
 

@@ -154,6 +154,12 @@ impl Tree {
     }
 }
 
+/// `trellis tree -o json`: `{ready, trees}`, `ready` when every tree's
+/// parent is Ready (one tree per rule of the parent's kind that selects it).
+pub fn to_json(trees: &[Tree]) -> Value {
+    serde_json::json!({"ready": trees.iter().all(Tree::ready), "trees": trees})
+}
+
 /// The tree of `parent` under `rule`, from one pass's `plan` over
 /// `observed` (children, related objects and patch targets as read);
 /// `skipped`: why the operator would not run a pass at all.
