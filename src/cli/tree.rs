@@ -122,8 +122,10 @@ fn exit_code(trees: &[Tree]) -> ExitCode {
 
 /// The parent named on the command line and the rules that serve it.
 struct Viewer {
-    rules: Vec<Arc<CompiledRule>>,
+    /// The rules of the parent's kind, each with the kinds it touches.
+    rules: Vec<(Arc<CompiledRule>, Kinds)>,
     gvk: Gvk,
+    /// The parent's kind and every kind its rules touch.
     kinds: Kinds,
     name: String,
     /// `None` for a cluster-scoped kind.
@@ -151,8 +153,25 @@ impl Viewer {
     async fn new(client: &Client, set: &RuleSet, request: &TreeArgs) -> Result<Viewer, String> {
         let (gvk, rules, name) =
             target::resolve(set, &request.target).map_err(|e| e.to_string())?;
-        let first = rules.first().ok_or("no rule")?;
-        let kinds = Kinds::of(client, first).await?;
+        // Each rule's kinds (resolved once), and every kind any of them
+        // touches, for the watches.
+        let mut resolved = Vec::new();
+        let mut kinds: Option<Kinds> = None;
+        for rule in rules {
+            let own = Kinds::of(client, rule).await?;
+            let all = kinds.get_or_insert_with(|| Kinds {
+                parent: own.parent.clone(),
+                others: Vec::new(),
+                unserved: Vec::new(),
+            });
+            for kind in &own.others {
+                if all.find(&kind.gvk.group, &kind.gvk.kind).is_none() {
+                    all.others.push(kind.clone());
+                }
+            }
+            resolved.push((rule.clone(), own));
+        }
+        let kinds = kinds.ok_or("no rule")?;
         let namespace = kinds.parent.namespaced.then(|| {
             request
                 .namespace
@@ -160,7 +179,7 @@ impl Viewer {
                 .unwrap_or_else(|| client.default_namespace().to_owned())
         });
         Ok(Viewer {
-            rules: rules.into_iter().cloned().collect(),
+            rules: resolved,
             gvk,
             kinds,
             name,
@@ -190,16 +209,16 @@ impl Viewer {
             .map_err(|e| format!("{}: {e}", self.describe()))?
             .ok_or_else(|| format!("{} does not exist", self.describe()))?;
         let parent = to_value(parent, &self.kinds.parent);
-        let serving: Vec<&Arc<CompiledRule>> = self
+        let serving: Vec<&(Arc<CompiledRule>, Kinds)> = self
             .rules
             .iter()
-            .filter(|r| crate::plan::parent_matches(r, &parent))
+            .filter(|(r, _)| crate::plan::parent_matches(r, &parent))
             .collect();
         if serving.is_empty() {
             let why: Vec<String> = self
                 .rules
                 .iter()
-                .filter_map(|r| {
+                .filter_map(|(r, _)| {
                     crate::plan::why_not_selected(r, &parent)
                         .map(|why| format!("rule {} does not select it: {why}", r.name))
                 })
@@ -220,14 +239,13 @@ impl Viewer {
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        for rule in serving {
-            let kinds = Kinds::of(client, rule).await?;
+        for (rule, kinds) in serving {
             let mut notes = Vec::new();
             let versions = versions_of(client, &self.operator_namespace, rule, &mut notes).await;
             for note in notes {
                 stderr!("note: {note}");
             }
-            let tree = match plan_live(client, rule, versions.as_ref(), &kinds, &parent).await? {
+            let tree = match plan_live(client, rule, versions.as_ref(), kinds, &parent).await? {
                 Planned::Skipped(why) => {
                     let none = crate::plan::Observed::default();
                     let plan = crate::plan::Plan::default();
