@@ -44,6 +44,8 @@ if [[ "$MODE" != cluster ]]; then
     for parent in "${parents[@]}"; do
         if grep -q '^kind: WebApp' "$parent"; then
             CANNOT[$(target_of "$parent")]="no node: its Deployment's Pods never run"
+        elif grep -q '^kind: Deployment' "$parent"; then
+            CANNOT[$(target_of "$parent")]="no node: its Pods never run, so it is never Available"
         fi
     done
 fi
@@ -84,15 +86,9 @@ done
 while ((${#waiting[@]})) && ((SECONDS < deadline)); do
     still=()
     for parent in "${waiting[@]}"; do
-        ready=0
-        show_tree "$parent" >/dev/null 2>&1 || ready=$?
-        # A Deployment parent gets no status from trellis: its own Pods
-        # must be Available too.
-        if ((ready == 0)) && [[ "$MODE" == cluster ]] && grep -q '^kind: Deployment' "$parent"; then
-            "$KUBECTL" wait --for=condition=Available --timeout=1s deployment \
-                -n "$(namespace_of "$parent")" "$(target_of "$parent" | cut -d/ -f2)" >/dev/null 2>&1 || ready=1
-        fi
-        ((ready == 0)) || still+=("$parent")
+        # 0: Ready (a Deployment parent, which gets no status from trellis:
+        # its own Available condition, and its rule's children).
+        show_tree "$parent" >/dev/null 2>&1 || still+=("$parent")
     done
     waiting=("${still[@]+"${still[@]}"}")
     if ((${#waiting[@]})); then sleep 2; fi

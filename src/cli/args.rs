@@ -400,9 +400,9 @@ pub enum Command {
     /// name, any case, optionally `.group` (webapp/shop, deployments.apps/api).
     ///
     /// Exit code: 0 the parent is Ready (a built-in kind, which gets no
-    /// status: every included entry ready), 1 it is not, 2 an error (no rule
-    /// for the kind, no such parent). Needs get/list/watch on the rule's
-    /// kinds: `trellis rbac --viewer` prints that ClusterRole.
+    /// status: its own conditions and every included entry ready), 1 it is
+    /// not, 2 an error (no rule for the kind, no such parent). Needs
+    /// get/list/watch on the rule's kinds: `trellis rbac --viewer`.
     Tree(crate::cli::tree::TreeArgs),
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
     Crd {

@@ -68,8 +68,11 @@ pub struct ParentView {
 pub enum ReadyFrom {
     /// The parent's `Ready` condition, as the operator wrote it.
     Condition,
-    /// A built-in parent kind, to which trellis writes no status: the pass,
-    /// every included child existing and ready, nothing held back or failed.
+    /// A built-in parent kind, to which trellis writes no status: its own
+    /// default readiness (as a child's: `status.observedGeneration` current,
+    /// `Available`/`Ready`/`Complete` True where it has them), and its
+    /// rule's pass: every included entry there and ready, nothing held back
+    /// or failed.
     Children,
 }
 
@@ -189,6 +192,7 @@ pub fn build(
         (ready, ReadyFrom::Condition)
     } else {
         let ready = skipped.is_none()
+            && default_ready(parent).is_ok()
             && plan.errors.is_empty()
             && plan.pending.is_empty()
             && lines.iter().all(|l| l.ready != Some(false));

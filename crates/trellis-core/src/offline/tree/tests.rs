@@ -303,7 +303,10 @@ fn the_parent_is_ready_by_its_ready_condition_and_a_built_in_one_by_its_children
         (false, ReadyFrom::Children)
     );
     let live = applied(&deco, &dep, "a");
-    assert!(tree(&deco, &dep, live).ready());
+    assert!(tree(&deco, &dep, live.clone()).ready());
+    // Its own conditions count too, as a child's would.
+    dep["status"] = json!({"conditions": [{"type": "Available", "status": "False"}]});
+    assert!(!tree(&deco, &dep, live).ready());
 }
 
 #[test]

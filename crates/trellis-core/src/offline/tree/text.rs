@@ -83,7 +83,8 @@ fn print_one(tree: &Tree) -> String {
             // Built-in kinds get no status from trellis: say where READY
             // comes from.
             ReadyFrom::Children => {
-                "READY: its rule's entries (no trellis status on a built-in kind)".into()
+                "READY: its own conditions and its rule's entries (built-in kind: no trellis status)"
+                    .into()
             }
         },
     ]);
