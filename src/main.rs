@@ -95,7 +95,15 @@ fn main() -> ExitCode {
         ),
         Command::Schema => cli::schema(),
         Command::Lsp { crds, strict } => cli::lsp(crds.as_deref(), strict),
-        Command::Crd { rules } => cli::crd(&rules),
+        Command::Crd {
+            rules,
+            against_cluster: false,
+        } => cli::crd(&rules),
+        Command::Crd {
+            rules,
+            against_cluster: true,
+        } => cli::crd_against_cluster(&rules),
+        Command::Convert { rules, to, parent } => cli::convert(&rules, &parent, &to),
         Command::Diff {
             rules,
             parent,

@@ -306,9 +306,7 @@ pub enum Command {
         /// on disk only, with a note naming the rules this may miss]
         #[arg(long)]
         from_cluster: bool,
-        /// Print instead the read-only ClusterRole `<name>-viewer` that someone running
-        /// `trellis tree` (or `kubectl get`) on the rules' objects needs: get, list and watch
-        /// on every parent, child, related and patch-target kind [default: off]
+        /// Print only the read-only ClusterRole `<name>-viewer` for `trellis tree` [default: off]
         #[arg(long)]
         viewer: bool,
     },
@@ -388,27 +386,39 @@ pub enum Command {
         #[command(flatten)]
         limits: RenderLimits,
     },
-    /// Against the live cluster (KUBECONFIG or in-cluster): one parent and
-    /// everything its rule keeps for it, nested by dependency
-    ///
-    /// The parent's conditions, then one row per related entry, child object
-    /// and patch target, in dependency order, nested under what it depends
-    /// on: id, kind, namespace/name, READY, SYNCED (the live object holds
-    /// this pass's rendering) and why one is held back, not ready, missing,
-    /// excluded (includeWhen false) or failed. Planned as `trellis diff`
-    /// plans it; nothing is written. KIND: the kind, its plural or a short
-    /// name, any case, optionally `.group` (webapp/shop, deployments.apps/api).
-    ///
-    /// Exit code: 0 the parent is Ready (a built-in kind, which gets no
-    /// status: its own conditions and every included entry ready), 1 it is
-    /// not, 2 an error (no rule for the kind, no such parent). Needs
-    /// get/list/watch on the rule's kinds: `trellis rbac --viewer`.
     Tree(crate::cli::tree::TreeArgs),
+    /// Convert parents to another API version of their kind (`versions:`),
+    /// offline, as the operator's conversion webhook would
+    ///
+    /// Every object in PARENT.yaml (one or more documents, or a List) is
+    /// converted A -> hub -> B with its rule's `toHub`/`fromHub` templates and
+    /// printed as YAML. Exit 0 when every object converted, 1 when one did
+    /// not (its error named), 2 when the rules or the file cannot be read.
+    Convert {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// The version to convert to (`v1`, or `group/v1`)
+        #[arg(long, value_name = "VERSION")]
+        to: String,
+        /// Parent manifest(s) to convert
+        #[arg(value_name = "PARENT.yaml")]
+        parent: PathBuf,
+    },
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
+    ///
+    /// With --against-cluster, print instead whether applying each one over
+    /// the live CRD (KUBECONFIG or in-cluster) would break stored parents or
+    /// clients, one line per breaking change naming version and path;
+    /// nothing is applied. Exit 1 when a change is breaking and its rule
+    /// does not set `crd: {allowBreaking: true}`.
     Crd {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
+        /// Compare with the live CRDs instead of printing [default: off]
+        #[arg(long)]
+        against_cluster: bool,
     },
     /// Staged rollouts of rule changes (`rollout:`), as kept in the cluster:
     /// status, promote, abort

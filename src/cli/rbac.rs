@@ -95,21 +95,14 @@ pub fn rbac(
 /// version that cannot be read back is an error, since the output would
 /// not cover it.
 fn live_versions(set: &RuleSet, namespace: &str) -> Result<Vec<Arc<CompiledRule>>, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            format!("--from-cluster: cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
-        })?;
+    super::with_cluster(|client| async move {
         let mut out = Vec::new();
         for rule in set.rules.iter().filter(|r| r.rollout.is_some()) {
             let stored = versions::list(&client, namespace, &rule.name)
                 .await
                 .map_err(|e| {
                     format!(
-                        "--from-cluster: cannot list the revision ConfigMaps of rule {} in namespace {namespace}: {e}",
+                        "cannot list the revision ConfigMaps of rule {} in namespace {namespace}: {e}",
                         rule.name
                     )
                 })?;
@@ -152,6 +145,7 @@ fn live_versions(set: &RuleSet, namespace: &str) -> Result<Vec<Arc<CompiledRule>
                 out.push(Arc::new(version));
             }
         }
-        Ok(out)
+        Ok::<_, String>(out)
     })
+    .map_err(|e| format!("--from-cluster: {e}"))
 }

@@ -20,7 +20,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
 use super::{load, print_out};
-use crate::diff::live::{Kinds, Planned, plan_live, to_value, versions_of};
+use crate::diff::live::{Kinds, LiveError, Planned, plan_live, to_value, versions_of};
 use crate::kinds::Gvk;
 use crate::offline::tree::{self, Tree, target};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE, RelatedTarget};
@@ -33,7 +33,21 @@ pub enum TreeOutput {
     Json,
 }
 
-/// `trellis tree`'s arguments (its help is on `Command::Tree`).
+/// Against the live cluster (KUBECONFIG or in-cluster): one parent and
+/// everything its rule keeps for it, nested by dependency
+///
+/// The parent's conditions, then one row per related entry, child object
+/// and patch target, in dependency order, nested under what it depends
+/// on: id, kind, namespace/name, READY, SYNCED (the live object holds
+/// this pass's rendering) and why one is held back, not ready, missing,
+/// excluded (includeWhen false) or failed. Planned as `trellis diff`
+/// plans it; nothing is written. KIND: the kind, its plural or a short
+/// name, any case, optionally `.group` (webapp/shop, deployments.apps/api).
+///
+/// Exit code: 0 the parent is Ready (a built-in kind, which gets no
+/// status: its own conditions and every included entry ready), 1 it is
+/// not, 2 an error (no rule for the kind, no such parent). Needs
+/// get/list/watch on the rule's kinds: `trellis rbac --viewer`.
 #[derive(Debug, clap::Args)]
 pub struct TreeArgs {
     /// Rules directory (repeatable)
@@ -64,6 +78,20 @@ pub struct TreeArgs {
 
 const ERROR: u8 = 2;
 
+/// Why `trellis tree` shows nothing (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    #[error(transparent)]
+    Target(#[from] target::TargetError),
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    #[error("{0} does not exist")]
+    ParentMissing(String),
+    /// Every rule of the kind leaves the parent out (selector, namespaces).
+    #[error("{parent}: {why}")]
+    NotSelected { parent: String, why: String },
+}
+
 /// `trellis tree`: exit 0 when the parent is Ready, 1 when it is not, 2 on
 /// an error (no rule for the kind, no such parent, the cluster not
 /// answering). With `--watch`, runs until interrupted.
@@ -71,49 +99,25 @@ pub fn tree(request: TreeArgs) -> ExitCode {
     let Ok(set) = load(&request.rules, request.limits.limits()) else {
         return ExitCode::from(ERROR);
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            stderr!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(ERROR);
-        }
-    };
-    runtime.block_on(async {
-        let client = match Client::try_default().await {
-            Ok(client) => client,
-            Err(e) => {
-                stderr!(
-                    "error: cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}"
-                );
-                return ExitCode::from(ERROR);
-            }
-        };
-        let viewer = match Viewer::new(&client, &set, &request).await {
-            Ok(viewer) => viewer,
-            Err(e) => {
-                stderr!("error: {e}");
-                return ExitCode::from(ERROR);
-            }
-        };
-        let seen = match viewer.look(&client).await {
-            Ok(seen) => seen,
-            Err(e) => {
-                stderr!("error: {e}");
-                return ExitCode::from(ERROR);
-            }
-        };
+    let result = super::with_cluster(|client| async move {
+        let viewer = Viewer::new(&client, &set, &request).await?;
+        let seen = viewer.look(&client).await?;
         let code = match show(&seen, request.output, false) {
             Ok(()) => exit_code(&seen.trees),
-            Err(code) => return code,
+            Err(code) => return Ok::<_, TreeError>(code),
         };
         if !request.watch {
-            return code;
+            return Ok(code);
         }
-        viewer.watch(&client, seen, request.output).await
-    })
+        Ok(viewer.watch(&client, seen, request.output).await)
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            stderr!("error: {e}");
+            ExitCode::from(ERROR)
+        }
+    }
 }
 
 fn exit_code(trees: &[Tree]) -> ExitCode {
@@ -150,9 +154,8 @@ struct WatchSpec {
 }
 
 impl Viewer {
-    async fn new(client: &Client, set: &RuleSet, request: &TreeArgs) -> Result<Viewer, String> {
-        let (gvk, rules, name) =
-            target::resolve(set, &request.target).map_err(|e| e.to_string())?;
+    async fn new(client: &Client, set: &RuleSet, request: &TreeArgs) -> Result<Viewer, TreeError> {
+        let (gvk, rules, name) = target::resolve(set, &request.target)?;
         // Each rule's kinds (resolved once), and every kind any of them
         // touches, for the watches.
         let mut resolved = Vec::new();
@@ -171,7 +174,11 @@ impl Viewer {
             }
             resolved.push((rule.clone(), own));
         }
-        let kinds = kinds.ok_or("no rule")?;
+        // `resolve` names at least one rule; none would be no rule at all.
+        let kinds = kinds.ok_or_else(|| target::TargetError::NoRule {
+            kind: request.target.clone(),
+            known: String::new(),
+        })?;
         let namespace = kinds.parent.namespaced.then(|| {
             request
                 .namespace
@@ -198,7 +205,7 @@ impl Viewer {
     }
 
     /// Reads the parent and plans each of its rules' passes.
-    async fn look(&self, client: &Client) -> Result<Seen, String> {
+    async fn look(&self, client: &Client) -> Result<Seen, TreeError> {
         let api: Api<DynamicObject> = self
             .kinds
             .parent
@@ -206,8 +213,11 @@ impl Viewer {
         let parent = api
             .get_opt(&self.name)
             .await
-            .map_err(|e| format!("{}: {e}", self.describe()))?
-            .ok_or_else(|| format!("{} does not exist", self.describe()))?;
+            .map_err(|source| LiveError::Api {
+                what: self.describe(),
+                source,
+            })?
+            .ok_or_else(|| TreeError::ParentMissing(self.describe()))?;
         let parent = to_value(parent, &self.kinds.parent);
         let serving: Vec<&(Arc<CompiledRule>, Kinds)> = self
             .rules
@@ -223,7 +233,10 @@ impl Viewer {
                         .map(|why| format!("rule {} does not select it: {why}", r.name))
                 })
                 .collect();
-            return Err(format!("{}: {}", self.describe(), why.join("; ")));
+            return Err(TreeError::NotSelected {
+                parent: self.describe(),
+                why: why.join("; "),
+            });
         }
         let mut seen = Seen {
             trees: Vec::new(),

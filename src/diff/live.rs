@@ -7,8 +7,8 @@
 //! Where the operator would skip a write (a `createOnly` child that exists,
 //! a child whose live object carries this rendering's hash and every field
 //! it sets), so does this, with the same functions
-//! ([`crate::operator::live_render_hash`], [`crate::drift::drifted`],
-//! [`crate::operator::foreign_owner`]).
+//! ([`crate::ownership::live_render_hash`], [`crate::drift::drifted`],
+//! [`crate::ownership::foreign_owner`]).
 
 use std::collections::BTreeSet;
 
@@ -29,8 +29,10 @@ use dry_run::{child_change, patch_change, status_changes};
 
 mod dry_run;
 mod fetched;
+mod planned;
 
 use fetched::Fetched;
+pub(crate) use planned::{Planned, plan_live};
 
 /// Which parents to diff.
 pub enum Target<'a> {
@@ -52,6 +54,34 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+/// Why `trellis diff` against a cluster could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The 404 of discovery says little: say what is likely missing.
+    #[error("{0} is not served by the API server (is its CRD installed?)")]
+    ParentNotServed(Gvk),
+    #[error(transparent)]
+    NotServed(#[from] crate::operator::discovery::NotServed),
+    #[error("the parent manifest needs apiVersion, kind and metadata.name")]
+    IncompleteManifest,
+    #[error("no rule has parent {0}")]
+    NoRuleForParent(Gvk),
+    #[error("no rule named `{0}`")]
+    NoSuchRule(String),
+    #[error("{0} does not exist on the cluster (diff compares a live parent)")]
+    ParentMissing(String),
+    /// A read or a dry-run write the API server refused; `what` names it.
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube::Error },
+}
+
+impl LiveError {
+    fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LiveError {
+        let what = what.into();
+        move |source| LiveError::Api { what, source }
+    }
+}
+
 /// Every kind one rule touches, resolved through discovery.
 pub(crate) struct Kinds {
     pub(crate) parent: Resolved,
@@ -64,14 +94,10 @@ pub(crate) struct Kinds {
 }
 
 impl Kinds {
-    pub(crate) async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, String> {
-        // The 404 of discovery says little: say what is likely missing.
-        let parent = resolve(client, &rule.parent).await.map_err(|_| {
-            format!(
-                "{} is not served by the API server (is its CRD installed?)",
-                rule.parent
-            )
-        })?;
+    pub(crate) async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, LiveError> {
+        let parent = resolve(client, &rule.parent)
+            .await
+            .map_err(|_| LiveError::ParentNotServed(rule.parent.clone()))?;
         let mut others: Vec<Resolved> = Vec::new();
         let mut unserved: Vec<(Gvk, String)> = Vec::new();
         let children = rule.children.iter().map(|c| (c.gvk.clone(), true));
@@ -87,8 +113,8 @@ impl Kinds {
             }
             match resolve(client, &gvk).await {
                 Ok(kind) => others.push(kind),
-                Err(why) if !required => unserved.push((gvk, why)),
-                Err(why) => return Err(why),
+                Err(why) if !required => unserved.push((gvk, why.to_string())),
+                Err(why) => return Err(why.into()),
             }
         }
         Ok(Kinds {
@@ -136,7 +162,11 @@ fn describe(kind: &str, namespace: Option<&str>, name: &str) -> String {
 
 /// Diffs the targeted parents. `Err` when the cluster cannot answer (or the
 /// manifest names no rule's parent); a failing pass is reported in the diff.
-pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result<Report, String> {
+pub async fn diff(
+    client: &Client,
+    set: &RuleSet,
+    target: &Target<'_>,
+) -> Result<Report, LiveError> {
     let home = crate::operator::home::operator_namespace(None);
     diff_as(client, set, target, &home).await
 }
@@ -149,7 +179,7 @@ pub async fn diff_as(
     set: &RuleSet,
     target: &Target<'_>,
     operator_namespace: &str,
-) -> Result<Report, String> {
+) -> Result<Report, LiveError> {
     let writer = |rule: &CompiledRule| match &rule.rule.spec.service_account_name {
         Some(account) => crate::operator::identity::impersonating(
             client.clone(),
@@ -164,12 +194,12 @@ pub async fn diff_as(
             let (Some(api_version), Some(kind), Some(name)) =
                 (s("/apiVersion"), s("/kind"), s("/metadata/name"))
             else {
-                return Err("the parent manifest needs apiVersion, kind and metadata.name".into());
+                return Err(LiveError::IncompleteManifest);
             };
             let gvk = Gvk::new(api_version, kind);
             let rules: Vec<_> = set.for_parent(&gvk).collect();
             if rules.is_empty() {
-                return Err(format!("no rule has parent {api_version} {kind}"));
+                return Err(LiveError::NoRuleForParent(gvk));
             }
             for rule in rules {
                 let kinds = Kinds::of(client, rule).await?;
@@ -179,13 +209,8 @@ pub async fn diff_as(
                 let live = api(client, &kinds.parent, namespace)
                     .get_opt(name)
                     .await
-                    .map_err(|e| format!("{}: {e}", describe(kind, namespace, name)))?
-                    .ok_or_else(|| {
-                        format!(
-                            "{} does not exist on the cluster (diff compares a live parent)",
-                            describe(kind, namespace, name)
-                        )
-                    })?;
+                    .map_err(LiveError::api(describe(kind, namespace, name)))?
+                    .ok_or_else(|| LiveError::ParentMissing(describe(kind, namespace, name)))?;
                 let live = to_value(live, &kinds.parent);
                 report.diffs.push(
                     diff_parent(
@@ -204,7 +229,7 @@ pub async fn diff_as(
             if let Some(name) = rule
                 && set.get(name).is_none()
             {
-                return Err(format!("no rule named `{name}`"));
+                return Err(LiveError::NoSuchRule(name.clone()));
             }
             for r in &set.rules {
                 if rule.as_ref().is_some_and(|n| *n != r.name) {
@@ -220,7 +245,7 @@ pub async fn diff_as(
                 let parents = api(client, &kinds.parent, namespace.as_deref())
                     .list(&ListParams::default())
                     .await
-                    .map_err(|e| format!("listing {}: {e}", r.parent))?;
+                    .map_err(LiveError::api(format!("listing {}", r.parent)))?;
                 let mut parents: Vec<Value> = parents
                     .items
                     .into_iter()
@@ -277,7 +302,7 @@ async fn diff_parent(
     versions: Option<&crate::operator::versions::Versions>,
     kinds: &Kinds,
     parent: &Value,
-) -> Result<ParentDiff, String> {
+) -> Result<ParentDiff, LiveError> {
     let rule: &CompiledRule = newest;
     let s = |p: &str| parent.pointer(p).and_then(Value::as_str);
     let (name, namespace) = (
@@ -404,66 +429,6 @@ async fn diff_parent(
     Ok(out)
 }
 
-/// One live parent's pass, as the operator would plan it now.
-pub(crate) enum Planned {
-    /// The operator's entry checks stop it (paused, being deleted, out of
-    /// scope): why.
-    Skipped(String),
-    Pass {
-        /// The version that renders this parent (during a staged
-        /// rollout, the one it is due to run).
-        rule: std::sync::Arc<CompiledRule>,
-        /// The children, related objects and patch targets read.
-        observed: Observed,
-        plan: Box<plan::Plan>,
-    },
-}
-
-/// Plans one pass over the live `parent` exactly as the operator would:
-/// its entry checks, its children as the caches hold them, the version it
-/// is due to run, and the related objects and patch targets the pass reads
-/// (`trellis diff` and `trellis tree` both start here). Reads only.
-pub(crate) async fn plan_live(
-    client: &Client,
-    newest: &std::sync::Arc<CompiledRule>,
-    versions: Option<&crate::operator::versions::Versions>,
-    kinds: &Kinds,
-    parent: &Value,
-) -> Result<Planned, String> {
-    // The operator's entry checks, in the operator's order.
-    if let Some(why) = crate::pass::entry(newest, parent, None).skipped() {
-        return Ok(Planned::Skipped(why));
-    }
-    let uid = parent
-        .pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-
-    // The children, as the operator's caches hold them.
-    let objects = live_children(client, newest, kinds, uid).await?;
-    let rule = match versions {
-        None => newest.clone(),
-        Some(v) => {
-            let on = parent
-                .pointer("/status/ruleRevision")
-                .or_else(|| {
-                    objects.iter().find_map(|o| {
-                        o.pointer("/metadata/labels")?
-                            .get(crate::plan::LABEL_REVISION)
-                    })
-                })
-                .and_then(Value::as_str);
-            v.rule_for(newest, uid, on)
-        }
-    };
-    let (observed, plan) = plan_with_reads(client, &rule, kinds, parent, objects).await?;
-    Ok(Planned::Pass {
-        rule,
-        observed,
-        plan: Box::new(plan),
-    })
-}
-
 /// The rule's children of one parent, as the operator's caches hold them:
 /// one labelled list per child kind.
 async fn live_children(
@@ -471,7 +436,7 @@ async fn live_children(
     rule: &CompiledRule,
     kinds: &Kinds,
     uid: &str,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, LiveError> {
     let mut objects = Vec::new();
     let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
     for child in &rule.children {
@@ -487,7 +452,7 @@ async fn live_children(
         let list = api(client, kind, None)
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(|e| format!("listing {} children: {e}", child.gvk))?;
+            .map_err(LiveError::api(format!("listing {} children", child.gvk)))?;
         objects.extend(
             list.items
                 .into_iter()
@@ -505,7 +470,7 @@ async fn plan_with_reads(
     kinds: &Kinds,
     parent: &Value,
     mut objects: Vec<Value>,
-) -> Result<(Observed, plan::Plan), String> {
+) -> Result<(Observed, plan::Plan), LiveError> {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let scope_of = |g: &Gvk| kinds.scope_of(g);
     let mut fetched: BTreeSet<String> = BTreeSet::new();
@@ -550,13 +515,16 @@ async fn fetch_related(
     client: &Client,
     kinds: &Kinds,
     read: &RelatedRead,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, LiveError> {
     let gvk = Gvk::new(&read.api_version, &read.kind);
     let Some(kind) = kinds.find(&gvk.group, &gvk.kind) else {
         return Ok(Vec::new());
     };
     let api = api(client, kind, read.namespace.as_deref());
-    let fail = |e: kube::Error| format!("reading related `{}` ({gvk}): {e}", read.id);
+    let fail = |source: kube::Error| LiveError::Api {
+        what: format!("reading related `{}` ({gvk})", read.id),
+        source,
+    };
     match &read.target {
         RelatedTarget::Name(name) => Ok(api
             .get_opt(name)

@@ -71,9 +71,6 @@ use leadership::{leader, shards};
 use pass::summary;
 
 pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
-/// What a pass decides about an existing object, shared with `trellis diff`.
-pub use pass::apply::{foreign_owner, live_render_hash};
-pub use pass::status_write::status_patch;
 
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";

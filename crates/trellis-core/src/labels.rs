@@ -7,6 +7,8 @@
 use sha2::{Digest, Sha256};
 
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Every label and annotation of trellis's own starts with this.
+pub const LABEL_PREFIX: &str = "trellis.dev/";
 pub const LABEL_RULE: &str = "trellis.dev/rule";
 pub const LABEL_CHILD: &str = "trellis.dev/child";
 pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";

@@ -68,6 +68,34 @@ pub struct Apply {
     /// SHA-256 of the rendered object (before the hash annotation is added):
     /// the operator skips unchanged applies and `recreate` compares it.
     pub hash: String,
+    /// The child's `handOff` paths as keys: left out of the apply once
+    /// another manager owns them ([`crate::ownership::handed_off`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hand_off: Vec<Vec<String>>,
+}
+
+impl Apply {
+    /// The rendering as drift detection compares it with the live object:
+    /// without the `handOff` paths, which differ from the rendering only
+    /// once someone else has changed them, and are then theirs.
+    pub fn compared(&self) -> std::borrow::Cow<'_, Value> {
+        if self.hand_off.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.object);
+        }
+        let all: Vec<&[String]> = self.hand_off.iter().map(Vec::as_slice).collect();
+        std::borrow::Cow::Owned(crate::ownership::without_fields(&self.object, &all))
+    }
+
+    /// What an apply over `live` (read with its `managedFields`) sends as
+    /// field manager `manager`: the rendering, less the `handOff` paths
+    /// another manager owns there.
+    pub fn body_over(&self, live: &Value, manager: &str) -> std::borrow::Cow<'_, Value> {
+        let taken = crate::ownership::handed_off(live, &self.hand_off, manager);
+        if taken.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.object);
+        }
+        std::borrow::Cow::Owned(crate::ownership::without_fields(&self.object, &taken))
+    }
 }
 
 /// An observed child to delete.
@@ -504,6 +532,7 @@ use conditions::{Outcomes, build_status, child_ready, status_for_failure};
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
 pub use outcome::EntryOutcome;
+pub use parent::parent_context;
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches, why_not_selected};
 pub use patch::{PatchApply, Release, TARGET_NOT_FOUND, field_manager, has_manager};

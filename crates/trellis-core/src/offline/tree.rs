@@ -457,7 +457,7 @@ fn child_lines(child: &CompiledChild, live: &Live, plan: &Plan) -> Vec<Line> {
                             Some(_) => None,
                         };
                         (l.ready, l.reason) = first.readiness(not_ready, &apply.key, after);
-                        l.synced = Some(synced(apply.policy, &apply.object, &apply.hash, live));
+                        l.synced = Some(synced(apply, live));
                     }
                 }
                 out.push(l);

@@ -159,7 +159,10 @@ pub(super) fn build_status(
                     None => rule.engine.eval(*expr, base, &what),
                 };
                 match value.and_then(|v| {
-                    render::to_json(&v).map_err(|message| RenderError { what, message })
+                    render::to_json(&v).map_err(|e| RenderError {
+                        what,
+                        message: e.to_string(),
+                    })
                 }) {
                     Ok(v) => Some(v),
                     Err(err) => {

@@ -131,6 +131,7 @@ pub(super) fn finish_object(
         object: Value::Object(obj),
         owned,
         hash,
+        hand_off: child.hand_off.clone(),
     })
 }
 

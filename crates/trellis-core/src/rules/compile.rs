@@ -22,6 +22,7 @@ use crate::yaml::LineIndex;
 
 mod checker;
 mod entry;
+mod hand_off;
 mod lint;
 mod order;
 mod patch;
@@ -29,6 +30,7 @@ mod related;
 pub mod scope;
 mod shape;
 mod status;
+pub mod versions;
 
 use checker::Checker;
 pub use checker::code_line;
@@ -79,6 +81,10 @@ pub struct CompiledRule {
     pub template_files: BTreeMap<String, String>,
     /// `spec.rollout`, checked: a change moves parents in steps.
     pub rollout: Option<super::rollout::Settings>,
+    /// `spec.versions`: every served version but the hub (the parent's).
+    pub versions: Vec<versions::CompiledVersion>,
+    /// The version parents are stored in (`spec.storageVersion`, else the hub).
+    pub storage_version: String,
 }
 
 impl CompiledRule {
@@ -119,6 +125,8 @@ pub struct CompiledChild {
     pub depends_on_patches: Vec<usize>,
     /// The vars its template and expressions read.
     pub reads_vars: VarReads,
+    /// `handOff`, each path as keys ([`crate::ownership::parse_path`]).
+    pub hand_off: Vec<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -197,6 +205,8 @@ pub(super) fn compile(
         None => (Vec::new(), Vec::new()),
     };
 
+    let (versions, storage_version) = versions::compile(&mut ck, &mut builder, spec, &parent);
+
     let (crd, findings) = super::crd::generate(&rule);
     for f in findings {
         if f.error {
@@ -222,6 +232,8 @@ pub(super) fn compile(
         revision,
         template_files: entries.template_files,
         rollout: settings.rollout,
+        versions,
+        storage_version,
         parent,
         engine,
         related: entries.related,

@@ -19,6 +19,7 @@
 //! learn from CRDs read from disk is `crate::crd`.
 
 pub mod schema;
+pub mod versions;
 
 #[cfg(test)]
 mod tests;
@@ -134,6 +135,8 @@ pub fn generate(rule: &Rule) -> (Option<Value>, Vec<Finding>) {
             }],
         },
     });
+    let mut doc = doc;
+    versions::extend(&mut conv, rule, &mut doc);
     let ok = !conv.has_errors();
     (ok.then_some(doc), conv.findings)
 }

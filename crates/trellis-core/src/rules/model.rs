@@ -17,9 +17,11 @@ pub use crate::kinds::Scope;
 
 mod crd;
 mod rollout;
+mod versions;
 
 pub use crd::{CelValidation, ColumnType, CrdSpec, PrinterColumn};
 pub use rollout::{MaxFailedSpec, OnFailure, RolloutHealth, RolloutSpec, RolloutStep};
+pub use versions::VersionSpec;
 
 pub const API_VERSION: &str = "trellis.dev/v1alpha1";
 pub const KIND: &str = "Rule";
@@ -98,6 +100,13 @@ pub struct RuleSpec {
     /// Without it a new version reaches every parent at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
+    /// Every other served API version of the parent kind (its CRD is
+    /// generated: `crd:`), oldest first; the hub is `parent.apiVersion`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<VersionSpec>,
+    /// The version parents are stored in (default: the hub's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_version: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -217,6 +226,12 @@ pub struct ChildSpec {
     /// ownership removed) instead of deleting it.
     #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
     pub deletion_policy: DeletionPolicy,
+    /// Fields (`spec.replicas`, `metadata.annotations["a/b"]`) trellis sets
+    /// when it makes the object and stops sending once another field
+    /// manager has changed them (an HPA, `kubectl scale`): it never fights
+    /// for them, and drift detection ignores them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hand_off: Vec<String>,
 }
 
 /// What becomes of a child when its parent goes or it is no longer rendered.
@@ -304,6 +319,7 @@ impl PatchSpec {
             plural: self.plural.clone(),
             scope: self.scope,
             deletion_policy: DeletionPolicy::Delete,
+            hand_off: Vec::new(),
         }
     }
 }

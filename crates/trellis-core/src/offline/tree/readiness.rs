@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use crate::plan::ObjectKey;
+use crate::ownership::live_render_hash;
+use crate::plan::{Apply, ObjectKey};
 use crate::rules::model::Policy;
 
 /// Per-object readiness of an entry of several objects (`forEach`) from
@@ -73,15 +74,13 @@ pub(super) fn is_about(not_ready: &Option<String>, key: &ObjectKey) -> bool {
         .is_some_and(|why| why.starts_with(&format!("{key} ")))
 }
 
-/// The operator's skip test: a live child holding this rendering needs no
+/// The operator's skip test: a live child carrying this rendering's hash
+/// and holding every field it sets (less its `handOff` paths) needs no
 /// write. `createOnly` children are never written again once they exist.
-pub(super) fn synced(policy: Policy, rendered: &Value, hash: &str, live: &Value) -> bool {
-    if policy == Policy::CreateOnly {
+pub(super) fn synced(apply: &Apply, live: &Value) -> bool {
+    if apply.policy == Policy::CreateOnly {
         return true;
     }
-    let live_hash = live
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(crate::labels::ANNOTATION_RENDER_HASH))
-        .and_then(Value::as_str);
-    live_hash == Some(hash) && !crate::drift::drifted(rendered, live)
+    live_render_hash(live) == Some(apply.hash.as_str())
+        && !crate::drift::drifted(&apply.compared(), live)
 }

@@ -142,6 +142,7 @@ impl Entry<'_, '_> {
         );
 
         let deps = dependencies(ck, spec, role, i, &at, child, &reads);
+        let hand_off = super::hand_off::compile(ck, &at, child);
         Some(CompiledChild {
             spec: child.clone(),
             gvk: Gvk::new(&child.api_version, &child.kind),
@@ -153,6 +154,7 @@ impl Entry<'_, '_> {
             depends_on_related: deps.related,
             depends_on_patches: deps.patches,
             reads_vars: VarReads::of(&reads),
+            hand_off,
         })
     }
 }
@@ -276,8 +278,8 @@ fn template_source(
                 template_files.insert(rel.clone(), text.clone());
                 Some(text)
             }
-            Err(message) => {
-                ck.error(&format!("{at}.templateFile"), message);
+            Err(err) => {
+                ck.error(&format!("{at}.templateFile"), err.to_string());
                 None
             }
         },

@@ -40,6 +40,10 @@ pub struct CrdSpec {
     /// (each one is kept as any value otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_schema: Option<Value>,
+    /// Apply a changed CRD even when the change would break stored parents
+    /// or clients (`--manage-crds` refuses such a change otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_breaking: bool,
 }
 
 /// One `kubectl get` column of the generated CRD.
