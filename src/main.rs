@@ -93,10 +93,14 @@ fn main() -> ExitCode {
             manage_crds,
             operator_namespace,
             from_cluster,
+            viewer,
         } => cli::rbac(
             &rules,
             &name,
-            manage_crds,
+            cli::RbacRoles {
+                manage_crds,
+                viewer,
+            },
             &operator_namespace,
             from_cluster,
         ),
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
             operator_namespace,
             limits.limits(),
         ),
+        Command::Tree(args) => cli::tree(args),
         Command::Graph {
             rules,
             rule,

@@ -373,6 +373,9 @@ pub enum Command {
         /// on disk only, with a note naming the rules this may miss]
         #[arg(long)]
         from_cluster: bool,
+        /// Print only the read-only ClusterRole `<name>-viewer` for `trellis tree` [default: off]
+        #[arg(long)]
+        viewer: bool,
     },
     /// Print the JSON Schema of the rule format
     Schema,
@@ -450,6 +453,7 @@ pub enum Command {
         #[command(flatten)]
         limits: RenderLimits,
     },
+    Tree(crate::cli::tree::TreeArgs),
     /// Convert parents to another API version of their kind (`versions:`),
     /// offline, as the operator's conversion webhook would
     ///

@@ -24,6 +24,7 @@ mod commands;
 mod rbac;
 mod render;
 mod rollout;
+pub mod tree;
 
 pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
@@ -31,9 +32,10 @@ pub use args::{
 };
 pub use check::{check, lsp};
 pub use commands::{convert, crd, crd_against_cluster, crd_documents, diff, graph, schema};
-pub use rbac::rbac;
+pub use rbac::{RbacRoles, rbac};
 pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
+pub use tree::tree;
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).
 pub fn init_logging(format: LogFormat) {

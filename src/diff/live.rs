@@ -28,6 +28,11 @@ use crate::rules::{CompiledRule, RuleSet};
 use dry_run::{child_change, patch_change, status_changes};
 
 mod dry_run;
+mod fetched;
+mod planned;
+
+use fetched::Fetched;
+pub(crate) use planned::{Planned, plan_live};
 
 /// Which parents to diff.
 pub enum Target<'a> {
@@ -78,33 +83,48 @@ impl LiveError {
 }
 
 /// Every kind one rule touches, resolved through discovery.
-struct Kinds {
-    parent: Resolved,
-    /// Child and related kinds.
-    others: Vec<Resolved>,
+pub(crate) struct Kinds {
+    pub(crate) parent: Resolved,
+    /// Child, related and patch-target kinds.
+    pub(crate) others: Vec<Resolved>,
+    /// Related and patch-target kinds the API server does not serve, and
+    /// why: as in the operator, their entries hold back only their readers
+    /// (`RelatedKindNotServed`), never the whole pass.
+    pub(crate) unserved: Vec<(Gvk, String)>,
 }
 
 impl Kinds {
-    async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, LiveError> {
+    pub(crate) async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, LiveError> {
         let parent = resolve(client, &rule.parent)
             .await
             .map_err(|_| LiveError::ParentNotServed(rule.parent.clone()))?;
         let mut others: Vec<Resolved> = Vec::new();
-        let gvks = rule
-            .children
+        let mut unserved: Vec<(Gvk, String)> = Vec::new();
+        let children = rule.children.iter().map(|c| (c.gvk.clone(), true));
+        let reads = rule
+            .related
             .iter()
-            .map(|c| c.gvk.clone())
-            .chain(rule.related.iter().map(|r| r.gvk.clone()))
-            .chain(rule.patches.iter().map(|p| p.gvk.clone()));
-        for gvk in gvks {
-            if !others.iter().any(|o| o.gvk == gvk) {
-                others.push(resolve(client, &gvk).await?);
+            .map(|r| r.gvk.clone())
+            .chain(rule.patches.iter().map(|p| p.gvk.clone()))
+            .map(|gvk| (gvk, false));
+        for (gvk, required) in children.chain(reads) {
+            if others.iter().any(|o| o.gvk == gvk) || unserved.iter().any(|(g, _)| *g == gvk) {
+                continue;
+            }
+            match resolve(client, &gvk).await {
+                Ok(kind) => others.push(kind),
+                Err(why) if !required => unserved.push((gvk, why.to_string())),
+                Err(why) => return Err(why.into()),
             }
         }
-        Ok(Kinds { parent, others })
+        Ok(Kinds {
+            parent,
+            others,
+            unserved,
+        })
     }
 
-    fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
+    pub(crate) fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
         std::iter::once(&self.parent)
             .chain(&self.others)
             .find(|k| k.gvk.group == group && k.gvk.kind == kind)
@@ -125,7 +145,7 @@ fn api(client: &Client, kind: &Resolved, namespace: Option<&str>) -> Api<Dynamic
 }
 
 /// An object as JSON, with its apiVersion/kind (list items may lack them).
-fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
+pub(crate) fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
     obj.types = Some(TypeMeta {
         api_version: kind.resource.api_version.clone(),
         kind: kind.resource.kind.clone(),
@@ -249,7 +269,7 @@ pub async fn diff_as(
 
 /// For a rule with `rollout:`, its versions as the cluster keeps them (so
 /// each parent is diffed against the version it is due to run).
-async fn versions_of(
+pub(crate) async fn versions_of(
     client: &Client,
     operator_namespace: &str,
     rule: &std::sync::Arc<CompiledRule>,
@@ -294,30 +314,19 @@ async fn diff_parent(
         parent: describe(&rule.parent.kind, namespace, name),
         ..ParentDiff::default()
     };
-    // The operator's entry checks, in the operator's order.
-    if let Some(why) = crate::pass::entry(rule, parent, None).skipped() {
-        out.skipped = Some(why);
-        return Ok(out);
-    }
+    let (rule, observed, pass) = match plan_live(client, newest, versions, kinds, parent).await? {
+        Planned::Skipped(why) => {
+            out.skipped = Some(why);
+            return Ok(out);
+        }
+        Planned::Pass {
+            rule,
+            observed,
+            plan,
+        } => (rule, observed, plan),
+    };
+    let rule: &CompiledRule = &rule;
     let uid = s("/metadata/uid").unwrap_or_default();
-
-    // The children, as the operator's caches hold them.
-    let objects = live_children(client, rule, kinds, uid).await?;
-    let due = versions.map(|v| {
-        let on = parent
-            .pointer("/status/ruleRevision")
-            .or_else(|| {
-                objects.iter().find_map(|o| {
-                    o.pointer("/metadata/labels")?
-                        .get(crate::plan::LABEL_REVISION)
-                })
-            })
-            .and_then(Value::as_str);
-        v.rule_for(newest, uid, on)
-    });
-    let rule: &CompiledRule = due.as_deref().unwrap_or(rule);
-
-    let (observed, pass) = plan_with_reads(client, rule, kinds, parent, objects).await?;
 
     for apply in &pass.apply {
         let change =
@@ -470,6 +479,10 @@ async fn plan_with_reads(
     let mut rounds = 0;
     loop {
         observed = Observed::from_objects(objects.iter().cloned());
+        if !kinds.unserved.is_empty() {
+            let fetched = Fetched::new(&observed, &kinds.unserved);
+            observed = observed.with_related(std::sync::Arc::new(fetched));
+        }
         pass = plan::plan(
             rule,
             &Input {

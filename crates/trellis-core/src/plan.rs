@@ -190,6 +190,9 @@ pub struct Plan {
     /// Children no longer rendered with `deletionPolicy: retain`: released
     /// (kept without anything of trellis's) instead of deleted.
     pub retain: Vec<Delete>,
+    /// What became of each child, patch and related entry, by id (empty
+    /// when the pass stopped before planning them: see `errors`).
+    pub outcomes: BTreeMap<String, EntryOutcome>,
 }
 
 /// Inputs of [`plan`] besides the rule.
@@ -360,6 +363,8 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         plan.failure_reason = Some(FailureReason::RenderError);
     }
 
+    plan.outcomes = outcome::collect(rule, &outcome, &patched.outcome, &related_states);
+
     if rule.writes_status() {
         let inventory = inventory::entries(rule, &plan, &outcome, &observed, &desired_keys);
         let outcomes = Outcomes {
@@ -518,6 +523,7 @@ mod items;
 mod object;
 mod observed;
 pub mod offline_input;
+mod outcome;
 mod parent;
 mod patch;
 mod propagate;
@@ -533,6 +539,7 @@ pub use inventory::MAX_INVENTORY;
 pub use items::MAX_FOR_EACH_ITEMS;
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
+pub use outcome::EntryOutcome;
 pub use parent::parent_context;
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches, why_not_selected};
