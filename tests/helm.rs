@@ -406,6 +406,38 @@ fn the_defaults_run_two_replicas_under_leader_election_with_json_logs_and_probes
 }
 
 #[test]
+fn the_conversion_webhook_has_its_port_its_service_and_the_flag_naming_it() {
+    let objects = template(json!({"webhookPort": 9444})).unwrap();
+    let args = args(&objects);
+    for want in [
+        "--webhook-addr=0.0.0.0:9444",
+        "--webhook-service=ops/rel-trellis-webhook",
+    ] {
+        assert!(args.iter().any(|a| a == want), "no {want} in {args:?}");
+    }
+    let ports = &container(&objects)["ports"];
+    assert!(
+        ports.as_array().is_some_and(|p| p
+            .iter()
+            .any(|p| p["name"] == "webhook" && p["containerPort"] == 9444)),
+        "{ports}"
+    );
+    let service = objects
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "rel-trellis-webhook")
+        .expect("the webhook Service");
+    assert_eq!(service["metadata"]["namespace"], "ops");
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "webhook", "port": 443, "targetPort": "webhook"}])
+    );
+    assert_eq!(
+        service["spec"]["selector"],
+        get(&objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    );
+}
+
+#[test]
 fn the_default_pod_is_hardened() {
     let objects = template(json!({})).unwrap();
     let pod = &get(&objects, "Deployment")["spec"]["template"]["spec"];

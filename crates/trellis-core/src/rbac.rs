@@ -254,6 +254,7 @@ fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Va
 /// |---|---|---|
 /// | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election (taken, renewed and released by patch or update, watched so a release is seen at once) and shard membership (member Leases created, renewed, watched by label, dead ones deleted by the leader) |
 /// | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps: listed and watched by label, written by server-side apply (a create when new), old ones pruned |
+/// | `secrets` (when a rule has `versions:`) | get, create, update | the conversion webhook's certificates (`trellis-webhook-tls`): read by every replica, made and renewed by the leader |
 pub fn namespaced_role(set: &RuleSet, name: &str, namespace: &str) -> Value {
     namespaced_role_of(&versions(set), name, namespace)
 }
@@ -268,6 +269,11 @@ pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) 
     );
     for rule in rules {
         revision_grants(rule, &mut grants);
+    }
+    if rules.iter().any(|r| !r.versions.is_empty()) {
+        // The webhook's Secret: GET and UPDATE could name it, CREATE cannot
+        // (the name is in the body); it holds nothing but its certificates.
+        grants.allow("", "secrets", &[Get, Create, Update]);
     }
     let mut role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -280,3 +280,27 @@ fn versions_are_checked_field_by_field() {
         ["spec.versions[0].lossy[0]: `status.x` is not under `spec`: only the spec is converted"]
     );
 }
+
+#[test]
+fn the_operator_s_role_grants_the_webhook_s_secret_only_when_a_rule_has_versions() {
+    let versioned = rule_with_spec(SPEC);
+    let plain = rule_with_spec(
+        "  parent: {apiVersion: demo.trellis.dev/v1, kind: App}\n  crd: {}\n  children: []\n",
+    );
+    let secrets = |rule: &crate::rules::CompiledRule| -> Vec<Value> {
+        crate::rbac::namespaced_role_of(&[rule], "trellis", "ops")["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["resources"] == json!(["secrets"]))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        secrets(&versioned),
+        [
+            json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]})
+        ]
+    );
+    assert!(secrets(&plain).is_empty());
+}
