@@ -58,6 +58,26 @@ spec:
     )
 }
 
+/// `rule` stored at `storage`.
+fn stored_at(group: &str, storage: &str) -> String {
+    rule(group).replace(
+        "  children:\n",
+        &format!("  storageVersion: {storage}\n  children:\n"),
+    )
+}
+
+fn options_for(ns: &support::TestNamespace) -> trellis::operator::Options {
+    let addr = free_address();
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.manage_crds = true;
+    options.operator_namespace = ns.name().to_owned();
+    options.webhook = trellis::operator::webhook::Settings::new(ns.name());
+    options.webhook.addr = addr;
+    options.webhook.url = Some(format!("https://{addr}"));
+    options
+}
+
 fn api_at(ns: &support::TestNamespace, group: &str, version: &str) -> Api<DynamicObject> {
     let resource =
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, "Shop"), "shops");
@@ -220,5 +240,103 @@ async fn parents_are_converted_between_versions_by_trellis_itself() {
         assert_eq!(got.data["spec"]["port"], 8080);
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_version_switch_rewrites_every_stored_parent_and_trims_stored_versions() {
+    let ns = support::namespace().await;
+    let group = format!("{}.trellis.test", support::unique_name("migr"));
+    let crd_name = format!("shops.{group}");
+    let mut cleanup = Cleanup::default();
+    cleanup.add::<CustomResourceDefinition>(&crd_name);
+    let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
+    let stored_versions = |crd: &CustomResourceDefinition| {
+        crd.status
+            .as_ref()
+            .and_then(|s| s.stored_versions.clone())
+            .unwrap_or_default()
+    };
+
+    // Stored at v1: parents written now are kept in etcd as v1.
+    let operator = Operator::spawn(
+        options_for(&ns),
+        rule_set(&[&stored_at(&group, "v1")]),
+        &ns.client,
+    );
+    wait_for(&crds, &crd_name, "the CRD stored at v1", |crd| {
+        if stored_versions(crd) == ["v1"]
+            && serde_json::to_value(crd).is_ok_and(|j| {
+                j["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"].is_string()
+            })
+        {
+            Ok(())
+        } else {
+            Err(format!("storedVersions {:?}", stored_versions(crd)))
+        }
+    })
+    .await;
+    let v1 = api_at(&ns, &group, "v1");
+    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+    for name in &names {
+        support::eventually(
+            "a v1 parent accepted",
+            std::time::Duration::from_secs(30),
+            || {
+                let v1 = v1.clone();
+                let shop = shop(&group, "v1", name, json!({"image": "nginx", "port": 80}));
+                async move { v1.create(&PostParams::default(), &shop).await.map(|_| ()) }
+            },
+        )
+        .await;
+    }
+    let v2 = api_at(&ns, &group, "v2");
+    let before: Vec<String> = {
+        let mut out = Vec::new();
+        for name in &names {
+            out.push(
+                v2.get(name)
+                    .await
+                    .expect("read")
+                    .metadata
+                    .resource_version
+                    .unwrap_or_default(),
+            );
+        }
+        out
+    };
+    operator.stop().await;
+
+    // A new version of the rule stores at v2 (the hub): the leader rewrites
+    // each parent once and trims storedVersions; /status says how far.
+    let mut options = options_for(&ns);
+    let status_addr = free_address();
+    options.metrics_addr = Some(status_addr);
+    let operator = Operator::spawn(options, rule_set(&[&stored_at(&group, "v2")]), &ns.client);
+    wait_for(&crds, &crd_name, "storedVersions trimmed to v2", |crd| {
+        if stored_versions(crd) == ["v2"] {
+            Ok(())
+        } else {
+            Err(format!("storedVersions {:?}", stored_versions(crd)))
+        }
+    })
+    .await;
+    for (name, was) in names.iter().zip(&before) {
+        let now = v2.get(name).await.expect("read");
+        assert_ne!(
+            now.metadata.resource_version.as_ref(),
+            Some(was),
+            "{name} was rewritten"
+        );
+        assert_eq!(now.data["spec"], json!({"image": "nginx", "ports": [80]}));
+    }
+    let status = support::http_get(status_addr, "/status")
+        .await
+        .expect("/status");
+    let status: serde_json::Value = serde_json::from_str(&status).expect("json");
+    assert_eq!(
+        status["rules"]["shop"]["migration"],
+        json!({"from": "v1", "to": "v2", "done": 12, "total": 12})
+    );
     operator.stop().await;
 }

@@ -38,6 +38,7 @@ pub mod crds;
 pub mod home;
 pub mod identity;
 pub mod leadership;
+mod options;
 mod pass;
 mod requests;
 mod retry;
@@ -46,13 +47,14 @@ mod supervisor;
 pub mod watches;
 pub mod webhook;
 
+pub use options::Options;
+
 // `trellis diff` and the CLI reach these by the names they had before the
 // operator had rooms.
 pub use rollout::versions;
 pub use watches::discovery;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,65 +80,6 @@ pub const FINALIZER: &str = "trellis.dev/cleanup";
 /// Annotation that pauses reconciliation of one parent.
 pub use crate::pass::PAUSED_ANNOTATION;
 
-/// How `trellis run` was asked to behave.
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub rules: Vec<PathBuf>,
-    /// Watch only these namespaces; empty: all.
-    pub namespaces: Vec<String>,
-    /// Most reconciles in flight at once, across all rules.
-    pub concurrency: usize,
-    pub limits: Limits,
-    /// Reported as the Event source instance.
-    pub instance: String,
-    /// Quiet time after a filesystem event before the rules are re-read.
-    pub reload_debounce: Duration,
-    /// Re-read interval when no event arrives (missed events, no inotify).
-    pub reload_poll: Duration,
-    /// Where `/metrics`, `/healthz`, `/readyz` and `/status` are served.
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    /// `--leader-elect`: only the Lease holder writes. `None`: always writes.
-    pub leader_election: Option<leader::Settings>,
-    /// Apply the CRDs generated from rules (`crd:`) at start and on reload.
-    pub manage_crds: bool,
-    /// `--shards` (with leader election): every replica writes the parents
-    /// of its buckets.
-    pub shards: bool,
-    /// The operator's own namespace ([`home::operator_namespace`]).
-    pub operator_namespace: String,
-    /// `--require-service-account`: a rule without `serviceAccountName` is
-    /// rejected like a broken rule.
-    pub require_service_account: bool,
-    /// How often a running rule's account is checked again (10 minutes;
-    /// shorter in tests).
-    pub account_recheck: Duration,
-    /// The conversion webhook (started once a rule has `versions:`).
-    pub webhook: webhook::Settings,
-}
-
-impl Options {
-    /// Defaults for everything but the rules directories and namespaces.
-    pub fn new(rules: Vec<PathBuf>, namespaces: Vec<String>) -> Options {
-        Options {
-            rules,
-            namespaces,
-            concurrency: 32,
-            limits: Limits::default(),
-            instance: "trellis".into(),
-            reload_debounce: Duration::from_millis(500),
-            reload_poll: Duration::from_secs(30),
-            metrics_addr: None,
-            leader_election: None,
-            manage_crds: false,
-            shards: false,
-            operator_namespace: "default".into(),
-            require_service_account: false,
-            account_recheck: Duration::from_secs(600),
-            webhook: webhook::Settings::new("default"),
-        }
-    }
-}
-
 /// What every rule's controller shares.
 pub struct Shared {
     pub client: Client,
@@ -160,6 +103,8 @@ pub struct Shared {
     pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
     /// The rule set in force, for the conversion webhook.
     pub in_force: watch::Sender<Option<Arc<RuleSet>>>,
+    /// Each rule's storage migration (`rules.<name>.migration`).
+    pub migrations: crds::migration::Progress,
     /// The operator's own namespace: revision ConfigMaps, rules' accounts.
     pub operator_namespace: String,
     /// The clients rules with `serviceAccountName` write their children with.
@@ -285,6 +230,7 @@ pub async fn run_with(
         None => leader::Gate::open(),
     };
     let (in_force, in_force_rx) = watch::channel(None);
+    let migrations = crds::migration::Progress::default();
     let endpoint = webhook::spawn(
         client.clone(),
         options.webhook.clone(),
@@ -309,9 +255,16 @@ pub async fn run_with(
         shards: shard_settings
             .as_ref()
             .map(|s| shards::Shards::new(&s.identity)),
-        crds: options
-            .manage_crds
-            .then(|| crds::spawn(client.clone(), gate.clone(), endpoint, shutdown.clone())),
+        crds: options.manage_crds.then(|| {
+            crds::spawn(
+                client.clone(),
+                gate.clone(),
+                endpoint,
+                migrations.clone(),
+                shutdown.clone(),
+            )
+        }),
+        migrations: migrations.clone(),
         in_force,
         operator_namespace: options.operator_namespace.clone(),
         identities: identity::Identities::new(client.clone(), options.operator_namespace.clone()),
@@ -342,12 +295,13 @@ pub async fn run_with(
         )
     });
     if let Some(listener) = listener {
-        let (reload, rules, leader, rollouts, shard) = (
+        let (reload, rules, leader, rollouts, shard, migrations) = (
             shared.reload.clone(),
             shared.rule_states.clone(),
             leader_status.clone(),
             shared.rollouts.clone(),
             shared.shards.clone(),
+            shared.migrations.clone(),
         );
         let obs = Arc::new(crate::telemetry::Observability {
             metrics: shared.metrics.clone(),
@@ -356,6 +310,7 @@ pub async fn run_with(
                 rules: lock(&rules).clone(),
                 leader: lock(&leader).clone(),
                 rollouts: lock(&rollouts).clone(),
+                migrations: lock(&migrations).clone(),
                 shard: shard.as_ref().map(|s| s.status_json()),
             }),
         });

@@ -99,6 +99,9 @@ pub struct Snapshot {
     pub leader: LeaderStatus,
     /// Rule → its rollout (`rules.<name>.rollout`), for rules with `rollout:`.
     pub rollouts: BTreeMap<String, serde_json::Value>,
+    /// Rule → its storage migration (`rules.<name>.migration`): kept, done
+    /// = total, until the next one.
+    pub migrations: BTreeMap<String, serde_json::Value>,
     /// `shard` under `--shards`: member, generation, buckets, members.
     pub shard: Option<serde_json::Value>,
 }
@@ -134,6 +137,11 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     for (rule, rollout) in now.rollouts {
         if let Some(entry) = out["rules"].get_mut(&rule) {
             entry["rollout"] = rollout;
+        }
+    }
+    for (rule, migration) in now.migrations {
+        if let Some(entry) = out["rules"].get_mut(&rule) {
+            entry["migration"] = migration;
         }
     }
     if let Some(shard) = now.shard {

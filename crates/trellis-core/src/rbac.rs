@@ -242,6 +242,15 @@ fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Va
                     &crd,
                 );
             }
+            if !rule.versions.is_empty() {
+                // After a storage migration: status.storedVersions trimmed.
+                grants.allow_named(
+                    "apiextensions.k8s.io",
+                    "customresourcedefinitions/status",
+                    Patch,
+                    &crd,
+                );
+            }
         }
     }
     role_object(name, grants, None)
@@ -478,6 +487,11 @@ fn parent_grants(rule: &CompiledRule, grants: &mut Grants) {
         // patch, or an update guarded by resourceVersion where a patch could
         // race with other finalizers; both are granted.
         grants.allow(group, &resource, &[Patch, Update]);
+    }
+    if !rule.versions.is_empty() {
+        // A storage migration rewrites every parent once (an update that
+        // changes nothing but the stored version).
+        grants.allow(group, &resource, &[Update]);
     }
 }
 

@@ -27,6 +27,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub mod migration;
+
 use super::leadership::leader::Gate;
 use super::webhook::Endpoint;
 use crate::rules::RuleSet;
@@ -39,10 +41,11 @@ pub fn spawn(
     client: Client,
     gate: Gate,
     webhook: Endpoint,
+    migrations: migration::Progress,
     shutdown: CancellationToken,
 ) -> watch::Sender<Option<Arc<RuleSet>>> {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(manage(client, gate, rx, webhook, shutdown));
+    tokio::spawn(manage(client, gate, rx, webhook, migrations, shutdown));
     tx
 }
 
@@ -51,6 +54,7 @@ async fn manage(
     gate: Gate,
     mut sets: watch::Receiver<Option<Arc<RuleSet>>>,
     mut webhook: Endpoint,
+    migrations: migration::Progress,
     shutdown: CancellationToken,
 ) {
     let mut became_leader = gate.became_leader().boxed();
@@ -61,6 +65,7 @@ async fn manage(
             && gate.may_write()
         {
             apply_all(&client, &set, Some(&webhook)).await;
+            migrate_all(&client, &set, &migrations, &shutdown).await;
         }
         // A new CA (first made, or rotated) goes into every caBundle.
         tokio::select! {
@@ -68,6 +73,26 @@ async fn manage(
             changed = sets.changed() => if changed.is_err() { return },
             changed = webhook.ca.changed() => if changed.is_err() { return },
             woke = became_leader.next() => if woke.is_none() { return },
+        }
+    }
+}
+
+/// Storage migration of every rule with versions whose CRD still lists
+/// another stored version; while it runs no other CRD change is applied
+/// (the next one waits for it), and shutdown interrupts it.
+async fn migrate_all(
+    client: &Client,
+    set: &RuleSet,
+    progress: &migration::Progress,
+    shutdown: &CancellationToken,
+) {
+    for rule in set.rules.iter().filter(|r| !r.versions.is_empty()) {
+        let name = crate::rules::crd::name(&rule.rule);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            done = migration::migrate(client, rule, &name, progress) => if let Err(e) = done {
+                warn!(rule = %rule.name, crd = %name, "storage migration stopped: {e}; it starts again at the next reload or leadership change");
+            },
         }
     }
 }

@@ -1,0 +1,127 @@
+//! Storage migration (`storageVersion`): once a CRD whose storage version
+//! changed is applied, the leader rewrites every stored parent once — an
+//! update that changes nothing but the version etcd holds it in — and then
+//! trims the CRD's `status.storedVersions` to the storage version, so the
+//! old version can later be dropped. Paced (at most [`WRITES_PER_SECOND`])
+//! so reconciles keep their share of the API server; interrupted (restart,
+//! failover), it starts again from the CRD's `storedVersions` (every parent
+//! is rewritten again: a rewrite is idempotent). Progress: `/status` →
+//! `rules.<name>.migration {from, to, done, total}`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::rules::CompiledRule;
+
+/// The most parents rewritten per second.
+pub const WRITES_PER_SECOND: u64 = 100;
+const PAGE: u32 = 500;
+
+/// Rule → its migration, as `/status` shows it.
+pub type Progress = Arc<Mutex<BTreeMap<String, Value>>>;
+
+/// Migrates `rule`'s parents to its storage version when the live CRD
+/// `crd_name` still lists another stored version; returns once done (or
+/// when nothing is to do).
+pub async fn migrate(
+    client: &Client,
+    rule: &CompiledRule,
+    crd_name: &str,
+    progress: &Progress,
+) -> Result<(), kube::Error> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let live = crds.get(crd_name).await?;
+    let stored: Vec<String> = live
+        .status
+        .as_ref()
+        .and_then(|s| s.stored_versions.clone())
+        .unwrap_or_default();
+    let to = rule.storage_version.clone();
+    if stored.is_empty() || stored == [to.clone()] {
+        return Ok(());
+    }
+    let from = stored
+        .iter()
+        .filter(|v| **v != to)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&rule.parent.group, &to, &rule.parent.kind),
+        &live.spec.names.plural,
+    );
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let mut parents: Vec<(Option<String>, String)> = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = all.list_metadata(&params).await?;
+        parents.extend(page.items.iter().map(|p| (p.namespace(), p.name_any())));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let total = parents.len();
+    let report = |done: usize| {
+        if let Ok(mut p) = progress.lock() {
+            p.insert(
+                rule.name.clone(),
+                json!({"from": from, "to": to, "done": done, "total": total}),
+            );
+        }
+    };
+    info!(rule = %rule.name, crd = crd_name, from = %from, to = %to, parents = total, "storage migration: rewriting every parent once");
+    report(0);
+    let pause = Duration::from_millis(1000 / WRITES_PER_SECOND);
+    for (done, (namespace, name)) in parents.iter().enumerate() {
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        rewrite(&api, name).await?;
+        if done % 100 == 99 {
+            report(done + 1);
+        }
+        tokio::time::sleep(pause).await;
+    }
+    report(total);
+    crds.patch_status(
+        crd_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"storedVersions": [to]}})),
+    )
+    .await?;
+    info!(rule = %rule.name, crd = crd_name, to = %to, parents = total, "storage migration done: status.storedVersions is [{to}]");
+    Ok(())
+}
+
+/// One parent read and written back unchanged (guarded by its
+/// resourceVersion): stored again at the storage version. Gone, or
+/// changed meanwhile (any write stores it at the storage version): done.
+async fn rewrite(api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
+    for _ in 0..3 {
+        let Some(object) = api.get_opt(name).await? else {
+            return Ok(());
+        };
+        match api.replace(name, &PostParams::default(), &object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    warn!(
+        parent = name,
+        "storage migration: the parent keeps changing; its own writes store it at the new version"
+    );
+    Ok(())
+}
