@@ -51,6 +51,7 @@ fn main() -> ExitCode {
             crds,
             observed,
             strict,
+            tests,
             limits,
         } => cli::check(
             &rules,
@@ -58,7 +59,9 @@ fn main() -> ExitCode {
             crds.as_deref(),
             observed.as_deref(),
             strict,
+            &tests,
         ),
+        Command::Test(args) => cli::test(args),
         Command::Render {
             rules,
             parent,

@@ -24,6 +24,7 @@ mod commands;
 mod rbac;
 mod render;
 mod rollout;
+mod test;
 
 pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
@@ -34,6 +35,7 @@ pub use commands::{crd, crd_documents, diff, graph, schema};
 pub use rbac::rbac;
 pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
+pub use test::test;
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).
 pub fn init_logging(format: LogFormat) {
