@@ -13,9 +13,14 @@ pub const SUFFIX: &str = ".test.yaml";
 /// Most test files one run reads.
 const MAX_FILES: usize = 10_000;
 
-/// The default test directory of a rules directory: `DIR/../tests`.
+/// The default test directory of a rules directory: `DIR/../tests`,
+/// written without the `..` when the directory names its parent
+/// (`rules` → `tests`), so reports name files as a reader would.
 pub fn default_dir(rules_dir: &Path) -> PathBuf {
-    rules_dir.join("..").join("tests")
+    match (rules_dir.file_name(), rules_dir.parent()) {
+        (Some(_), Some(parent)) => parent.join("tests"),
+        _ => rules_dir.join("..").join("tests"),
+    }
 }
 
 /// Every test file under `paths`, sorted, each once.
@@ -70,6 +75,14 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), Diagnostic> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_directory_sits_beside_the_rules_directory() {
+        assert_eq!(default_dir(Path::new("rules")), Path::new("tests"));
+        assert_eq!(default_dir(Path::new("/x/rules/")), Path::new("/x/tests"));
+        assert_eq!(default_dir(Path::new(".")), Path::new("./../tests"));
+        assert_eq!(default_dir(Path::new("..")), Path::new("../../tests"));
+    }
 
     #[test]
     fn finds_test_files_recursively_and_takes_named_files_as_they_are() {
