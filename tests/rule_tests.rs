@@ -105,7 +105,12 @@ fn the_shipped_suites_pass_and_cover_every_example_rule() {
 #[test]
 fn a_broken_rule_makes_its_suite_fail_with_the_diff() {
     let dir = tempfile::tempdir().unwrap();
-    for sub in ["rules", "tests/rules", "examples/parents", "examples/observed"] {
+    for sub in [
+        "rules",
+        "tests/rules",
+        "examples/parents",
+        "examples/observed",
+    ] {
         copy_dir(&root().join(sub), &dir.path().join(sub));
     }
     // The Ingresses now come when the webapp is *not* exposed.
@@ -114,7 +119,10 @@ fn a_broken_rule_makes_its_suite_fail_with_the_diff() {
     assert!(text.contains("includeWhen: \"spec.expose\""));
     std::fs::write(
         &webapp,
-        text.replace("includeWhen: \"spec.expose\"", "includeWhen: \"not spec.expose\""),
+        text.replace(
+            "includeWhen: \"spec.expose\"",
+            "includeWhen: \"not spec.expose\"",
+        ),
     )
     .unwrap();
     let ran = trellis(dir.path(), &["test", "--rules", "rules"]);
@@ -155,7 +163,10 @@ fn a_broken_rule_makes_its_suite_fail_with_the_diff() {
 
 #[test]
 fn a_failing_case_prints_every_mismatching_path_with_expected_and_actual() {
-    let ran = trellis(&root(), &["test", "--rules", "rules", &fixture("failing.case.yaml")]);
+    let ran = trellis(
+        &root(),
+        &["test", "--rules", "rules", &fixture("failing.case.yaml")],
+    );
     assert_eq!(ran.code, Some(1), "{}\n{}", ran.stdout, ran.stderr);
     let lines: Vec<&str> = ran.stdout.lines().collect();
     assert_eq!(
@@ -193,7 +204,8 @@ fn a_wrong_test_file_exits_2_naming_file_and_line() {
         assert!(ran.stdout.is_empty(), "nothing runs: {}", ran.stdout);
         for want in wanted {
             assert!(
-                ran.stderr.contains(&format!("tests/fixtures/ruletests/{want}")),
+                ran.stderr
+                    .contains(&format!("tests/fixtures/ruletests/{want}")),
                 "{file}: {want}\n{}",
                 ran.stderr
             );
@@ -212,7 +224,10 @@ fn a_wrong_test_file_exits_2_naming_file_and_line() {
 
 #[test]
 fn check_accepts_the_shipped_suites() {
-    let ran = trellis(&root(), &["check", "--rules", "rules", "--tests", "tests/rules"]);
+    let ran = trellis(
+        &root(),
+        &["check", "--rules", "rules", "--tests", "tests/rules"],
+    );
     assert_eq!(ran.code, Some(0), "{}", ran.stderr);
 }
 
@@ -240,10 +255,7 @@ fn junit_has_a_testsuite_per_file_and_a_testcase_per_case() {
     assert_eq!(xml.matches("</testsuite>").count(), 10, "{xml}");
     assert_eq!(xml.matches("<testcase ").count(), SHIPPED_CASES + 2);
     assert_eq!(xml.matches("<failure ").count(), 1, "{xml}");
-    assert!(xml.contains(&format!(
-        "tests=\"{}\" failures=\"1\"",
-        SHIPPED_CASES + 2
-    )));
+    assert!(xml.contains(&format!("tests=\"{}\" failures=\"1\"", SHIPPED_CASES + 2)));
     assert!(xml.contains(
         "<testsuite name=\"tests/fixtures/ruletests/failing.case.yaml\" tests=\"2\" failures=\"1\""
     ));
@@ -256,7 +268,14 @@ fn junit_has_a_testsuite_per_file_and_a_testcase_per_case() {
 fn json_reports_counts_and_each_case_with_its_mismatches() {
     let ran = trellis(
         &root(),
-        &["test", "--rules", "rules", "-o", "json", &fixture("failing.case.yaml")],
+        &[
+            "test",
+            "--rules",
+            "rules",
+            "-o",
+            "json",
+            &fixture("failing.case.yaml"),
+        ],
     );
     assert_eq!(ran.code, Some(1), "{}", ran.stderr);
     let report: Value = serde_json::from_str(&ran.stdout).expect("one JSON document");
@@ -291,5 +310,10 @@ fn without_paths_or_a_tests_directory_there_is_nothing_to_run() {
     std::fs::create_dir(dir.path().join("tests")).unwrap();
     let ran = trellis(dir.path(), &["test", "--rules", "rules"]);
     assert_eq!(ran.code, Some(2), "{}", ran.stderr);
-    assert!(ran.stderr.contains("no test files (*.test.yaml) under tests"), "{}", ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("no test files (*.test.yaml) under tests"),
+        "{}",
+        ran.stderr
+    );
 }

@@ -39,7 +39,9 @@ pub fn check(
     };
     let mut checked = diagnostics(dirs, limits, &crate::rules::load::disk(), &inputs);
     if !tests.is_empty() {
-        checked.diagnostics.extend(test_diagnostics(dirs, limits, tests, strict));
+        checked
+            .diagnostics
+            .extend(test_diagnostics(dirs, limits, tests, strict));
     }
     let count = |s: Severity| {
         checked

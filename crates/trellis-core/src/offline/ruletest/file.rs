@@ -148,10 +148,17 @@ impl Reader<'_> {
     }
 
     /// The object at `field`, or an error.
-    fn object<'v>(&mut self, value: &'v Value, field: &str) -> Option<&'v serde_json::Map<String, Value>> {
+    fn object<'v>(
+        &mut self,
+        value: &'v Value,
+        field: &str,
+    ) -> Option<&'v serde_json::Map<String, Value>> {
         let object = value.as_object();
         if object.is_none() {
-            self.error(field, format!("must be a mapping, not {}", type_name(value)));
+            self.error(
+                field,
+                format!("must be a mapping, not {}", type_name(value)),
+            );
         }
         object
     }
@@ -171,7 +178,10 @@ impl Reader<'_> {
         for key in object.keys().filter(|k| !keys.contains(&k.as_str())) {
             self.error(
                 &join(at, key),
-                format!("unknown field `{key}` (expected one of: {})", keys.join(", ")),
+                format!(
+                    "unknown field `{key}` (expected one of: {})",
+                    keys.join(", ")
+                ),
             );
         }
     }
@@ -202,7 +212,11 @@ impl Reader<'_> {
             None => self
                 .file
                 .file_name()
-                .map(|f| f.to_string_lossy().trim_end_matches(".test.yaml").to_owned())
+                .map(|f| {
+                    f.to_string_lossy()
+                        .trim_end_matches(".test.yaml")
+                        .to_owned()
+                })
                 .unwrap_or_default(),
         };
         let Some(spec) = root.get("spec") else {
@@ -212,7 +226,10 @@ impl Reader<'_> {
         let spec = self.object(spec, "spec")?;
         self.known_keys(spec, "spec", SPEC_KEYS);
         let Some(rule_name) = spec.get("rule") else {
-            self.error("spec", "missing field `rule` (the rule under test, by name)");
+            self.error(
+                "spec",
+                "missing field `rule` (the rule under test, by name)",
+            );
             return None;
         };
         let rule_name = self.string(rule_name, "spec.rule")?;
@@ -262,7 +279,13 @@ impl Reader<'_> {
         })
     }
 
-    fn case(&mut self, value: &Value, at: &str, set: &RuleSet, rule: &Arc<CompiledRule>) -> Option<Case> {
+    fn case(
+        &mut self,
+        value: &Value,
+        at: &str,
+        set: &RuleSet,
+        rule: &Arc<CompiledRule>,
+    ) -> Option<Case> {
         let case = self.object(value, at)?;
         self.known_keys(case, at, CASE_KEYS);
         let name = match case.get("name") {
@@ -323,8 +346,14 @@ impl Reader<'_> {
         };
         self.object(&parent, &field)?;
         let gvk = Gvk::new(
-            parent.get("apiVersion").and_then(Value::as_str).unwrap_or_default(),
-            parent.get("kind").and_then(Value::as_str).unwrap_or_default(),
+            parent
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            parent
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
         );
         if !set.for_parent(&gvk).any(|r| r.name == rule.name) {
             self.error(
@@ -501,7 +530,10 @@ impl Reader<'_> {
 
     fn strings(&mut self, value: &Value, field: &str) -> Option<Vec<String>> {
         let Some(items) = value.as_array() else {
-            self.error(field, format!("must be a list of strings, not {}", type_name(value)));
+            self.error(
+                field,
+                format!("must be a list of strings, not {}", type_name(value)),
+            );
             return None;
         };
         items

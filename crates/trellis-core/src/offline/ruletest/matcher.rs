@@ -140,7 +140,10 @@ mod tests {
     #[test]
     fn keys_not_given_are_not_checked() {
         let actual = json!({"spec": {"replicas": 2, "image": "nginx"}, "kind": "Deployment"});
-        assert_eq!(mismatches(json!({"spec": {"replicas": 2}}), actual.clone()), []);
+        assert_eq!(
+            mismatches(json!({"spec": {"replicas": 2}}), actual.clone()),
+            []
+        );
         assert_eq!(mismatches(json!({}), actual), []);
     }
 
@@ -151,14 +154,14 @@ mod tests {
             mismatches(json!({"spec": {"replicas": 2, "paused": false}}), actual),
             [
                 Mismatch {
-                    path: "x.spec.paused".into(),
-                    expected: json!(false),
-                    actual: None
-                },
-                Mismatch {
                     path: "x.spec.replicas".into(),
                     expected: json!(2),
                     actual: Some(json!(1))
+                },
+                Mismatch {
+                    path: "x.spec.paused".into(),
+                    expected: json!(false),
+                    actual: None
                 },
             ]
         );
@@ -168,7 +171,10 @@ mod tests {
     fn lists_compare_element_by_element_with_the_same_length() {
         let actual = json!({"rules": [{"host": "a", "http": {}}, {"host": "b"}]});
         assert_eq!(
-            mismatches(json!({"rules": [{"host": "a"}, {"host": "b"}]}), actual.clone()),
+            mismatches(
+                json!({"rules": [{"host": "a"}, {"host": "b"}]}),
+                actual.clone()
+            ),
             []
         );
         let short = mismatches(json!({"rules": [{"host": "a"}]}), actual.clone());
@@ -202,7 +208,10 @@ mod tests {
 
     #[test]
     fn each_expected_error_takes_a_distinct_error() {
-        let errors = vec!["template of child \"a\": boom".to_owned(), "boom".to_owned()];
+        let errors = vec![
+            "template of child \"a\": boom".to_owned(),
+            "boom".to_owned(),
+        ];
         // "boom" fits both; "child" only the first: the matching gives each its own.
         let expected = vec!["boom".to_owned(), "child".to_owned()];
         assert_eq!(match_errors(&expected, &errors), (vec![], vec![]));

@@ -69,3 +69,6 @@ pub fn load_suites(paths: &[PathBuf], set: &RuleSet) -> (Vec<Suite>, Vec<Diagnos
     }
     (suites, diags)
 }
+
+#[cfg(test)]
+mod tests;

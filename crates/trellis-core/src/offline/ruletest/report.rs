@@ -39,10 +39,7 @@ impl CaseResult {
 
     /// The mismatches, one per line.
     pub fn failure_text(&self) -> String {
-        self.mismatches
-            .iter()
-            .map(|m| format!("{m}\n"))
-            .collect()
+        self.mismatches.iter().map(|m| format!("{m}\n")).collect()
     }
 }
 
@@ -278,10 +275,16 @@ mod tests {
     #[test]
     fn json_counts_and_lists_every_case() {
         let doc = report().to_json();
-        assert_eq!((doc["passed"].clone(), doc["failed"].clone()), (json!(1), json!(1)));
+        assert_eq!(
+            (doc["passed"].clone(), doc["failed"].clone()),
+            (json!(1), json!(1))
+        );
         let cases = &doc["suites"][0]["cases"];
         assert_eq!(cases[1]["passed"], false);
-        assert_eq!(cases[1]["mismatches"][0]["path"], "children.web.spec.replicas");
+        assert_eq!(
+            cases[1]["mismatches"][0]["path"],
+            "children.web.spec.replicas"
+        );
         assert_eq!(cases[1]["mismatches"][0]["actual"], 1);
     }
 }

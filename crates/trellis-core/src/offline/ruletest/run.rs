@@ -111,7 +111,11 @@ pub fn compare(expect: &Expect, plan: &Plan) -> Vec<Mismatch> {
             (want, many) => out.push(Mismatch {
                 path,
                 expected: want.clone(),
-                actual: Some(json!(format!("{} objects: {}", many.len(), names(many).join(", ")))),
+                actual: Some(json!(format!(
+                    "{} objects: {}",
+                    many.len(),
+                    names(many).join(", ")
+                ))),
             }),
         }
     }
