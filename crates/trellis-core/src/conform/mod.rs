@@ -23,6 +23,7 @@
 
 pub mod builtin;
 mod lines;
+mod reserved;
 mod sample;
 mod validate;
 
@@ -37,6 +38,7 @@ use crate::plan::sample::{Sample, Sampled, render_children};
 use crate::plan::{Input, Observed};
 use crate::rules::model::Scope;
 use crate::rules::{CompiledChild, CompiledRule, Diagnostic, VarSource, code_line};
+pub use reserved::reserved_labels;
 pub use validate::{Finding, closest, validate};
 
 /// What the check knows besides the rule.

@@ -6,6 +6,7 @@
 //! through `check`'s pipeline and so live here (`tests_conform.rs`).
 
 pub mod check;
+pub mod hazards;
 pub mod render;
 pub mod ruletest;
 
