@@ -18,6 +18,7 @@
 //! the LSP's. Nothing here talks to a cluster.
 
 pub mod discover;
+mod expect;
 pub mod file;
 pub mod matcher;
 pub mod report;
