@@ -250,7 +250,8 @@ pub enum Command {
         #[arg(long)]
         strict: bool,
         /// Also check rule test files (`RuleTest`, as `trellis test` reads them):
-        /// a file, or a directory searched for `*.test.yaml` (repeatable)
+        /// a file, or a directory searched for `*.test.yaml` (repeatable) [default:
+        /// none]
         #[arg(long = "tests", value_name = "PATH")]
         tests: Vec<PathBuf>,
         #[command(flatten)]

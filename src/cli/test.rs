@@ -35,7 +35,7 @@ pub struct TestArgs {
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     output: TestOutput,
     /// Also write the results as JUnit XML to FILE (a testsuite per test
-    /// file, a testcase per case)
+    /// file, a testcase per case) [default: none]
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
     #[command(flatten)]
