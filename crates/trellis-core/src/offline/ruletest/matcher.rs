@@ -12,7 +12,8 @@ pub struct Mismatch {
     /// Where, e.g. `children.web.spec.replicas` or `conditions.Ready`.
     pub path: String,
     pub expected: Value,
-    /// `None`: nothing is there.
+    /// `None`: nothing is there (left out of the JSON report).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub actual: Option<Value>,
 }
 

@@ -172,7 +172,7 @@ impl Report {
                                 out,
                                 ">\n      <failure message=\"{}\" type=\"mismatch\">{}</failure>\n    </testcase>",
                                 xml(&first.to_string()),
-                                xml(&case.failure_text())
+                                xml(&case.failure_text()).replace("&#10;", "\n")
                             );
                         }
                     }
@@ -185,7 +185,8 @@ impl Report {
     }
 }
 
-/// Text escaped for an XML attribute or element; characters XML 1.0 cannot
+/// Text escaped for an XML attribute (newlines as `&#10;`, which an
+/// attribute would otherwise fold into spaces); characters XML 1.0 cannot
 /// hold at all (control characters) become U+FFFD.
 fn xml(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
