@@ -12,9 +12,10 @@
 # packages (tests/cluster/README.md), it also gets one real node (containerd,
 # kubelet, kube-proxy, kube-scheduler): trellis is then deployed into the
 # cluster from examples/deploy/ (2 replicas, one leader, rules from a
-# ConfigMap) and the webapps' Pods run the project's tiny app image. Without a
-# node, trellis runs as a local process and Pods never run. The script says
-# which it did.
+# ConfigMap) and the sample parents' Pods run the project's tiny app image.
+# Without a node, trellis runs as a local process and Pods never run. The
+# script says which it did, ends with `trellis tree` of every sample parent
+# (examples/samples.sh), and says which cannot be Ready here and why.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,44 +102,9 @@ else
     sleep 2
 fi
 
-say "Creating the sample parents"
-# Every namespace a sample parent lives in, as the platform team would have
-# made it (a Team moves into a Namespace someone else made).
-for ns in $(sed -n 's/^  namespace: *//p' "$ROOT"/examples/parents/*.yaml | sort -u); do
-    "$KUBECTL" create namespace "$ns" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
-done
-for parent in "$ROOT"/examples/parents/*.yaml; do
-    case "$parent" in *-invalid.yaml) continue ;; esac
-    if [[ "$MODE" == cluster ]]; then
-        # No registry here: the webapps run the project's app image instead.
-        sed -E "s#^(  image:) .*#\\1 $APP_IMAGE#" "$parent" | "$KUBECTL" apply -f -
-    else
-        "$KUBECTL" apply -f "$parent"
-    fi
-done
-
-if [[ "$MODE" == cluster ]]; then
-    say "Waiting for the shop webapp's Deployment to become Available (its Pods run on the node)"
-    for _ in $(seq 1 60); do
-        "$KUBECTL" get deployment -n team-a shop >/dev/null 2>&1 && break
-        sleep 1
-    done
-    "$KUBECTL" wait --for=condition=Available --timeout=120s deployment -n team-a shop
-    "$KUBECTL" wait --for=condition=Ready --timeout=60s webapp -n team-a shop
-else
-    say "Waiting for children and status (no node here: Pods never run, so Deployments stay unready)"
-    for _ in $(seq 1 30); do
-        if "$KUBECTL" get configmap -n team-a shop-config >/dev/null 2>&1; then break; fi
-        sleep 1
-    done
-    sleep 3
-fi
-"$KUBECTL" get webapps,databases -A
-"$KUBECTL" get tenants
-echo
-"$KUBECTL" get configmaps,services,deployments,statefulsets,ingresses,secrets -n team-a -l app.kubernetes.io/managed-by=trellis
-echo
-"$KUBECTL" get webapp -n team-a shop -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+# The sample parents, each waited for and shown with `trellis tree` (the
+# last step); the script says which cannot be Ready on this machine, and why.
+"$ROOT/examples/samples.sh" "$KUBECTL" "$TRELLIS" "$MODE"
 
 if [[ "$MODE" == cluster ]]; then
     leader="$("$KUBECTL" -n trellis-system get lease trellis -o jsonpath='{.spec.holderIdentity}')"
@@ -152,6 +118,7 @@ if [[ "$MODE" == cluster ]]; then
 Done: trellis runs IN THE CLUSTER (examples/deploy/: 2 replicas, leader ${leader%_*}).
 Try: edit the rules ConfigMap and watch the children change:
     export KUBECONFIG=$DIR/kubeconfig
+    $TRELLIS tree --rules $ROOT/rules webapp/shop -n team-a --watch
     $KUBECTL -n trellis-system edit configmap trellis-rules
     $KUBECTL get --raw /api/v1/namespaces/trellis-system/pods/${leader%_*}:8080/proxy/status
     $KUBECTL -n trellis-system logs -f deploy/trellis
@@ -168,6 +135,7 @@ Done: trellis runs as a LOCAL PROCESS (pid $(cat "$DIR/trellis.pid")): no node c
 (a node needs root and the packages in tests/cluster/README.md; one node per machine).
 Try: delete a child and watch it come back, or edit a parent:
     export KUBECONFIG=$DIR/kubeconfig
+    $TRELLIS tree --rules $ROOT/rules webapp/shop -n team-a --watch     # in another terminal
     $KUBECTL delete configmap -n team-a shop-config; sleep 2; $KUBECTL get configmap -n team-a shop-config
     $KUBECTL patch webapp -n team-a shop --type merge -p '{"spec":{"replicas":3}}'
     tail -f $DIR/trellis.log

@@ -19,33 +19,44 @@ fn main() -> ExitCode {
             service_account_recheck,
             limits,
             leader,
-        } => cli::run(
-            trellis::operator::Options {
-                leader_election: match leader.settings() {
-                    Ok(settings) => settings,
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::from(2);
-                    }
+            webhook,
+        } => {
+            let operator_namespace =
+                trellis::operator::home::operator_namespace(operator_namespace.as_deref());
+            let webhook = match webhook.settings(&operator_namespace) {
+                Ok(settings) => settings,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            cli::run(
+                trellis::operator::Options {
+                    leader_election: match leader.settings() {
+                        Ok(settings) => settings,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    concurrency,
+                    metrics_addr: metrics_addr.0,
+                    reload_poll,
+                    manage_crds,
+                    shards: leader.shards,
+                    operator_namespace,
+                    webhook,
+                    require_service_account,
+                    account_recheck: service_account_recheck,
+                    limits: limits.limits(),
+                    instance: std::env::var("POD_NAME")
+                        .or_else(|_| std::env::var("HOSTNAME"))
+                        .unwrap_or_else(|_| "trellis".into()),
+                    ..trellis::operator::Options::new(rules, namespaces)
                 },
-                concurrency,
-                metrics_addr: metrics_addr.0,
-                reload_poll,
-                manage_crds,
-                shards: leader.shards,
-                operator_namespace: trellis::operator::home::operator_namespace(
-                    operator_namespace.as_deref(),
-                ),
-                require_service_account,
-                account_recheck: service_account_recheck,
-                limits: limits.limits(),
-                instance: std::env::var("POD_NAME")
-                    .or_else(|_| std::env::var("HOSTNAME"))
-                    .unwrap_or_else(|_| "trellis".into()),
-                ..trellis::operator::Options::new(rules, namespaces)
-            },
-            log_format,
-        ),
+                log_format,
+            )
+        }
         Command::Check {
             rules,
             crds,
@@ -85,16 +96,28 @@ fn main() -> ExitCode {
             manage_crds,
             operator_namespace,
             from_cluster,
+            viewer,
         } => cli::rbac(
             &rules,
             &name,
-            manage_crds,
+            cli::RbacRoles {
+                manage_crds,
+                viewer,
+            },
             &operator_namespace,
             from_cluster,
         ),
         Command::Schema => cli::schema(),
         Command::Lsp { crds, strict } => cli::lsp(crds.as_deref(), strict),
-        Command::Crd { rules } => cli::crd(&rules),
+        Command::Crd {
+            rules,
+            against_cluster: false,
+        } => cli::crd(&rules),
+        Command::Crd {
+            rules,
+            against_cluster: true,
+        } => cli::crd_against_cluster(&rules),
+        Command::Convert { rules, to, parent } => cli::convert(&rules, &parent, &to),
         Command::Diff {
             rules,
             parent,
@@ -111,6 +134,7 @@ fn main() -> ExitCode {
             operator_namespace,
             limits.limits(),
         ),
+        Command::Tree(args) => cli::tree(args),
         Command::Graph {
             rules,
             rule,

@@ -80,6 +80,8 @@ pub struct Metrics {
     pub rollout_parents: Family<RevisionLabel, Gauge>,
     /// 1 for the state a rule's rollout is in, 0 for the others.
     pub rollout_state: Family<PhaseLabel, Gauge>,
+    /// ConversionReviews answered by this replica, by result (ok, failed).
+    pub conversion_reviews: Family<OutcomeLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -260,6 +262,12 @@ impl Default for Metrics {
                 "rollout_state",
                 "1 for the state of a rule's rollout (Progressing, Paused, Halted, RolledBack, Complete), 0 for the others",
                 Family::<PhaseLabel, Gauge>::default(),
+            ),
+            conversion_reviews: registered(
+                r,
+                "conversion_reviews",
+                "ConversionReviews answered by the /convert webhook, by result (ok, failed)",
+                Family::<OutcomeLabel, Counter>::default(),
             ),
             registry,
         };

@@ -400,7 +400,7 @@ async fn manage_crds_with_only_the_rbac_role_installs_and_updates_its_crd_and_no
     let err = trellis::operator::crds::apply(&operator_client, &other)
         .await
         .expect_err("a CRD not named by the role is refused");
-    assert!(err.contains("forbidden"), "{err}");
+    assert!(err.to_string().contains("forbidden"), "{err}");
     let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
     let stored = crds
         .get_opt(&format!("gadgets.{other_group}"))

@@ -3,7 +3,8 @@
 //! replicas and one leader, a webapp child that becomes Available, rules
 //! ConfigMap edits that the kubelet delivers and trellis reloads, a broken edit
 //! that changes nothing and is visible from outside the Pod, leader hand-over,
-//! and the Pod's confinement.
+//! the Pod's confinement, and the quickstart's sample parents ending Ready
+//! (`deploy/samples.rs`).
 //!
 //! The deployment is cluster-wide (namespace trellis-system, ClusterRole
 //! trellis), so the tests here take turns ([`DEPLOY`]) and each starts by
@@ -14,6 +15,8 @@ mod support;
 
 #[path = "deploy/rollout.rs"]
 mod deploy_rollout;
+#[path = "deploy/samples.rs"]
+mod deploy_samples;
 
 use std::collections::BTreeMap;
 use std::io::Write;

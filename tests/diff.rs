@@ -340,7 +340,7 @@ async fn diff_all_covers_every_parent_of_a_rule_in_a_namespace_and_names_a_faili
     let err = diff(&ns.client, &rule_set(&[&rules]), &unknown)
         .await
         .expect_err("an unknown rule is an error");
-    assert!(err.contains("no rule named `nosuch`"), "{err}");
+    assert!(err.to_string().contains("no rule named `nosuch`"), "{err}");
 }
 
 /// The binary: the kubeconfig like `trellis run`, the exit codes, and a

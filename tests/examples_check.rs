@@ -240,6 +240,9 @@ fn every_custom_parent_kind_has_a_crd_that_keeps_its_status() {
         let mut paths = vec!["observedGeneration".to_owned(), "conditions".to_owned()];
         if let Some(s) = &rule.rule.spec.status {
             paths.extend(s.fields.iter().map(|f| f.path.clone()));
+            if s.inventory {
+                paths.extend(["children".to_owned(), "childrenTruncated".to_owned()]);
+            }
         }
         for path in paths {
             let segs: Vec<&str> = path.split('.').collect();

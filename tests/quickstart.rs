@@ -100,9 +100,31 @@ fn the_quickstart_runs_to_the_end_and_trellis_writes_every_sample_parents_status
         stdout.contains("Done: trellis runs as a LOCAL PROCESS"),
         "the script did not say what it did:\n{stdout}"
     );
+    // Its last step: every sample parent's `trellis tree`, and which cannot
+    // be Ready here (without a node: the webapps, whose Pods never run).
+    let parents = sample_parents();
+    for (kind, ns, name) in &parents {
+        let kind = kind.split('.').next().unwrap_or_default();
+        let namespace = if ns.is_empty() {
+            String::new()
+        } else {
+            format!(" -n {ns}")
+        };
+        let shown = format!("$ trellis tree --rules rules {kind}/{name}{namespace}\nrule ");
+        assert!(
+            stdout.contains(&shown),
+            "no tree of {kind}/{name}:\n{stdout}"
+        );
+    }
+    for needle in [
+        "Not Ready here, as expected: webapp/shop: no node: its Deployment's Pods never run.",
+        "Not Ready here, as expected: database/orders: ",
+        "Every sample parent that can be Ready here is Ready.",
+    ] {
+        assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
+    }
 
     // Every sample parent gets a status from trellis for its generation.
-    let parents = sample_parents();
     assert!(parents.len() >= 5, "sample parents: {parents:?}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

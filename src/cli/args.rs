@@ -63,6 +63,69 @@ impl RenderLimits {
     }
 }
 
+/// The conversion webhook's flags (served once a rule has `versions:`).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Conversion webhook")]
+pub struct Webhook {
+    /// HOST:PORT where every replica serves the conversion webhook (TLS,
+    /// POST /convert) while a rule has `versions:`
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "0.0.0.0:9443",
+        env = "TRELLIS_WEBHOOK_ADDR"
+    )]
+    pub webhook_addr: std::net::SocketAddr,
+    /// A directory with tls.crt, tls.key (and ca.crt, written into each
+    /// managed CRD's caBundle) from cert-manager or your own CA, re-read every
+    /// 10 s [default: trellis makes a CA and certificate and keeps them in the
+    /// Secret trellis-webhook-tls in its namespace]
+    #[arg(long, value_name = "DIR", env = "TRELLIS_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<PathBuf>,
+    /// The Service in front of the replicas, NAMESPACE/NAME, that managed CRDs
+    /// send ConversionReviews to (port 443) [default: <operator namespace>/trellis-webhook]
+    #[arg(long, value_name = "NS/NAME", env = "TRELLIS_WEBHOOK_SERVICE")]
+    pub webhook_service: Option<String>,
+    /// Instead of a Service, the URL the API server calls, https://HOST:PORT
+    /// (trellis run outside the cluster); the made certificate names HOST
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TRELLIS_WEBHOOK_URL",
+        conflicts_with = "webhook_service"
+    )]
+    pub webhook_url: Option<String>,
+}
+
+impl Webhook {
+    /// The operator's webhook settings, for an operator in `namespace`.
+    pub fn settings(&self, namespace: &str) -> Result<crate::operator::webhook::Settings, String> {
+        let mut settings = crate::operator::webhook::Settings::new(namespace);
+        settings.addr = self.webhook_addr;
+        settings.cert_dir = self.webhook_cert_dir.clone();
+        if let Some(service) = &self.webhook_service {
+            let Some((ns, name)) = service
+                .split_once('/')
+                .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+            else {
+                return Err(format!(
+                    "--webhook-service {service}: expected NAMESPACE/NAME"
+                ));
+            };
+            settings.service = (ns.to_owned(), name.to_owned());
+        }
+        if let Some(url) = &self.webhook_url {
+            if !url.starts_with("https://") {
+                return Err(format!(
+                    "--webhook-url {url}: the API server calls webhooks over https://"
+                ));
+            }
+            settings.url = Some(url.clone());
+        }
+        Ok(settings)
+    }
+}
+
 /// `trellis run --leader-elect` and its timings.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Leader election")]
@@ -156,6 +219,8 @@ pub enum Output {
     Json,
 }
 
+// Parsed once per process: `run`'s many flags cost nothing worth boxing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The operator: reconcile every rule's kind on the cluster (KUBECONFIG or in-cluster)
@@ -227,6 +292,8 @@ pub enum Command {
         limits: RenderLimits,
         #[command(flatten)]
         leader: LeaderElection,
+        #[command(flatten)]
+        webhook: Webhook,
     },
     /// Lint a rule set, and the children it renders for a sample parent against
     /// their kinds' schemas; exit 1 with file:line messages on any error
@@ -313,6 +380,9 @@ pub enum Command {
         /// on disk only, with a note naming the rules this may miss]
         #[arg(long)]
         from_cluster: bool,
+        /// Print only the read-only ClusterRole `<name>-viewer` for `trellis tree` [default: off]
+        #[arg(long)]
+        viewer: bool,
     },
     /// Print the JSON Schema of the rule format
     Schema,
@@ -390,11 +460,39 @@ pub enum Command {
         #[command(flatten)]
         limits: RenderLimits,
     },
+    Tree(crate::cli::tree::TreeArgs),
+    /// Convert parents to another API version of their kind (`versions:`),
+    /// offline, as the operator's conversion webhook would
+    ///
+    /// Every object in PARENT.yaml (one or more documents, or a List) is
+    /// converted A -> hub -> B with its rule's `toHub`/`fromHub` templates and
+    /// printed as YAML. Exit 0 when every object converted, 1 when one did
+    /// not (its error named), 2 when the rules or the file cannot be read.
+    Convert {
+        /// Rules directory (repeatable)
+        #[arg(long = "rules", required = true, value_name = "DIR")]
+        rules: Vec<PathBuf>,
+        /// The version to convert to (`v1`, or `group/v1`)
+        #[arg(long, value_name = "VERSION")]
+        to: String,
+        /// Parent manifest(s) to convert
+        #[arg(value_name = "PARENT.yaml")]
+        parent: PathBuf,
+    },
     /// Print the CustomResourceDefinitions of the rules that set `crd:`
+    ///
+    /// With --against-cluster, print instead whether applying each one over
+    /// the live CRD (KUBECONFIG or in-cluster) would break stored parents or
+    /// clients, one line per breaking change naming version and path;
+    /// nothing is applied. Exit 1 when a change is breaking and its rule
+    /// does not set `crd: {allowBreaking: true}`.
     Crd {
         /// Rules directory (repeatable)
         #[arg(long = "rules", required = true, value_name = "DIR")]
         rules: Vec<PathBuf>,
+        /// Compare with the live CRDs instead of printing [default: off]
+        #[arg(long)]
+        against_cluster: bool,
     },
     /// Staged rollouts of rule changes (`rollout:`), as kept in the cluster:
     /// status, promote, abort

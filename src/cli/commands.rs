@@ -95,21 +95,8 @@ pub fn diff(
         Some(doc) => crate::diff::live::Target::Parent(doc),
         None => crate::diff::live::Target::All { namespace, rule },
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            stderr!("error: cannot start the async runtime: {e}");
-            return error;
-        }
-    };
-    let report = runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
-        })?;
-        let home = crate::operator::home::operator_namespace(operator_namespace.as_deref());
+    let home = crate::operator::home::operator_namespace(operator_namespace.as_deref());
+    let report = super::with_cluster(|client| async move {
         crate::diff::live::diff_as(&client, &set, &target, &home).await
     });
     match report {
@@ -131,7 +118,7 @@ pub fn diff(
 
 /// The YAML stream `trellis crd` prints: one document per rule with `crd:`,
 /// in rule-name order.
-pub fn crd_documents(set: &RuleSet) -> Result<String, String> {
+pub fn crd_documents(set: &RuleSet) -> Result<String, yaml::SerializeError> {
     let mut out = String::new();
     for crd in set.rules.iter().filter_map(|r| r.crd.as_ref()) {
         if !out.is_empty() {
@@ -140,6 +127,133 @@ pub fn crd_documents(set: &RuleSet) -> Result<String, String> {
         out.push_str(&yaml::to_string(crd)?);
     }
     Ok(out)
+}
+
+/// `trellis convert`: every object of `parent_path` at version `to`.
+pub fn convert(dirs: &[PathBuf], parent_path: &Path, to: &str) -> ExitCode {
+    let Ok(set) = load(dirs, Limits::default()) else {
+        return ExitCode::from(2);
+    };
+    let objects = match read_objects(parent_path, &yaml::Limits::FILES) {
+        Ok(objects) => objects,
+        Err(e) => {
+            stderr!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let version = to.rsplit('/').next().unwrap_or(to);
+    let mut out = String::new();
+    let mut failed = false;
+    for object in &objects {
+        let gvk = crate::kinds::Gvk::new(
+            object
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            object
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+        );
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let converted = crate::conversion::rule_for(&set, &gvk.group, &gvk.kind)
+            .ok_or_else(|| crate::conversion::ConversionError::NoRule {
+                group: gvk.group.clone(),
+                kind: gvk.kind.clone(),
+            })
+            .and_then(|rule| crate::conversion::convert(rule, object, version));
+        match converted.map(|c| yaml::to_string(&c)) {
+            Ok(Ok(text)) => {
+                if !out.is_empty() {
+                    out.push_str("---\n");
+                }
+                out.push_str(&text);
+            }
+            Ok(Err(e)) => {
+                stderr!("error: {} {name}: {e}", gvk.kind);
+                failed = true;
+            }
+            Err(e) => {
+                stderr!("error: {}: {} {name}: {e}", parent_path.display(), gvk.kind);
+                failed = true;
+            }
+        }
+    }
+    if let Err(code) = print_out(&out) {
+        return code;
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `trellis crd --against-cluster`: per rule with `crd:`, whether applying
+/// its CRD over the live one would break anything. Exit 0 when nothing
+/// unallowed would, 1 when something would, 2 on an error.
+pub fn crd_against_cluster(dirs: &[PathBuf]) -> ExitCode {
+    let Ok(set) = load(dirs, Limits::default()) else {
+        return ExitCode::from(2);
+    };
+    let verdicts = super::with_cluster(|client| async move {
+        let mut out = Vec::new();
+        for rule in set.rules.iter().filter(|r| r.crd.is_some()) {
+            let crd = rule.crd.as_ref().expect("filtered");
+            let changes = crate::operator::crds::breaking_changes(&client, crd).await?;
+            let allowed = rule
+                .rule
+                .spec
+                .crd
+                .as_ref()
+                .is_some_and(|c| c.allow_breaking);
+            out.push((rule.name.clone(), crd_name(crd), changes, allowed));
+        }
+        Ok::<_, crate::operator::crds::CrdApplyError>(out)
+    });
+    let verdicts = match verdicts {
+        Ok(v) => v,
+        Err(e) => {
+            stderr!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut text = String::new();
+    let mut refused = false;
+    for (rule, name, changes, allowed) in &verdicts {
+        if changes.is_empty() {
+            text.push_str(&format!(
+                "rule {rule}: CustomResourceDefinition {name}: safe to apply\n"
+            ));
+            continue;
+        }
+        refused |= !allowed;
+        text.push_str(&format!(
+            "rule {rule}: CustomResourceDefinition {name}: breaking{}\n",
+            if *allowed {
+                " (applied anyway: allowBreaking)"
+            } else {
+                " (not applied by --manage-crds)"
+            }
+        ));
+        for change in changes {
+            text.push_str(&format!("  {change}\n"));
+        }
+    }
+    if let Err(code) = print_out(&text) {
+        return code;
+    }
+    ExitCode::from(u8::from(refused))
+}
+
+fn crd_name(crd: &Value) -> String {
+    crd.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 pub fn crd(dirs: &[PathBuf]) -> ExitCode {

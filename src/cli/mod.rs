@@ -25,17 +25,19 @@ mod rbac;
 mod render;
 mod rollout;
 mod test;
+pub mod tree;
 
 pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
     RolloutAction, RolloutOutput,
 };
 pub use check::{check, lsp};
-pub use commands::{crd, crd_documents, diff, graph, schema};
-pub use rbac::rbac;
+pub use commands::{convert, crd, crd_against_cluster, crd_documents, diff, graph, schema};
+pub use rbac::{RbacRoles, rbac};
 pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
 pub use test::test;
+pub use tree::tree;
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).
 pub fn init_logging(format: LogFormat) {
@@ -148,6 +150,27 @@ fn warn_dropped(set: &RuleSet, crds: Option<&OfflineCrds>) -> usize {
         }
     }
     n
+}
+
+/// Runs `work` on a runtime of its own with a client of the cluster
+/// KUBECONFIG (or the in-cluster config) names: the commands that read a
+/// live cluster (`diff --live`, `rollout`, `rbac --from-cluster`). `Err` is
+/// the message to print.
+fn with_cluster<T, F, E>(work: impl FnOnce(kube::Client) -> F) -> Result<T, String>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
+        })?;
+        work(client).await.map_err(|e| e.to_string())
+    })
 }
 
 /// Writes `text` to stdout. A reader that went away (`trellis rbac | head`)

@@ -19,13 +19,25 @@ use crate::render::Limits;
 use crate::rules::{CompiledRule, RuleSet};
 use crate::yaml;
 
+/// Which roles `trellis rbac` prints.
+pub struct RbacRoles {
+    /// Also what `trellis run --manage-crds` needs.
+    pub manage_crds: bool,
+    /// Only the read-only role `trellis tree` needs (`--viewer`).
+    pub viewer: bool,
+}
+
 pub fn rbac(
     dirs: &[PathBuf],
     name: &str,
-    manage_crds: bool,
+    roles: RbacRoles,
     operator_namespace: &str,
     from_cluster: bool,
 ) -> ExitCode {
+    let RbacRoles {
+        manage_crds,
+        viewer,
+    } = roles;
     let set = match load(dirs, Limits::default()) {
         Ok(set) => set,
         Err(code) => return code,
@@ -58,7 +70,12 @@ pub fn rbac(
     // One document per role: the operator's ClusterRole, one ClusterRole
     // per rule with `serviceAccountName`, then the operator's Role.
     let mut documents = Vec::new();
-    for role in crate::rbac::all_roles(&versions, name, operator_namespace, manage_crds) {
+    let roles = if viewer {
+        vec![crate::rbac::viewer_role(&versions, name)]
+    } else {
+        crate::rbac::all_roles(&versions, name, operator_namespace, manage_crds)
+    };
+    for role in roles {
         match yaml::to_string(&role) {
             Ok(text) => documents.push(text.trim_end().to_owned()),
             Err(e) => {
@@ -78,21 +95,14 @@ pub fn rbac(
 /// version that cannot be read back is an error, since the output would
 /// not cover it.
 fn live_versions(set: &RuleSet, namespace: &str) -> Result<Vec<Arc<CompiledRule>>, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            format!("--from-cluster: cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
-        })?;
+    super::with_cluster(|client| async move {
         let mut out = Vec::new();
         for rule in set.rules.iter().filter(|r| r.rollout.is_some()) {
             let stored = versions::list(&client, namespace, &rule.name)
                 .await
                 .map_err(|e| {
                     format!(
-                        "--from-cluster: cannot list the revision ConfigMaps of rule {} in namespace {namespace}: {e}",
+                        "cannot list the revision ConfigMaps of rule {} in namespace {namespace}: {e}",
                         rule.name
                     )
                 })?;
@@ -135,6 +145,7 @@ fn live_versions(set: &RuleSet, namespace: &str) -> Result<Vec<Arc<CompiledRule>
                 out.push(Arc::new(version));
             }
         }
-        Ok(out)
+        Ok::<_, String>(out)
     })
+    .map_err(|e| format!("--from-cluster: {e}"))
 }

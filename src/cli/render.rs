@@ -73,7 +73,7 @@ pub fn render(
     let doc = render_document_with(rule, parent, observed, &now, crds.as_ref());
     let text = match output {
         Output::Json => serde_json::to_string_pretty(&doc).map_err(|e| e.to_string()),
-        Output::Yaml => yaml::to_string(&doc),
+        Output::Yaml => yaml::to_string(&doc).map_err(|e| e.to_string()),
     };
     match text {
         Ok(text) => {

@@ -26,21 +26,8 @@ pub enum Action {
 
 pub fn rollout(action: Action, operator_namespace: Option<String>) -> ExitCode {
     let error = ExitCode::from(2);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            stderr!("error: cannot start the async runtime: {e}");
-            return error;
-        }
-    };
     let home = crate::operator::home::operator_namespace(operator_namespace.as_deref());
-    let result = runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            format!("cannot build a Kubernetes client (KUBECONFIG or in-cluster config): {e}")
-        })?;
+    let result = super::with_cluster(|client| async move {
         match &action {
             Action::Status { rule, json } => {
                 let rollouts = read(&client, &home, rule.as_deref()).await?;
@@ -63,7 +50,8 @@ pub fn rollout(action: Action, operator_namespace: Option<String>) -> ExitCode {
                 } else {
                     "abort"
                 };
-                let name = crate::operator::rollout::versions::decide(&client, &home, rule, what).await?;
+                let name =
+                    crate::operator::rollout::versions::decide(&client, &home, rule, what).await?;
                 Ok(format!(
                     "{what} of rule {rule} recorded on ConfigMap {home}/{name}; the leader acts on it within seconds\n"
                 ))

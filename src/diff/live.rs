@@ -7,8 +7,8 @@
 //! Where the operator would skip a write (a `createOnly` child that exists,
 //! a child whose live object carries this rendering's hash and every field
 //! it sets), so does this, with the same functions
-//! ([`crate::operator::live_render_hash`], [`crate::drift::drifted`],
-//! [`crate::operator::foreign_owner`]).
+//! ([`crate::ownership::live_render_hash`], [`crate::drift::drifted`],
+//! [`crate::ownership::foreign_owner`]).
 
 use std::collections::BTreeSet;
 
@@ -28,6 +28,11 @@ use crate::rules::{CompiledRule, RuleSet};
 use dry_run::{child_change, patch_change, status_changes};
 
 mod dry_run;
+mod fetched;
+mod planned;
+
+use fetched::Fetched;
+pub(crate) use planned::{Planned, plan_live};
 
 /// Which parents to diff.
 pub enum Target<'a> {
@@ -49,38 +54,77 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+/// Why `trellis diff` against a cluster could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The 404 of discovery says little: say what is likely missing.
+    #[error("{0} is not served by the API server (is its CRD installed?)")]
+    ParentNotServed(Gvk),
+    #[error(transparent)]
+    NotServed(#[from] crate::operator::discovery::NotServed),
+    #[error("the parent manifest needs apiVersion, kind and metadata.name")]
+    IncompleteManifest,
+    #[error("no rule has parent {0}")]
+    NoRuleForParent(Gvk),
+    #[error("no rule named `{0}`")]
+    NoSuchRule(String),
+    #[error("{0} does not exist on the cluster (diff compares a live parent)")]
+    ParentMissing(String),
+    /// A read or a dry-run write the API server refused; `what` names it.
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube::Error },
+}
+
+impl LiveError {
+    fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LiveError {
+        let what = what.into();
+        move |source| LiveError::Api { what, source }
+    }
+}
+
 /// Every kind one rule touches, resolved through discovery.
-struct Kinds {
-    parent: Resolved,
-    /// Child and related kinds.
-    others: Vec<Resolved>,
+pub(crate) struct Kinds {
+    pub(crate) parent: Resolved,
+    /// Child, related and patch-target kinds.
+    pub(crate) others: Vec<Resolved>,
+    /// Related and patch-target kinds the API server does not serve, and
+    /// why: as in the operator, their entries hold back only their readers
+    /// (`RelatedKindNotServed`), never the whole pass.
+    pub(crate) unserved: Vec<(Gvk, String)>,
 }
 
 impl Kinds {
-    async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, String> {
-        // The 404 of discovery says little: say what is likely missing.
-        let parent = resolve(client, &rule.parent).await.map_err(|_| {
-            format!(
-                "{} is not served by the API server (is its CRD installed?)",
-                rule.parent
-            )
-        })?;
+    pub(crate) async fn of(client: &Client, rule: &CompiledRule) -> Result<Kinds, LiveError> {
+        let parent = resolve(client, &rule.parent)
+            .await
+            .map_err(|_| LiveError::ParentNotServed(rule.parent.clone()))?;
         let mut others: Vec<Resolved> = Vec::new();
-        let gvks = rule
-            .children
+        let mut unserved: Vec<(Gvk, String)> = Vec::new();
+        let children = rule.children.iter().map(|c| (c.gvk.clone(), true));
+        let reads = rule
+            .related
             .iter()
-            .map(|c| c.gvk.clone())
-            .chain(rule.related.iter().map(|r| r.gvk.clone()))
-            .chain(rule.patches.iter().map(|p| p.gvk.clone()));
-        for gvk in gvks {
-            if !others.iter().any(|o| o.gvk == gvk) {
-                others.push(resolve(client, &gvk).await?);
+            .map(|r| r.gvk.clone())
+            .chain(rule.patches.iter().map(|p| p.gvk.clone()))
+            .map(|gvk| (gvk, false));
+        for (gvk, required) in children.chain(reads) {
+            if others.iter().any(|o| o.gvk == gvk) || unserved.iter().any(|(g, _)| *g == gvk) {
+                continue;
+            }
+            match resolve(client, &gvk).await {
+                Ok(kind) => others.push(kind),
+                Err(why) if !required => unserved.push((gvk, why.to_string())),
+                Err(why) => return Err(why.into()),
             }
         }
-        Ok(Kinds { parent, others })
+        Ok(Kinds {
+            parent,
+            others,
+            unserved,
+        })
     }
 
-    fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
+    pub(crate) fn find(&self, group: &str, kind: &str) -> Option<&Resolved> {
         std::iter::once(&self.parent)
             .chain(&self.others)
             .find(|k| k.gvk.group == group && k.gvk.kind == kind)
@@ -101,7 +145,7 @@ fn api(client: &Client, kind: &Resolved, namespace: Option<&str>) -> Api<Dynamic
 }
 
 /// An object as JSON, with its apiVersion/kind (list items may lack them).
-fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
+pub(crate) fn to_value(mut obj: DynamicObject, kind: &Resolved) -> Value {
     obj.types = Some(TypeMeta {
         api_version: kind.resource.api_version.clone(),
         kind: kind.resource.kind.clone(),
@@ -118,7 +162,11 @@ fn describe(kind: &str, namespace: Option<&str>, name: &str) -> String {
 
 /// Diffs the targeted parents. `Err` when the cluster cannot answer (or the
 /// manifest names no rule's parent); a failing pass is reported in the diff.
-pub async fn diff(client: &Client, set: &RuleSet, target: &Target<'_>) -> Result<Report, String> {
+pub async fn diff(
+    client: &Client,
+    set: &RuleSet,
+    target: &Target<'_>,
+) -> Result<Report, LiveError> {
     let home = crate::operator::home::operator_namespace(None);
     diff_as(client, set, target, &home).await
 }
@@ -131,7 +179,7 @@ pub async fn diff_as(
     set: &RuleSet,
     target: &Target<'_>,
     operator_namespace: &str,
-) -> Result<Report, String> {
+) -> Result<Report, LiveError> {
     let writer = |rule: &CompiledRule| match &rule.rule.spec.service_account_name {
         Some(account) => crate::operator::identity::impersonating(
             client.clone(),
@@ -146,12 +194,12 @@ pub async fn diff_as(
             let (Some(api_version), Some(kind), Some(name)) =
                 (s("/apiVersion"), s("/kind"), s("/metadata/name"))
             else {
-                return Err("the parent manifest needs apiVersion, kind and metadata.name".into());
+                return Err(LiveError::IncompleteManifest);
             };
             let gvk = Gvk::new(api_version, kind);
             let rules: Vec<_> = set.for_parent(&gvk).collect();
             if rules.is_empty() {
-                return Err(format!("no rule has parent {api_version} {kind}"));
+                return Err(LiveError::NoRuleForParent(gvk));
             }
             for rule in rules {
                 let kinds = Kinds::of(client, rule).await?;
@@ -161,13 +209,8 @@ pub async fn diff_as(
                 let live = api(client, &kinds.parent, namespace)
                     .get_opt(name)
                     .await
-                    .map_err(|e| format!("{}: {e}", describe(kind, namespace, name)))?
-                    .ok_or_else(|| {
-                        format!(
-                            "{} does not exist on the cluster (diff compares a live parent)",
-                            describe(kind, namespace, name)
-                        )
-                    })?;
+                    .map_err(LiveError::api(describe(kind, namespace, name)))?
+                    .ok_or_else(|| LiveError::ParentMissing(describe(kind, namespace, name)))?;
                 let live = to_value(live, &kinds.parent);
                 report.diffs.push(
                     diff_parent(
@@ -186,7 +229,7 @@ pub async fn diff_as(
             if let Some(name) = rule
                 && set.get(name).is_none()
             {
-                return Err(format!("no rule named `{name}`"));
+                return Err(LiveError::NoSuchRule(name.clone()));
             }
             for r in &set.rules {
                 if rule.as_ref().is_some_and(|n| *n != r.name) {
@@ -202,7 +245,7 @@ pub async fn diff_as(
                 let parents = api(client, &kinds.parent, namespace.as_deref())
                     .list(&ListParams::default())
                     .await
-                    .map_err(|e| format!("listing {}: {e}", r.parent))?;
+                    .map_err(LiveError::api(format!("listing {}", r.parent)))?;
                 let mut parents: Vec<Value> = parents
                     .items
                     .into_iter()
@@ -226,7 +269,7 @@ pub async fn diff_as(
 
 /// For a rule with `rollout:`, its versions as the cluster keeps them (so
 /// each parent is diffed against the version it is due to run).
-async fn versions_of(
+pub(crate) async fn versions_of(
     client: &Client,
     operator_namespace: &str,
     rule: &std::sync::Arc<CompiledRule>,
@@ -259,7 +302,7 @@ async fn diff_parent(
     versions: Option<&crate::operator::versions::Versions>,
     kinds: &Kinds,
     parent: &Value,
-) -> Result<ParentDiff, String> {
+) -> Result<ParentDiff, LiveError> {
     let rule: &CompiledRule = newest;
     let s = |p: &str| parent.pointer(p).and_then(Value::as_str);
     let (name, namespace) = (
@@ -271,30 +314,19 @@ async fn diff_parent(
         parent: describe(&rule.parent.kind, namespace, name),
         ..ParentDiff::default()
     };
-    // The operator's entry checks, in the operator's order.
-    if let Some(why) = crate::pass::entry(rule, parent, None).skipped() {
-        out.skipped = Some(why);
-        return Ok(out);
-    }
+    let (rule, observed, pass) = match plan_live(client, newest, versions, kinds, parent).await? {
+        Planned::Skipped(why) => {
+            out.skipped = Some(why);
+            return Ok(out);
+        }
+        Planned::Pass {
+            rule,
+            observed,
+            plan,
+        } => (rule, observed, plan),
+    };
+    let rule: &CompiledRule = &rule;
     let uid = s("/metadata/uid").unwrap_or_default();
-
-    // The children, as the operator's caches hold them.
-    let objects = live_children(client, rule, kinds, uid).await?;
-    let due = versions.map(|v| {
-        let on = parent
-            .pointer("/status/ruleRevision")
-            .or_else(|| {
-                objects.iter().find_map(|o| {
-                    o.pointer("/metadata/labels")?
-                        .get(crate::plan::LABEL_REVISION)
-                })
-            })
-            .and_then(Value::as_str);
-        v.rule_for(newest, uid, on)
-    });
-    let rule: &CompiledRule = due.as_deref().unwrap_or(rule);
-
-    let (observed, pass) = plan_with_reads(client, rule, kinds, parent, objects).await?;
 
     for apply in &pass.apply {
         let change =
@@ -404,7 +436,7 @@ async fn live_children(
     rule: &CompiledRule,
     kinds: &Kinds,
     uid: &str,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, LiveError> {
     let mut objects = Vec::new();
     let selector = format!("{LABEL_RULE}={},{LABEL_PARENT_UID}={uid}", rule.name);
     for child in &rule.children {
@@ -420,7 +452,7 @@ async fn live_children(
         let list = api(client, kind, None)
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(|e| format!("listing {} children: {e}", child.gvk))?;
+            .map_err(LiveError::api(format!("listing {} children", child.gvk)))?;
         objects.extend(
             list.items
                 .into_iter()
@@ -438,7 +470,7 @@ async fn plan_with_reads(
     kinds: &Kinds,
     parent: &Value,
     mut objects: Vec<Value>,
-) -> Result<(Observed, plan::Plan), String> {
+) -> Result<(Observed, plan::Plan), LiveError> {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let scope_of = |g: &Gvk| kinds.scope_of(g);
     let mut fetched: BTreeSet<String> = BTreeSet::new();
@@ -447,6 +479,10 @@ async fn plan_with_reads(
     let mut rounds = 0;
     loop {
         observed = Observed::from_objects(objects.iter().cloned());
+        if !kinds.unserved.is_empty() {
+            let fetched = Fetched::new(&observed, &kinds.unserved);
+            observed = observed.with_related(std::sync::Arc::new(fetched));
+        }
         pass = plan::plan(
             rule,
             &Input {
@@ -479,13 +515,16 @@ async fn fetch_related(
     client: &Client,
     kinds: &Kinds,
     read: &RelatedRead,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, LiveError> {
     let gvk = Gvk::new(&read.api_version, &read.kind);
     let Some(kind) = kinds.find(&gvk.group, &gvk.kind) else {
         return Ok(Vec::new());
     };
     let api = api(client, kind, read.namespace.as_deref());
-    let fail = |e: kube::Error| format!("reading related `{}` ({gvk}): {e}", read.id);
+    let fail = |source: kube::Error| LiveError::Api {
+        what: format!("reading related `{}` ({gvk})", read.id),
+        source,
+    };
     match &read.target {
         RelatedTarget::Name(name) => Ok(api
             .get_opt(name)

@@ -134,19 +134,15 @@ fn child<'s>(root: &'s Value, node: &'s Value, key: &str) -> Option<&'s Value> {
     {
         return Some(found);
     }
-    for alt in ["anyOf", "oneOf", "allOf"] {
-        for branch in node
-            .get(alt)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(found) = child(root, branch, key) {
-                return Some(found);
-            }
-        }
-    }
-    None
+    alternatives(node).find_map(|branch| child(root, branch, key))
+}
+
+/// The branches of a node's `anyOf`, `oneOf` and `allOf`, in that order.
+fn alternatives(node: &Value) -> impl Iterator<Item = &Value> {
+    ["anyOf", "oneOf", "allOf"]
+        .into_iter()
+        .filter_map(|alt| node.get(alt).and_then(Value::as_array))
+        .flatten()
 }
 
 /// The fields a node declares (through list items and alternatives), with
@@ -163,15 +159,8 @@ pub fn fields_of<'s>(root: &'s Value, node: &'s Value) -> Vec<(&'s str, Option<&
         if let Some(items) = node.get("items") {
             return fields_of(root, items);
         }
-        for alt in ["anyOf", "oneOf", "allOf"] {
-            for branch in node
-                .get(alt)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                out.extend(fields_of(root, branch));
-            }
+        for branch in alternatives(node) {
+            out.extend(fields_of(root, branch));
         }
     }
     out
@@ -237,6 +226,28 @@ spec:
         assert!(
             names.contains(&"children") && names.contains(&"parent"),
             "{names:?}"
+        );
+    }
+
+    #[test]
+    fn the_sharing_fields_are_offered_where_they_belong() {
+        let schema = crate::rules::model::json_schema();
+        for (path, field) in [
+            (&["spec"][..], "propagate"),
+            (&["spec", "status"][..], "inventory"),
+            (&["spec", "crd"][..], "scale"),
+            (&["spec", "crd", "scale"][..], "labelSelectorPath"),
+            (&["spec", "status", "conditions"][..], "forEach"),
+            (&["spec", "propagate"][..], "annotations"),
+        ] {
+            let node = schema_at(&schema, &strings(path)).unwrap_or_else(|| panic!("{path:?}"));
+            let names: Vec<&str> = fields_of(&schema, node).iter().map(|(k, _)| *k).collect();
+            assert!(names.contains(&field), "{path:?}: {names:?}");
+        }
+        let for_each = schema_at(&schema, &strings(&["spec", "children", "forEach"])).unwrap();
+        assert!(
+            description(&schema, for_each).is_some_and(|d| d.contains("combination")),
+            "{for_each}"
         );
     }
 }

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::leadership::leader::Gate;
+use super::webhook::Endpoint;
 use crate::rules::RuleSet;
 
 /// How long one CRD may take to become Established before we log and move on.
@@ -37,10 +38,11 @@ const ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 pub fn spawn(
     client: Client,
     gate: Gate,
+    webhook: Endpoint,
     shutdown: CancellationToken,
 ) -> watch::Sender<Option<Arc<RuleSet>>> {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(manage(client, gate, rx, shutdown));
+    tokio::spawn(manage(client, gate, rx, webhook, shutdown));
     tx
 }
 
@@ -48,48 +50,159 @@ async fn manage(
     client: Client,
     gate: Gate,
     mut sets: watch::Receiver<Option<Arc<RuleSet>>>,
+    mut webhook: Endpoint,
     shutdown: CancellationToken,
 ) {
     let mut became_leader = gate.became_leader().boxed();
     loop {
         let set = sets.borrow_and_update().clone();
+        webhook.ca.borrow_and_update();
         if let Some(set) = set
             && gate.may_write()
         {
-            apply_all(&client, &set).await;
+            apply_all(&client, &set, Some(&webhook)).await;
         }
+        // A new CA (first made, or rotated) goes into every caBundle.
         tokio::select! {
             _ = shutdown.cancelled() => return,
             changed = sets.changed() => if changed.is_err() { return },
+            changed = webhook.ca.changed() => if changed.is_err() { return },
             woke = became_leader.next() => if woke.is_none() { return },
         }
     }
 }
 
+/// The CRD as applied: a kind with versions gets the webhook's
+/// `clientConfig` and CA; `None` while the CA it must carry is not known.
+fn with_webhook(crd: &Value, webhook: Option<&Endpoint>) -> Option<Value> {
+    let (Some(webhook), Some(_)) = (webhook, crd.pointer("/spec/conversion/webhook")) else {
+        return Some(crd.clone());
+    };
+    let ca = webhook.ca.borrow().clone();
+    if ca.is_none() && webhook.settings.cert_dir.is_none() {
+        return None;
+    }
+    let mut crd = crd.clone();
+    crd["spec"]["conversion"]["webhook"]["clientConfig"] =
+        webhook.settings.client_config(ca.as_deref());
+    Some(crd)
+}
+
 /// Applies every generated CRD of `set` and waits for each to be Established.
-pub async fn apply_all(client: &Client, set: &RuleSet) {
+pub async fn apply_all(client: &Client, set: &RuleSet, webhook: Option<&Endpoint>) {
     for rule in &set.rules {
-        if let Some(crd) = &rule.crd
-            && let Err(e) = apply(client, crd).await
-        {
+        let allow_breaking = rule
+            .rule
+            .spec
+            .crd
+            .as_ref()
+            .is_some_and(|c| c.allow_breaking);
+        let Some(generated) = &rule.crd else {
+            continue;
+        };
+        let Some(crd) = with_webhook(generated, webhook) else {
+            info!(rule = %rule.name, "--manage-crds: the CRD waits for the conversion webhook's CA");
+            continue;
+        };
+        if let Err(e) = apply_checked(client, &crd, allow_breaking).await {
             warn!(rule = %rule.name, "--manage-crds: {e}");
         }
     }
 }
 
+/// Why a generated CRD could not be applied, naming it.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdApplyError {
+    #[error("a generated CRD without a name")]
+    Unnamed,
+    #[error("applying CustomResourceDefinition {name}: {source}")]
+    Refused { name: String, source: kube::Error },
+    #[error("CustomResourceDefinition {0} disappeared after it was applied")]
+    Disappeared(String),
+    #[error("watching CustomResourceDefinition {name}: {source}")]
+    Watch {
+        name: String,
+        source: kube::runtime::wait::Error,
+    },
+    #[error("CustomResourceDefinition {0} not Established within {ESTABLISHED_WITHIN:?}")]
+    NotEstablished(String),
+    #[error("reading the live CustomResourceDefinition {name}: {source}")]
+    Read { name: String, source: kube::Error },
+    /// The change would break stored parents or clients; `crd:
+    /// {allowBreaking: true}` applies it anyway.
+    #[error("CustomResourceDefinition {name} not applied: the change is breaking (crd: {{allowBreaking: true}} applies it anyway):\n{}", .changes.iter().map(|c| format!("  {c}")).collect::<Vec<_>>().join("\n"))]
+    Breaking {
+        name: String,
+        changes: Vec<crate::crd::breaking::Breaking>,
+    },
+}
+
 /// Server-side applies one CRD (taking over fields another manager set:
-/// the rule is the source of truth) and waits until it is Established.
-pub async fn apply(client: &Client, crd: &Value) -> Result<(), String> {
+/// the rule is the source of truth) and waits until it is Established. A
+/// change that would break stored parents or clients
+/// ([`crate::crd::breaking`]) is refused unless `allow_breaking`.
+pub async fn apply_checked(
+    client: &Client,
+    crd: &Value,
+    allow_breaking: bool,
+) -> Result<(), CrdApplyError> {
     let name = crd
         .pointer("/metadata/name")
         .and_then(Value::as_str)
-        .ok_or("a generated CRD without a name")?;
+        .ok_or(CrdApplyError::Unnamed)?;
+    if !allow_breaking {
+        let changes = breaking_changes(client, crd).await?;
+        if !changes.is_empty() {
+            return Err(CrdApplyError::Breaking {
+                name: name.to_owned(),
+                changes,
+            });
+        }
+    }
+    apply(client, crd).await
+}
+
+/// What applying `crd` over the live one would break (nothing when there
+/// is no live one).
+pub async fn breaking_changes(
+    client: &Client,
+    crd: &Value,
+) -> Result<Vec<crate::crd::breaking::Breaking>, CrdApplyError> {
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or(CrdApplyError::Unnamed)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let live = api
+        .get_opt(name)
+        .await
+        .map_err(|source| CrdApplyError::Read {
+            name: name.to_owned(),
+            source,
+        })?;
+    Ok(match live {
+        Some(live) => {
+            crate::crd::breaking::changes(&serde_json::to_value(&live).unwrap_or_default(), crd)
+        }
+        None => Vec::new(),
+    })
+}
+
+/// [`apply_checked`] without the check: the rule is the source of truth.
+pub async fn apply(client: &Client, crd: &Value) -> Result<(), CrdApplyError> {
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or(CrdApplyError::Unnamed)?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(crate::crd::FIELD_MANAGER).force();
     let applied = api
         .patch(name, &params, &Patch::Apply(crd))
         .await
-        .map_err(|e| format!("applying CustomResourceDefinition {name}: {e}"))?;
+        .map_err(|source| CrdApplyError::Refused {
+            name: name.to_owned(),
+            source,
+        })?;
     let established = await_condition(api, name, conditions::is_crd_established());
     match tokio::time::timeout(ESTABLISHED_WITHIN, established).await {
         Ok(Ok(Some(_))) => {
@@ -100,12 +213,11 @@ pub async fn apply(client: &Client, crd: &Value) -> Result<(), String> {
             );
             Ok(())
         }
-        Ok(Ok(None)) => Err(format!(
-            "CustomResourceDefinition {name} disappeared after it was applied"
-        )),
-        Ok(Err(e)) => Err(format!("watching CustomResourceDefinition {name}: {e}")),
-        Err(_) => Err(format!(
-            "CustomResourceDefinition {name} not Established within {ESTABLISHED_WITHIN:?}"
-        )),
+        Ok(Ok(None)) => Err(CrdApplyError::Disappeared(name.to_owned())),
+        Ok(Err(source)) => Err(CrdApplyError::Watch {
+            name: name.to_owned(),
+            source,
+        }),
+        Err(_) => Err(CrdApplyError::NotEstablished(name.to_owned())),
     }
 }

@@ -44,6 +44,7 @@ mod retry;
 pub mod rollout;
 mod supervisor;
 pub mod watches;
+pub mod webhook;
 
 // `trellis diff` and the CLI reach these by the names they had before the
 // operator had rooms.
@@ -71,9 +72,6 @@ use leadership::{leader, shards};
 use pass::summary;
 
 pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
-/// What a pass decides about an existing object, shared with `trellis diff`.
-pub use pass::apply::{foreign_owner, live_render_hash};
-pub use pass::status_write::status_patch;
 
 /// Finalizer that holds a parent until trellis has removed its children.
 pub const FINALIZER: &str = "trellis.dev/cleanup";
@@ -112,6 +110,8 @@ pub struct Options {
     /// How often a running rule's account is checked again (10 minutes;
     /// shorter in tests).
     pub account_recheck: Duration,
+    /// The conversion webhook (started once a rule has `versions:`).
+    pub webhook: webhook::Settings,
 }
 
 impl Options {
@@ -132,6 +132,7 @@ impl Options {
             operator_namespace: "default".into(),
             require_service_account: false,
             account_recheck: Duration::from_secs(600),
+            webhook: webhook::Settings::new("default"),
         }
     }
 }
@@ -157,6 +158,8 @@ pub struct Shared {
     pub shards: Option<Arc<shards::Shards>>,
     /// With `--manage-crds`: where each rule set going into force is sent.
     pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
+    /// The rule set in force, for the conversion webhook.
+    pub in_force: watch::Sender<Option<Arc<RuleSet>>>,
     /// The operator's own namespace: revision ConfigMaps, rules' accounts.
     pub operator_namespace: String,
     /// The clients rules with `serviceAccountName` write their children with.
@@ -180,11 +183,14 @@ impl Shared {
         }
     }
 
-    /// Hands a rule set going into force to the CRD manager (`--manage-crds`).
+    /// Hands a rule set going into force to the CRD manager
+    /// (`--manage-crds`) and the conversion webhook.
     pub fn offer_crds(&self, set: &RuleSet) {
+        let set = Arc::new(set.clone());
         if let Some(tx) = &self.crds {
-            tx.send_replace(Some(Arc::new(set.clone())));
+            tx.send_replace(Some(set.clone()));
         }
+        self.in_force.send_replace(Some(set));
     }
 
     /// Records a rule's state (and the running-rules and rule-state gauges).
@@ -278,6 +284,16 @@ pub async fn run_with(
         Some(_) => leader::Gate::closed(),
         None => leader::Gate::open(),
     };
+    let (in_force, in_force_rx) = watch::channel(None);
+    let endpoint = webhook::spawn(
+        client.clone(),
+        options.webhook.clone(),
+        gate.clone(),
+        options.operator_namespace.clone(),
+        in_force_rx,
+        metrics.clone(),
+        shutdown.clone(),
+    );
     let shared = Arc::new(Shared {
         client: client.clone(),
         recorder,
@@ -295,7 +311,8 @@ pub async fn run_with(
             .map(|s| shards::Shards::new(&s.identity)),
         crds: options
             .manage_crds
-            .then(|| crds::spawn(client.clone(), gate.clone(), shutdown.clone())),
+            .then(|| crds::spawn(client.clone(), gate.clone(), endpoint, shutdown.clone())),
+        in_force,
         operator_namespace: options.operator_namespace.clone(),
         identities: identity::Identities::new(client.clone(), options.operator_namespace.clone()),
         account_recheck: options.account_recheck,

@@ -94,7 +94,7 @@ impl Graph {
             id: c.spec.id.clone(),
             kind: NodeKind::Child,
             object_kind: c.spec.kind.clone(),
-            for_each: c.spec.for_each.clone(),
+            for_each: c.spec.for_each.as_ref().map(ToString::to_string),
             include_when: c.spec.include_when.clone(),
             policy: (c.spec.policy != Policy::Apply).then_some(c.spec.policy),
             selector: false,
@@ -107,7 +107,7 @@ impl Graph {
             id: c.spec.id.clone(),
             kind: NodeKind::Patch,
             object_kind: c.spec.kind.clone(),
-            for_each: c.spec.for_each.clone(),
+            for_each: c.spec.for_each.as_ref().map(ToString::to_string),
             include_when: c.spec.include_when.clone(),
             policy: None,
             selector: false,
@@ -524,6 +524,35 @@ mod tests {
         assert!(
             m.contains("    app__sa>\"sa<br/>ServiceAccount<br/>patch, force\"]\n"),
             "{m}"
+        );
+    }
+
+    #[test]
+    fn a_cartesian_for_each_is_one_node_per_combination_and_its_reads_are_edges() {
+        let rule = crate::rules::testing::rule_with_spec(
+            r#"  parent: {apiVersion: demo.trellis.dev/v1, kind: App}
+  children:
+    - id: zones
+      apiVersion: v1
+      kind: ConfigMap
+      template: "metadata: {name: z}"
+    - id: cell
+      apiVersion: v1
+      kind: ConfigMap
+      forEach: {region: spec.regions, zone: "children.zones.data | list"}
+      template: "metadata: {name: {{ item.region ~ item.zone }}}"
+"#,
+        );
+        let g = Graph::of(&rule);
+        assert_eq!(
+            g.nodes[1].for_each.as_deref(),
+            Some("{region: spec.regions, zone: children.zones.data | list}")
+        );
+        assert_eq!(edges(&g), [("zones", "cell", EdgeKind::Implicit)]);
+        let mermaid = to_mermaid(&[g]);
+        assert!(
+            mermaid.contains("app__cell[[\"cell<br/>ConfigMap<br/>forEach: {region: spec.regions, zone: children.zones.data | list}\"]]"),
+            "{mermaid}"
         );
     }
 }

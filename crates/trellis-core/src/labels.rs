@@ -7,12 +7,17 @@
 use sha2::{Digest, Sha256};
 
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Every label and annotation of trellis's own starts with this.
+pub const LABEL_PREFIX: &str = "trellis.dev/";
 pub const LABEL_RULE: &str = "trellis.dev/rule";
 pub const LABEL_CHILD: &str = "trellis.dev/child";
 pub const LABEL_PARENT_UID: &str = "trellis.dev/parent-uid";
 /// The revision of the rule version that rendered the child.
 pub const LABEL_REVISION: &str = "trellis.dev/revision";
 pub const MANAGED_BY: &str = "trellis";
+/// Every label and annotation trellis writes under its own name starts so;
+/// `propagate:` never copies one from a parent.
+pub const TRELLIS_PREFIX: &str = "trellis.dev/";
 /// On children with `deletionPolicy: retain`: released, never deleted, by
 /// whichever rule version or cleanup finds them.
 pub const LABEL_DELETION_POLICY: &str = "trellis.dev/deletion-policy";

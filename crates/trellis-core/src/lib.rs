@@ -13,6 +13,7 @@
 
 pub mod clock;
 pub mod conform;
+pub mod conversion;
 pub mod crd;
 pub mod drift;
 pub mod field_path;
@@ -22,6 +23,7 @@ pub mod kinds;
 pub mod labels;
 pub mod manifests;
 pub mod offline;
+pub mod ownership;
 pub mod pass;
 pub mod plan;
 pub mod rbac;
@@ -31,4 +33,5 @@ pub mod rollout;
 pub mod rules;
 pub mod shard;
 pub mod status;
+pub mod status_patch;
 pub mod yaml;

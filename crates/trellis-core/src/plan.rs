@@ -33,7 +33,7 @@
 //! Nothing here performs I/O or reads the clock: the caller passes `now`, and
 //! the operator and `trellis render` get the very same answer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use minijinja::context;
 use serde::Serialize;
@@ -68,6 +68,34 @@ pub struct Apply {
     /// SHA-256 of the rendered object (before the hash annotation is added):
     /// the operator skips unchanged applies and `recreate` compares it.
     pub hash: String,
+    /// The child's `handOff` paths as keys: left out of the apply once
+    /// another manager owns them ([`crate::ownership::handed_off`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hand_off: Vec<Vec<String>>,
+}
+
+impl Apply {
+    /// The rendering as drift detection compares it with the live object:
+    /// without the `handOff` paths, which differ from the rendering only
+    /// once someone else has changed them, and are then theirs.
+    pub fn compared(&self) -> std::borrow::Cow<'_, Value> {
+        if self.hand_off.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.object);
+        }
+        let all: Vec<&[String]> = self.hand_off.iter().map(Vec::as_slice).collect();
+        std::borrow::Cow::Owned(crate::ownership::without_fields(&self.object, &all))
+    }
+
+    /// What an apply over `live` (read with its `managedFields`) sends as
+    /// field manager `manager`: the rendering, less the `handOff` paths
+    /// another manager owns there.
+    pub fn body_over(&self, live: &Value, manager: &str) -> std::borrow::Cow<'_, Value> {
+        let taken = crate::ownership::handed_off(live, &self.hand_off, manager);
+        if taken.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.object);
+        }
+        std::borrow::Cow::Owned(crate::ownership::without_fields(&self.object, &taken))
+    }
 }
 
 /// An observed child to delete.
@@ -162,6 +190,9 @@ pub struct Plan {
     /// Children no longer rendered with `deletionPolicy: retain`: released
     /// (kept without anything of trellis's) instead of deleted.
     pub retain: Vec<Delete>,
+    /// What became of each child, patch and related entry, by id (empty
+    /// when the pass stopped before planning them: see `errors`).
+    pub outcomes: BTreeMap<String, EntryOutcome>,
 }
 
 /// Inputs of [`plan`] besides the rule.
@@ -257,7 +288,8 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
 
     // Per child: what happened in this pass.
     let mut outcome: BTreeMap<usize, Outcome> = BTreeMap::new();
-    let mut desired_keys: BTreeSet<ObjectKey> = BTreeSet::new();
+    // Every object rendered in this pass, with its readiness once known.
+    let mut desired_keys: BTreeMap<ObjectKey, bool> = BTreeMap::new();
     for &i in &rule.order {
         let child = &rule.children[i];
         let id = &child.spec.id;
@@ -331,11 +363,15 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         plan.failure_reason = Some(FailureReason::RenderError);
     }
 
+    plan.outcomes = outcome::collect(rule, &outcome, &patched.outcome, &related_states);
+
     if rule.writes_status() {
+        let inventory = inventory::entries(rule, &plan, &outcome, &observed, &desired_keys);
         let outcomes = Outcomes {
             vars: &vars,
             children: &outcome,
             patches: &patched.outcome,
+            inventory,
         };
         plan_status(rule, input, &info, &outcomes, &base, &children, &mut plan);
     }
@@ -381,12 +417,12 @@ fn take_rendered(
     rendered: Vec<(Apply, Option<Item>)>,
     base: &minijinja::Value,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
-    desired_keys: &mut BTreeSet<ObjectKey>,
+    desired_keys: &mut BTreeMap<ObjectKey, bool>,
     plan: &mut Plan,
 ) -> Result<(), String> {
     let id = &child.spec.id;
     for (a, _) in &rendered {
-        if !desired_keys.insert(a.key.clone()) {
+        if desired_keys.insert(a.key.clone(), false).is_some() {
             plan.errors.push(format!(
                 "child \"{id}\": {} is rendered twice in this rule",
                 a.key
@@ -396,7 +432,7 @@ fn take_rendered(
     // A failed `readyWhen` is an error of the pass (nothing is
     // pruned) and holds back the child's dependents; the child
     // itself is applied, its readiness being read off the object.
-    let ready = match child_ready(rule, child, base, observed, &rendered) {
+    let ready = match child_ready(rule, child, base, observed, &rendered, desired_keys) {
         Ok(ready) => ready,
         Err(err) => {
             let why = err.to_string();
@@ -419,7 +455,7 @@ fn plan_prune(
     input: &Input,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     outcome: &BTreeMap<usize, Outcome>,
-    desired_keys: &BTreeSet<ObjectKey>,
+    desired_keys: &BTreeMap<ObjectKey, bool>,
     plan: &mut Plan,
 ) {
     let (retain, delete) = prune(rule, observed, outcome, desired_keys)
@@ -451,14 +487,14 @@ fn prune(
     rule: &CompiledRule,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     outcome: &BTreeMap<usize, Outcome>,
-    desired_keys: &BTreeSet<ObjectKey>,
+    desired_keys: &BTreeMap<ObjectKey, bool>,
 ) -> Vec<Delete> {
     let mut delete = Vec::new();
     for (id, objects) in observed {
         let index = rule.children.iter().position(|c| &c.spec.id == id);
         let keep_all = matches!(index.and_then(|i| outcome.get(&i)), Some(Outcome::Pending));
         for (key, obj) in objects {
-            if keep_all || desired_keys.contains(key) {
+            if keep_all || desired_keys.contains_key(key) {
                 continue;
             }
             delete.push(Delete {
@@ -482,24 +518,33 @@ fn prune(
 mod child;
 mod children;
 mod conditions;
+mod inventory;
+mod items;
 mod object;
 mod observed;
 pub mod offline_input;
+mod outcome;
 mod parent;
 mod patch;
+mod propagate;
 mod related;
+mod rule_conditions;
 pub mod sample;
 mod vars;
 
-pub use child::MAX_FOR_EACH_ITEMS;
 use child::{ChildResult, Item, Outcome, plan_child};
 use children::{Children, with_children};
 use conditions::{Outcomes, build_status, child_ready, status_for_failure};
+pub use inventory::MAX_INVENTORY;
+pub use items::MAX_FOR_EACH_ITEMS;
 pub use object::object_hash;
 pub use observed::{ObjectKey, Observed, RelatedSource};
+pub use outcome::EntryOutcome;
+pub use parent::parent_context;
 use parent::{ParentInfo, with_spec};
 pub use parent::{deep_merge, parent_matches, why_not_selected};
 pub use patch::{PatchApply, Release, TARGET_NOT_FOUND, field_manager, has_manager};
+pub use propagate::{MAX_PROPAGATED_BYTES, MAX_PROPAGATED_KEYS};
 pub use related::{
     MAX_RELATED_ITEMS, RelatedRead, RelatedTarget, Unreadable, selector_matches,
     selector_matches_with,

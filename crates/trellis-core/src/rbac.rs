@@ -61,9 +61,11 @@ use crate::rules::model::{Policy, Scope};
 use crate::rules::{CompiledChild, CompiledRule, RuleSet};
 
 mod role_refs;
+mod viewer;
 #[cfg(test)]
 use role_refs::RoleRef;
 use role_refs::{BindingKind, bind_grants, role_refs};
+pub use viewer::{viewer_role, viewer_role_name};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 

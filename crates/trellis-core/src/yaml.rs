@@ -431,9 +431,11 @@ fn into_value(node: Node, path: String, lines: &mut HashMap<String, u64>) -> Val
     }
 }
 
+pub use serde_saphyr::SerializeError;
+
 /// Serializes any value as block-style YAML.
-pub fn to_string<T: serde::Serialize>(value: &T) -> Result<String, String> {
-    serde_saphyr::to_string(value).map_err(|e| e.to_string())
+pub fn to_string<T: serde::Serialize>(value: &T) -> Result<String, SerializeError> {
+    serde_saphyr::to_string(value)
 }
 
 #[cfg(test)]

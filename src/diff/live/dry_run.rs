@@ -9,10 +9,11 @@ use serde_json::{Value, json};
 
 use super::{Kinds, api, to_value};
 use crate::diff::{ChildChange, FieldChange, field_changes, object_changes};
-use crate::operator::{foreign_owner, live_render_hash, status_patch};
+use crate::ownership::{foreign_owner, live_render_hash};
 use crate::plan::{ANNOTATION_RENDER_HASH, Apply, ObjectKey};
 use crate::rules::CompiledRule;
 use crate::rules::model::Policy;
+use crate::status_patch::status_patch;
 
 /// What the operator's apply of one child would do, decided as it decides
 /// and, where it would write, answered by a dry-run.
@@ -70,15 +71,20 @@ pub(super) async fn child_change(
         }
         (_, Some(l))
             if live_render_hash(l) == Some(apply.hash.as_str())
-                && !crate::drift::drifted(&apply.object, l) =>
+                && !crate::drift::drifted(&apply.compared(), l) =>
         {
             return ChildChange::Unchanged;
         }
         _ => {}
     }
     let params = PatchParams::apply(&manager).force().dry_run();
+    // Listed objects carry their managedFields: what is handed off is known.
+    let body = match &live {
+        Some(l) => apply.body_over(l, &manager),
+        None => std::borrow::Cow::Borrowed(&apply.object),
+    };
     match api
-        .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+        .patch(&apply.key.name, &params, &Patch::Apply(&*body))
         .await
     {
         Err(e) => refused(format!("applying {}: {e}", apply.key)),
@@ -171,7 +177,7 @@ pub(super) async fn status_changes(
     name: &str,
     namespace: Option<&str>,
     status: &Value,
-) -> Result<Vec<FieldChange>, String> {
+) -> Result<Vec<FieldChange>, super::LiveError> {
     let api = api(client, &kinds.parent, namespace);
     let claim = if kinds.parent.status_subresource {
         None
@@ -190,7 +196,7 @@ pub(super) async fn status_changes(
     } else {
         api.patch(name, &params, &Patch::Merge(&patch)).await
     };
-    let after = result.map_err(|e| format!("status of {name}: {e}"))?;
+    let after = result.map_err(super::LiveError::api(format!("status of {name}")))?;
     let after = after.data.get("status").cloned().unwrap_or(json!({}));
     let before = parent.get("status").cloned().unwrap_or(json!({}));
     let mut changes = field_changes(&before, &after);

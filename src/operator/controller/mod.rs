@@ -53,13 +53,28 @@ async fn pause(shared: &Shared, shutdown: &CancellationToken, timeout: Duration)
     }
 }
 
+/// How long a rule waiting for a kind (or for its versions) waits before
+/// it looks again, when no CRD change wakes it first: 1 s doubling to 30 s.
+fn waiting_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
+
+fn next_retry(backoff: &mut backon::ExponentialBackoff) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(30))
+}
+
 async fn rule_loop(
     rules: watch::Receiver<Arc<CompiledRule>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
     let name = rules.borrow().name.clone();
-    let mut retry = Duration::from_secs(1);
+    let mut retry = waiting_backoff();
     let mut last_state: Option<RuleState> = None;
     // Logs a state once, not on every retry.
     let report = |last: &mut Option<RuleState>, state: RuleState| {
@@ -78,7 +93,7 @@ async fn rule_loop(
         let namespaces = match effective_namespaces(&rule, &shared.namespaces) {
             Ok(ns) => ns,
             Err(why) => {
-                report(&mut last_state, RuleState::Inactive(why));
+                report(&mut last_state, RuleState::Inactive(why.to_string()));
                 shutdown.cancelled().await;
                 return;
             }
@@ -86,9 +101,8 @@ async fn rule_loop(
         let kinds = match discovery::resolve_rule(&shared.client, &rule).await {
             Ok(kinds) => kinds,
             Err(why) => {
-                report(&mut last_state, RuleState::Waiting(why));
-                pause(&shared, &shutdown, retry).await;
-                retry = (retry * 2).min(Duration::from_secs(30));
+                report(&mut last_state, RuleState::Waiting(why.to_string()));
+                pause(&shared, &shutdown, next_retry(&mut retry)).await;
                 continue;
             }
         };
@@ -115,16 +129,15 @@ async fn rule_loop(
         let kinds = match with_versions(&shared, &rule, &versions, kinds).await {
             Ok(kinds) => kinds,
             Err(why) => {
-                report(&mut last_state, RuleState::Waiting(why));
-                pause(&shared, &shutdown, retry).await;
-                retry = (retry * 2).min(Duration::from_secs(30));
+                report(&mut last_state, RuleState::Waiting(why.to_string()));
+                pause(&shared, &shutdown, next_retry(&mut retry)).await;
                 continue;
             }
         };
-        retry = Duration::from_secs(1);
+        retry = waiting_backoff();
         if let Err(why) = identity::preflight(&shared, &rule, &kinds, &namespaces).await {
             account_denied(&shared, &name, true);
-            report(&mut last_state, RuleState::Inactive(why));
+            report(&mut last_state, RuleState::Inactive(why.to_string()));
             pause_or_reload(&shared, &shutdown, &rules, Duration::from_secs(60)).await;
             continue;
         }
@@ -148,7 +161,7 @@ async fn rule_loop(
             kinds
                 .unserved_related
                 .iter()
-                .map(|(g, _)| g.clone())
+                .map(|u| u.gvk.clone())
                 .collect(),
             shared.clone(),
             stop.clone(),
@@ -207,12 +220,20 @@ fn account_denied(shared: &Shared, rule: &str, denied: bool) {
     }
 }
 
+/// A rule whose own namespaces all lie outside the operator's `--namespace`.
+#[derive(Debug, thiserror::Error)]
+#[error("its namespaces ({}) are outside the operator's --namespace ({})", .own.join(", "), .operator.join(", "))]
+pub(super) struct OutsideOperatorNamespaces {
+    own: Vec<String>,
+    operator: Vec<String>,
+}
+
 /// Namespaces a rule watches: its own list intersected with the operator's.
 /// Empty means all.
 pub(super) fn effective_namespaces(
     rule: &CompiledRule,
     operator: &[String],
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, OutsideOperatorNamespaces> {
     let own = &rule.rule.spec.parent.namespaces;
     match (own.is_empty(), operator.is_empty()) {
         (true, _) => Ok(operator.to_vec()),
@@ -224,11 +245,10 @@ pub(super) fn effective_namespaces(
                 .cloned()
                 .collect();
             if both.is_empty() {
-                Err(format!(
-                    "its namespaces ({}) are outside the operator's --namespace ({})",
-                    own.join(", "),
-                    operator.join(", ")
-                ))
+                Err(OutsideOperatorNamespaces {
+                    own: own.clone(),
+                    operator: operator.to_vec(),
+                })
             } else {
                 Ok(both)
             }
@@ -295,7 +315,7 @@ async fn stop_when_kinds_change(
                 stop.cancel();
                 return;
             }
-            Ok(kinds) if kinds.unserved_related.iter().map(|(g, _)| g).ne(&unserved) => {
+            Ok(kinds) if kinds.unserved_related.iter().map(|u| &u.gvk).ne(&unserved) => {
                 info!(rule = %rule.name, "restarting watches: the related kinds served changed");
                 stop.cancel();
                 return;
@@ -305,6 +325,14 @@ async fn stop_when_kinds_change(
     }
 }
 
+/// The revision ConfigMaps of a rule with `rollout:` cannot be listed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the rule's revision ConfigMaps in namespace {namespace}: {source}")]
+struct VersionsUnreadable {
+    namespace: String,
+    source: kube::Error,
+}
+
 /// For a rule with `rollout:`: reads its stored versions into `versions`
 /// and adds the child kinds of the versions in use to `kinds`.
 async fn with_versions(
@@ -312,18 +340,16 @@ async fn with_versions(
     rule: &Arc<CompiledRule>,
     versions: &Versions,
     mut kinds: RuleKinds,
-) -> Result<RuleKinds, String> {
+) -> Result<RuleKinds, VersionsUnreadable> {
     if rule.rollout.is_none() {
         return Ok(kinds);
     }
     let stored =
         super::rollout::versions::list(&shared.client, &shared.operator_namespace, &rule.name)
             .await
-            .map_err(|e| {
-                format!(
-                    "cannot read the rule's revision ConfigMaps in namespace {}: {e}",
-                    shared.operator_namespace
-                )
+            .map_err(|source| VersionsUnreadable {
+                namespace: shared.operator_namespace.clone(),
+                source,
             })?;
     versions.absorb(&stored, rule, shared.limits);
     for version in versions.all_compiled() {

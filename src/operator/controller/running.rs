@@ -84,7 +84,7 @@ pub(super) async fn run_controller(
             metrics: shared.metrics.clone(),
         },
     );
-    for (_, why) in &kinds.unserved_related {
+    for why in &kinds.unserved_related {
         warn!(rule = %rule.name, "its readers wait: {why}");
     }
     let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -242,6 +242,24 @@ spec:
         (rule, kinds)
     }
 
+    /// The checks for a rule with the operator in `trellis-system`.
+    fn asked_of(
+        permissions: Vec<crate::rbac::Permission>,
+        rule: &CompiledRule,
+        kinds: &RuleKinds,
+        namespaces: &[String],
+        operator: &[String],
+    ) -> Vec<Check> {
+        checks(
+            permissions,
+            rule,
+            kinds,
+            namespaces,
+            operator,
+            "trellis-system",
+        )
+    }
+
     fn asked(checks: &[Check], verb: &str) -> Vec<String> {
         checks
             .iter()
@@ -255,13 +273,12 @@ spec:
         let (rule, kinds) = setup();
         let namespaces = ["a".to_owned(), "b".to_owned()];
         let operator = ["a".to_owned(), "b".to_owned(), "platform".to_owned()];
-        let checks = checks(
+        let checks = asked_of(
             crate::rbac::account_read_permissions(&rule),
             &rule,
             &kinds,
             &namespaces,
             &operator,
-            "trellis-system",
         );
         assert_eq!(
             asked(&checks, "list"),
@@ -287,13 +304,12 @@ spec:
     #[test]
     fn the_operator_asks_about_impersonating_its_account_in_its_own_namespace() {
         let (rule, kinds) = setup();
-        let checks = checks(
+        let checks = asked_of(
             crate::rbac::rule_permissions(&rule),
             &rule,
             &kinds,
             &["a".to_owned()],
             &["a".to_owned()],
-            "trellis-system",
         );
         assert_eq!(
             asked(&checks, "impersonate"),
@@ -355,13 +371,12 @@ spec:
             serde_json::json!(["list", "watch", "create", "patch", "delete"])
         );
         // The rest is what the rule asked before.
-        let before = checks(
+        let before = asked_of(
             crate::rbac::rule_permissions(&rule),
             &rule,
             &kinds,
             &namespaces,
             &namespaces,
-            "trellis-system",
         );
         assert_eq!(all[..before.len()], before[..]);
         assert_eq!(all.len(), before.len() + 5);
@@ -373,13 +388,12 @@ spec:
         let namespaces = ["a".to_owned()];
         let all = operator_checks(&rule, &kinds, &namespaces, &namespaces, "trellis-system");
         assert_eq!(configmaps_in(&all, "trellis-system"), Vec::<String>::new());
-        let before = checks(
+        let before = asked_of(
             crate::rbac::rule_permissions(&rule),
             &rule,
             &kinds,
             &namespaces,
             &namespaces,
-            "trellis-system",
         );
         assert_eq!(all, before);
     }
@@ -388,13 +402,12 @@ spec:
     fn the_account_is_not_asked_about_revision_configmaps() {
         let (_, kinds) = setup();
         let rule = with_rollout();
-        let checks = checks(
+        let checks = asked_of(
             crate::rbac::account_read_permissions(&rule),
             &rule,
             &kinds,
             &["a".to_owned()],
             &["a".to_owned()],
-            "trellis-system",
         );
         assert_eq!(
             configmaps_in(&checks, "trellis-system"),
@@ -405,13 +418,12 @@ spec:
     #[test]
     fn every_namespace_when_the_rule_watches_all() {
         let (rule, kinds) = setup();
-        let checks = checks(
+        let checks = asked_of(
             crate::rbac::account_read_permissions(&rule),
             &rule,
             &kinds,
             &[],
             &[],
-            "trellis-system",
         );
         assert!(checks.iter().all(|c| c.namespace.is_none()), "{checks:?}");
     }

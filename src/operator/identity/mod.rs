@@ -119,6 +119,24 @@ pub fn impersonating(client: Client, user: &str) -> Client {
     Client::new(service, namespace).with_valid_until(valid_until)
 }
 
+/// Why a rule's account may not be used; each names the account
+/// (`ServiceAccount NS/NAME`).
+#[derive(Debug, thiserror::Error)]
+pub enum AccountRefused {
+    #[error("trellis may not impersonate {account}; grant what `trellis rbac` prints")]
+    MayNotImpersonate { account: String },
+    #[error("{account} does not exist")]
+    Missing { account: String },
+    #[error("{account} may not {}: the rule would read through trellis what its account cannot", .denied.join(", "))]
+    MayNotRead {
+        account: String,
+        denied: Vec<String>,
+    },
+    /// The API server did not answer a review or a read; `what` says which.
+    #[error("cannot {what}: {source}")]
+    Unchecked { what: String, source: kube::Error },
+}
+
 /// Whether `rule`'s account may be used: it exists, the operator may
 /// impersonate it, and it may get, list and watch every kind the rule reads
 /// where the rule reads it ([`access::checks`]), asked with one
@@ -129,7 +147,7 @@ pub async fn preflight(
     rule: &CompiledRule,
     kinds: &RuleKinds,
     namespaces: &[String],
-) -> Result<(), String> {
+) -> Result<(), AccountRefused> {
     let Some(account) = rule.rule.spec.service_account_name.as_deref() else {
         return Ok(());
     };
@@ -154,18 +172,24 @@ pub async fn preflight(
     };
     match own.create(&PostParams::default(), &impersonate).await {
         Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => {}
-        Ok(_) => {
-            return Err(format!(
-                "trellis may not impersonate {named}; grant what `trellis rbac` prints"
-            ));
+        Ok(_) => return Err(AccountRefused::MayNotImpersonate { account: named }),
+        Err(source) => {
+            return Err(AccountRefused::Unchecked {
+                what: format!("check impersonating {named}"),
+                source,
+            });
         }
-        Err(err) => return Err(format!("cannot check impersonating {named}: {err}")),
     }
     let accounts: Api<ServiceAccount> = Api::namespaced(shared.client.clone(), home);
     match accounts.get_opt(account).await {
         Ok(Some(_)) => {}
-        Ok(None) => return Err(format!("{named} does not exist")),
-        Err(err) => return Err(format!("cannot read {named}: {err}")),
+        Ok(None) => return Err(AccountRefused::Missing { account: named }),
+        Err(source) => {
+            return Err(AccountRefused::Unchecked {
+                what: format!("read {named}"),
+                source,
+            });
+        }
     }
     let reviews: Api<SubjectAccessReview> = Api::all(shared.client.clone());
     let checks = access::checks(
@@ -191,16 +215,21 @@ pub async fn preflight(
         match reviews.create(&PostParams::default(), &review).await {
             Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => {}
             Ok(_) => denied.push(check.to_string()),
-            Err(err) => return Err(format!("cannot review what {named} may do: {err}")),
+            Err(source) => {
+                return Err(AccountRefused::Unchecked {
+                    what: format!("review what {named} may do"),
+                    source,
+                });
+            }
         }
     }
     if denied.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "{named} may not {}: the rule would read through trellis what its account cannot",
-            denied.join(", ")
-        ))
+        Err(AccountRefused::MayNotRead {
+            account: named,
+            denied,
+        })
     }
 }
 
@@ -236,7 +265,7 @@ pub async fn recheck(
         }
         let rule = rules.borrow_and_update().clone();
         if let Err(why) = preflight(shared, &rule, kinds, namespaces).await {
-            return why;
+            return why.to_string();
         }
     }
 }

@@ -4,8 +4,6 @@
 //! the live object carries this rendering's hash and has not drifted, and
 //! the server-side apply.
 
-use std::collections::BTreeSet;
-
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
@@ -13,7 +11,8 @@ use serde_json::Value;
 use tracing::info;
 
 use crate::operator::context::{Error, RuleCtx};
-use crate::plan::{ANNOTATION_RENDER_HASH, Apply, LABEL_PARENT_UID, LABEL_RULE};
+use crate::ownership::{foreign_owner, live_render_hash};
+use crate::plan::Apply;
 use crate::rules::model::Policy;
 
 /// What happened to one child.
@@ -162,9 +161,11 @@ pub(in crate::operator) async fn apply_child(
     // Nothing to send when the live object carries this rendering's hash
     // and still holds every field trellis sets: this survives a restart or
     // a failover (the hash is on the object), and ignores what others add.
+    // A `handOff` field differs from the rendering only once someone else
+    // has changed it, and then it is theirs: never drift.
     if let Some(live) = live
         && live_render_hash(live) == Some(apply.hash.as_str())
-        && !crate::drift::drifted(&apply.object, live)
+        && !crate::drift::drifted(&apply.compared(), live)
     {
         return Ok(Applied::unchanged(arrived.as_ref()));
     }
@@ -172,8 +173,9 @@ pub(in crate::operator) async fn apply_child(
     ctx.check_write(parent_uid)?;
     if ours {
         let params = PatchParams::apply(&manager).force();
+        let body = body_for(&api, apply, &manager).await?;
         let written = api
-            .patch(&apply.key.name, &params, &Patch::Apply(&apply.object))
+            .patch(&apply.key.name, &params, &Patch::Apply(&body))
             .await
             .map_err(fail)?;
         // Remembered until the cache shows it (see above).
@@ -189,6 +191,25 @@ pub(in crate::operator) async fn apply_child(
     // apply; refused, it exists: ours after all (made by an earlier
     // process, not cached yet) or adopted, its fields are taken.
     create_or_take(ctx, &api, apply, adopt, &manager, parent_uid).await
+}
+
+/// [`Apply::body_over`] a child known to exist: one read of it (the
+/// caches keep no `managedFields`), only when it has `handOff` paths; gone
+/// by now, the whole rendering, which the apply then creates.
+async fn body_for(api: &Api<DynamicObject>, apply: &Apply, manager: &str) -> Result<Value, Error> {
+    if apply.hand_off.is_empty() {
+        return Ok(apply.object.clone());
+    }
+    let live = api
+        .get_opt(&apply.key.name)
+        .await
+        .map_err(apply_failed(apply))?;
+    Ok(match live {
+        Some(live) => apply
+            .body_over(&serde_json::to_value(&live).unwrap_or_default(), manager)
+            .into_owned(),
+        None => apply.object.clone(),
+    })
 }
 
 /// How a failed apply of `apply` reads.
@@ -286,15 +307,16 @@ async fn create_or_take(
             Ok(Applied::written(Outcome::Created, written))
         }
         Err(kube::Error::Api(e)) if refused(&e) => {
-            let (_, e) = whose(api, apply, adopt, e).await?;
+            let (existing, e) = whose(api, apply, adopt, e).await?;
             if e.code == 422 {
                 return Err(fail(kube::Error::Api(e)));
             }
+            let body = apply.body_over(&existing, manager);
             let written = api
                 .patch(
                     &apply.key.name,
                     &PatchParams::apply(manager).force(),
-                    &Patch::Apply(&apply.object),
+                    &Patch::Apply(&body),
                 )
                 .await
                 .map_err(fail)?;
@@ -411,125 +433,3 @@ async fn whose(
 /// 2: no stored object has version 1, so an apply naming it is refused
 /// (409) whenever the object exists, and creates it otherwise.
 const NO_STORED_VERSION: &str = "1";
-
-/// The owner named for an object trellis did not make.
-fn someone_else<'a>(managers: impl Iterator<Item = &'a str>) -> String {
-    let managers: Vec<&str> = managers.collect();
-    if managers.is_empty() {
-        "someone else: it was not created by trellis for this parent".to_owned()
-    } else {
-        format!(
-            "someone else (managed by {}): it was not created by trellis for this parent",
-            managers.join(", ")
-        )
-    }
-}
-
-/// Who an existing object belongs to, when not to the parent (and rule)
-/// of `desired`: another parent's controller reference or uid label,
-/// another rule's label, or — for an object without trellis's labels —
-/// whoever made it. Such an object is never written unless the rule lets
-/// the child `adopt` it and it has no controller owner.
-pub fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<String> {
-    let label = |obj: &Value, name: &str| {
-        obj.pointer("/metadata/labels")
-            .and_then(|l| l.get(name))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let uid = label(desired, LABEL_PARENT_UID);
-    let rule = label(desired, LABEL_RULE);
-    let controller = existing
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .and_then(|refs| refs.iter().find(|r| r["controller"] == true));
-    if let Some(owner) = controller
-        && owner["uid"].as_str() != uid.as_deref()
-    {
-        return Some(format!(
-            "{} {}",
-            owner["kind"].as_str().unwrap_or_default(),
-            owner["name"].as_str().unwrap_or_default()
-        ));
-    }
-    match (
-        label(existing, LABEL_PARENT_UID),
-        label(existing, LABEL_RULE),
-    ) {
-        (Some(other), _) if Some(&other) != uid.as_ref() => Some(format!("parent uid {other}")),
-        (_, Some(other)) if Some(&other) != rule.as_ref() => Some(format!("rule {other}")),
-        (Some(_), Some(_)) => None,
-        _ if adopt && controller.is_none() => None,
-        _ => Some(someone_else(
-            existing
-                .pointer("/metadata/managedFields")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|m| m["manager"].as_str())
-                .collect::<BTreeSet<&str>>()
-                .into_iter(),
-        )),
-    }
-}
-
-/// The render hash recorded on a live child by the apply that made it.
-pub fn live_render_hash(live: &Value) -> Option<&str> {
-    live.pointer("/metadata/annotations")
-        .and_then(|a| a.get(ANNOTATION_RENDER_HASH))
-        .and_then(Value::as_str)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn an_object_not_made_for_this_parent_and_rule_is_never_taken_over() {
-        let desired = json!({"metadata": {"labels": {
-            "trellis.dev/rule": "app", "trellis.dev/parent-uid": "u1"}}});
-        let ours = json!({"metadata": {
-            "labels": {"trellis.dev/rule": "app", "trellis.dev/parent-uid": "u1"},
-            "ownerReferences": [{"kind": "App", "name": "a", "uid": "u1", "controller": true}]}});
-        assert_eq!(foreign_owner(&ours, &desired, false), None);
-        let unmanaged = json!({"metadata": {"name": "x",
-            "managedFields": [{"manager": "kubectl-create", "operation": "Update"}]}});
-        assert_eq!(
-            foreign_owner(&unmanaged, &desired, false).as_deref(),
-            Some(
-                "someone else (managed by kubectl-create): it was not created by trellis for this parent"
-            )
-        );
-        assert_eq!(
-            foreign_owner(&unmanaged, &desired, true),
-            None,
-            "adopt: true takes it over"
-        );
-        let controlled = json!({"metadata": {"name": "x",
-            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "u9", "controller": true}]}});
-        assert_eq!(
-            foreign_owner(&controlled, &desired, true).as_deref(),
-            Some("ReplicaSet rs"),
-            "adopt never takes an object another controller owns"
-        );
-        let other_parent = json!({"metadata": {
-            "labels": {"trellis.dev/rule": "app", "trellis.dev/parent-uid": "u2"},
-            "ownerReferences": [{"kind": "App", "name": "b", "uid": "u2", "controller": true}]}});
-        assert_eq!(
-            foreign_owner(&other_parent, &desired, false).as_deref(),
-            Some("App b")
-        );
-        let unowned = json!({"metadata": {"labels": {"trellis.dev/parent-uid": "u2"}}});
-        assert_eq!(
-            foreign_owner(&unowned, &desired, false).as_deref(),
-            Some("parent uid u2")
-        );
-        let other_rule = json!({"metadata": {"labels": {
-            "trellis.dev/rule": "db", "trellis.dev/parent-uid": "u1"}}});
-        assert_eq!(
-            foreign_owner(&other_rule, &desired, true).as_deref(),
-            Some("rule db")
-        );
-    }
-}

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::apply::{Outcome, apply_child};
 use super::finalize::{finalize, set_finalizers};
-use super::status_write::{mark_apply_error, write_status};
+use super::status_write::write_status;
 use super::summary::{self, Summary};
 use crate::operator::FINALIZER;
 use crate::operator::context::{Error, RuleCtx, parent_key};
@@ -25,6 +25,7 @@ use crate::operator::watches::related::{self, ParentRef};
 use crate::pass::{self, Entry, Finish, Next, Rounds, Sent};
 use crate::plan::{self, Input, ObjectKey, Observed, Plan};
 use crate::rules::CompiledRule;
+use crate::status_patch::mark_apply_error;
 use serde_json::Value;
 
 /// [`reconcile`], counted and timed in the metrics.

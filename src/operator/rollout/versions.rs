@@ -120,7 +120,7 @@ impl Stored {
     }
 
     /// Compiles the version again (its revision checked).
-    pub fn compile(&self, limits: Limits) -> Result<CompiledRule, String> {
+    pub fn compile(&self, limits: Limits) -> Result<CompiledRule, RebuildError> {
         let origin = Path::new("configmap").join(&self.revision);
         let rule = crate::rules::rebuild(
             self.document.clone(),
@@ -128,21 +128,25 @@ impl Stored {
             &origin,
             limits,
         )
-        .map_err(|diags| {
-            diags
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join("; ")
-        })?;
+        .map_err(RebuildError::Invalid)?;
         if rule.revision != self.revision {
-            return Err(format!(
-                "rebuilt as revision {}, not {}",
-                rule.revision, self.revision
-            ));
+            return Err(RebuildError::OtherRevision {
+                rebuilt: rule.revision,
+                stored: self.revision.clone(),
+            });
         }
         Ok(rule)
     }
+}
+
+/// A stored version that no longer compiles as it did: this build's rule
+/// checks refuse it, or it compiles to another revision.
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildError {
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<crate::rules::Diagnostic>),
+    #[error("rebuilt as revision {rebuilt}, not {stored}")]
+    OtherRevision { rebuilt: String, stored: String },
 }
 
 /// The ConfigMap body of `rule`, with `record` when it is the target.

@@ -35,7 +35,18 @@ pub struct RuleKinds {
     /// included), in first-use order.
     pub related: Vec<Resolved>,
     /// Related kinds not served, with why (readers wait for them).
-    pub unserved_related: Vec<(Gvk, String)>,
+    pub unserved_related: Vec<NotServed>,
+}
+
+/// A kind the API server does not serve (yet): its CRD is missing or not
+/// established, or discovery failed. Cloned into the related caches, which
+/// keep it as the pending reason of the children that read the kind.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{gvk} is not served by the API server: {why}")]
+pub struct NotServed {
+    pub gvk: Gvk,
+    /// Discovery's own error, as text: `kube::Error` is not `Clone`.
+    why: String,
 }
 
 impl Resolved {
@@ -80,7 +91,7 @@ impl RuleKinds {
 }
 
 /// Resolves one kind; `Err` says why it is not served.
-pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, String> {
+pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, NotServed> {
     let key = GroupVersionKind::gvk(&gvk.group, &gvk.version, &gvk.kind);
     match discovery::oneshot::pinned_kind(client, &key).await {
         Ok((resource, caps)) => Ok(Resolved {
@@ -89,12 +100,15 @@ pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, String> {
             status_subresource: caps.subresources.iter().any(|(r, _)| r.plural == "status"),
             resource: resource.into(),
         }),
-        Err(err) => Err(format!("{gvk} is not served by the API server: {err}")),
+        Err(err) => Err(NotServed {
+            gvk: gvk.clone(),
+            why: err.to_string(),
+        }),
     }
 }
 
 /// Resolves the parent, every child kind and every related kind of a rule.
-pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKinds, String> {
+pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKinds, NotServed> {
     let parent = resolve(client, &rule.parent).await?;
     let mut children: Vec<Resolved> = Vec::new();
     for child in &rule.children {
@@ -104,7 +118,7 @@ pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKi
         children.push(resolve(client, &child.gvk).await?);
     }
     let mut related: Vec<Resolved> = Vec::new();
-    let mut unserved_related: Vec<(Gvk, String)> = Vec::new();
+    let mut unserved_related: Vec<NotServed> = Vec::new();
     // Patch targets are read as related objects are (and wait likewise
     // for a kind not served).
     let read = rule
@@ -113,12 +127,12 @@ pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKi
         .map(|r| &r.gvk)
         .chain(rule.patches.iter().map(|p| &p.gvk));
     for gvk in read {
-        if related.iter().any(|r| &r.gvk == gvk) || unserved_related.iter().any(|(g, _)| g == gvk) {
+        if related.iter().any(|r| &r.gvk == gvk) || unserved_related.iter().any(|u| &u.gvk == gvk) {
             continue;
         }
         match resolve(client, gvk).await {
             Ok(kind) => related.push(kind),
-            Err(why) => unserved_related.push((gvk.clone(), why)),
+            Err(not_served) => unserved_related.push(not_served),
         }
     }
     Ok(RuleKinds {

@@ -92,7 +92,7 @@ pub struct Caches {
     watches: Vec<Watch>,
     /// Related kinds discovery does not serve, with why: their readers are
     /// pending until the CRD appears (which restarts the rule's watches).
-    unserved: Vec<(Gvk, String)>,
+    unserved: Vec<super::discovery::NotServed>,
     metrics: Arc<crate::telemetry::Metrics>,
     index: Mutex<ReadIndex<ParentRef>>,
     /// Parents a pass may have read stale data for: reconciled again.
@@ -106,7 +106,7 @@ pub struct Caches {
 /// What [`Caches::start`] watches, and where.
 pub struct Scope<'a> {
     pub kinds: &'a [Resolved],
-    pub unserved: &'a [(Gvk, String)],
+    pub unserved: &'a [super::discovery::NotServed],
     pub parent_cluster_scoped: bool,
     pub parent_namespaces: &'a [String],
     pub operator_namespaces: &'a [String],
@@ -465,10 +465,10 @@ impl RelatedSource for Caches {
     }
 
     fn served(&self, gvk: &Gvk) -> Result<(), Unreadable> {
-        match self.unserved.iter().find(|(g, _)| g == gvk) {
-            Some((_, why)) => Err(Unreadable {
+        match self.unserved.iter().find(|u| &u.gvk == gvk) {
+            Some(not_served) => Err(Unreadable {
                 reason: Unreadable::KIND_NOT_SERVED,
-                message: why.clone(),
+                message: not_served.to_string(),
             }),
             None => Ok(()),
         }

@@ -22,10 +22,12 @@
 //! authors.
 
 pub mod builtin;
+mod hand_off;
 mod lines;
 mod reserved;
 mod sample;
 mod validate;
+mod versions;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -82,13 +84,13 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
     for parent in &candidates {
         match render_sample(rule, parent, cx) {
             Ok(children) => {
-                rendered = Some(children);
+                rendered = Some((parent, children));
                 break;
             }
             Err(errors) => refusals = errors,
         }
     }
-    let Some(sample) = rendered else {
+    let Some((sampled_parent, sample)) = rendered else {
         let why = if given.is_some() {
             "the parent given with --observed is refused".to_owned()
         } else {
@@ -119,6 +121,8 @@ pub fn check_rule(rule: &CompiledRule, cx: &Context) -> Vec<Diagnostic> {
             ));
         }
     }
+    out.extend(hand_off::findings(rule, &sample));
+    out.extend(versions::findings(rule, sampled_parent));
     let mut seen = BTreeSet::new();
     out.extend(schema_findings(rule, &sample, cx, &mut seen));
     // A sample refused with its lists empty (a `minItems`, a `oneOf`) has

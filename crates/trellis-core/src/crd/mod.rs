@@ -4,6 +4,7 @@
 //! with. Generating a rule's CRD is part of compiling the rule
 //! (`crate::rules::crd`).
 
+pub mod breaking;
 pub mod offline;
 
 /// Field manager of the CRDs `trellis run --manage-crds` applies.

@@ -163,6 +163,9 @@ pub fn dropped_status_fields(rule: &CompiledRule, crd: &Value, version: &Value) 
     {
         paths.push((format!("spec.status.fields[{i}].path"), f.path.clone()));
     }
+    if rule.rule.spec.status.as_ref().is_some_and(|s| s.inventory) {
+        paths.push(("spec.status.inventory".into(), "children".into()));
+    }
     for (field, path) in paths {
         let segs: Vec<&str> = path.split('.').collect();
         if !keeps(status, &segs) {
@@ -350,6 +353,30 @@ mod tests {
                 .find(&plain.parent)
                 .is_none()
         );
+    }
+
+    #[test]
+    fn an_inventory_is_kept_by_its_generated_crd_and_dropped_by_one_without_it() {
+        use super::{OfflineCrds, dropped_status_fields};
+        let spec = "  parent: {apiVersion: demo.example.com/v1, kind: App}
+  crd: {}
+  children: []
+  status:
+    inventory: true
+";
+        let rule = crate::rules::testing::rule_with_spec(spec);
+        let crds = OfflineCrds::generated([rule.as_ref()]);
+        let (crd, version) = crds.find(&rule.parent).expect("generated");
+        assert!(dropped_status_fields(&rule, crd, version).is_empty());
+        // The CRD of the same rule before it kept an inventory.
+        let before =
+            crate::rules::testing::rule_with_spec(&spec.replace("    inventory: true\n", ""));
+        let crds = OfflineCrds::generated([before.as_ref()]);
+        let (crd, version) = crds.find(&before.parent).expect("generated");
+        let warnings = dropped_status_fields(&rule, crd, version);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "spec.status.inventory");
+        assert!(warnings[0].message.contains("would drop .status.children"));
     }
 
     #[test]

@@ -8,18 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use minijinja::context;
-use minijinja::value::ValueKind;
-
+use super::items::for_each_items;
 use super::object::finish_object;
 use super::parent::ParentInfo;
 use super::{Apply, Input};
 use crate::render::RenderError;
 use crate::rules::{CompiledChild, CompiledRule};
 use crate::yaml;
-
-/// Most items one `forEach` may yield.
-pub const MAX_FOR_EACH_ITEMS: usize = 1_000;
+use minijinja::context;
 
 /// What happened to one child in this pass.
 pub(super) enum Outcome {
@@ -99,37 +95,13 @@ pub(super) fn plan_entry<T>(
     if let Some(why) = waiting() {
         return Ok(ChildResult::Pending(why));
     }
-    let items: Vec<Option<Item>> = match child.for_each {
+    let items: Vec<Option<Item>> = match &child.for_each {
         None => vec![None],
-        Some(expr) => {
+        Some(for_each) => {
             let what = format!("forEach of {noun} \"{id}\"");
-            let list = engine.eval(expr, base, &what)?;
-            if !matches!(list.kind(), ValueKind::Seq | ValueKind::Iterable) {
-                return Err(RenderError {
-                    what,
-                    message: format!("must yield a list, got {}", list.kind()),
-                });
-            }
-            let items: Vec<minijinja::Value> = list
-                .try_iter()
-                .map_err(|e| RenderError {
-                    what: what.clone(),
-                    message: e.to_string(),
-                })?
-                .collect();
-            if items.len() > MAX_FOR_EACH_ITEMS {
-                return Err(RenderError {
-                    what,
-                    message: format!(
-                        "yields {} items, more than the limit of {MAX_FOR_EACH_ITEMS}",
-                        items.len()
-                    ),
-                });
-            }
-            items
+            for_each_items(engine, for_each, base, &what)?
                 .into_iter()
-                .enumerate()
-                .map(|(i, v)| Some((v, i)))
+                .map(Some)
                 .collect()
         }
     };

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use minijinja::context;
 use serde_json::{Map, Value, json};
 
+use super::rule_conditions::rule_conditions;
 use super::*;
 use crate::render::{self, RenderError};
 use crate::rules::{CompiledChild, CompiledRule, FieldSource};
@@ -13,8 +14,9 @@ use crate::status::{self, Condition};
 
 /// Readiness of a rendered child (every object, for a `forEach` child)
 /// against what is observed: `Ok(Err(why))` names the first object that is
-/// not ready. A `readyWhen` that fails (a missing value, a non-boolean) is
-/// `Err`: an error of the pass, as a failed `includeWhen` is, never "not
+/// not ready; `each` gets every object's key with its readiness (the
+/// inventory's). A `readyWhen` that fails (a missing value, a non-boolean)
+/// is `Err`: an error of the pass, as a failed `includeWhen` is, never "not
 /// ready".
 pub(super) fn child_ready(
     rule: &CompiledRule,
@@ -22,12 +24,14 @@ pub(super) fn child_ready(
     base: &minijinja::Value,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     rendered: &[(Apply, Option<Item>)],
+    each: &mut BTreeMap<ObjectKey, bool>,
 ) -> Result<Result<(), String>, RenderError> {
     let mut ready = Ok(());
     // Every object is looked at, not only up to the first one that is not
     // ready, so that a failing `readyWhen` on a later item is reported.
     for (apply, item) in rendered {
         let this = object_ready(rule, child, base, observed, apply, item.as_ref())?;
+        each.insert(apply.key.clone(), this.is_ok());
         if ready.is_ok() {
             ready = this;
         }
@@ -127,6 +131,8 @@ pub(super) struct Outcomes<'a> {
     pub vars: &'a super::vars::Vars,
     pub children: &'a BTreeMap<usize, Outcome>,
     pub patches: &'a BTreeMap<usize, Outcome>,
+    /// `status.children`, when the rule keeps an inventory.
+    pub inventory: Option<super::inventory::Inventory>,
 }
 
 pub(super) fn build_status(
@@ -159,7 +165,10 @@ pub(super) fn build_status(
                     None => rule.engine.eval(*expr, base, &what),
                 };
                 match value.and_then(|v| {
-                    render::to_json(&v).map_err(|message| RenderError { what, message })
+                    render::to_json(&v).map_err(|e| RenderError {
+                        what,
+                        message: e.to_string(),
+                    })
                 }) {
                     Ok(v) => Some(v),
                     Err(err) => {
@@ -174,31 +183,14 @@ pub(super) fn build_status(
         }
     }
 
+    if let Some(inventory) = &outcome.inventory {
+        inventory.write(&mut out);
+    }
+
     // Conditions: Ready, Synced, then the rule's own.
     let mut ours = vec![ready_condition(rule, plan, outcome)];
-    let mut rule_conditions = Vec::new();
-    for c in &rule.conditions {
-        let what = format!("condition {}", c.type_);
-        let result = match outcome.vars.withheld(&c.reads_vars, &what) {
-            Some(err) => Err(err),
-            None => rule.engine.eval_bool(c.when, base, &format!("{what} when")),
-        };
-        let result = result.and_then(|ok| {
-            let message = match &c.message {
-                Some(t) => rule.engine.render(t, base, &format!("{what} message"))?,
-                None => String::new(),
-            };
-            Ok(if ok {
-                Condition::new(&c.type_, true, &c.reason, message)
-            } else {
-                Condition::new(&c.type_, false, &format!("Not{}", c.reason), message)
-            })
-        });
-        match result {
-            Ok(cond) => rule_conditions.push(cond),
-            Err(err) => errors.push(err.to_string()),
-        }
-    }
+    let decided = rule_conditions(rule, outcome.vars, base);
+    errors.extend(decided.errors.iter().cloned());
     let mut all_errors = plan.errors.clone();
     all_errors.extend(errors.iter().cloned());
     let synced = if !all_errors.is_empty() {
@@ -231,16 +223,12 @@ pub(super) fn build_status(
         Condition::new("Synced", true, "Applied", "all children applied")
     };
     ours.push(synced);
-    ours.extend(rule_conditions);
+    ours.extend(decided.conditions.iter().cloned());
     let previous = input.parent.get("status");
+    let previous = decided.without_retired(rule, previous.and_then(|s| s.get("conditions")));
     out.insert(
         "conditions".into(),
-        status::merge_conditions(
-            previous.and_then(|s| s.get("conditions")),
-            &ours,
-            info.generation,
-            input.now,
-        ),
+        status::merge_conditions(previous.as_ref(), &ours, info.generation, input.now),
     );
     (Value::Object(out), errors)
 }

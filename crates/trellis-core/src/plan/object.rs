@@ -44,6 +44,10 @@ pub(super) fn finish_object(
         }
     }
 
+    // Before trellis's own labels, which win over the parent's.
+    if let Some(p) = &rule.rule.spec.propagate {
+        super::propagate::propagate(p, input.parent, meta).map_err(fail)?;
+    }
     let labels = meta
         .entry("labels")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -131,6 +135,7 @@ pub(super) fn finish_object(
         object: Value::Object(obj),
         owned,
         hash,
+        hand_off: child.hand_off.clone(),
     })
 }
 

@@ -112,7 +112,7 @@ impl Observed {
     }
 
     /// Observed children of `rule` for the parent with `uid`, by child id.
-    pub(super) fn children_of(
+    pub fn children_of(
         &self,
         rule: &str,
         uid: &str,

@@ -198,7 +198,7 @@ pub(super) fn with_spec(parent: &Value, spec: Value) -> Value {
 /// `metadata` and `rule`. Converted once: `spec` and `metadata` are the
 /// parent's own values (shared, not copies), which halves the conversion
 /// cost of a pass.
-pub(super) fn parent_context(rule: &CompiledRule, parent: &Value) -> minijinja::Value {
+pub fn parent_context(rule: &CompiledRule, parent: &Value) -> minijinja::Value {
     let parent_value = crate::render::to_value(parent);
     let field = |name: &str| {
         parent_value

@@ -438,6 +438,7 @@ mod json_path;
 mod patches;
 mod related;
 mod scope;
+mod sharing;
 mod spec_schema;
 mod status;
 mod vars;

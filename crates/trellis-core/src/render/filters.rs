@@ -60,7 +60,8 @@ fn tojson(value: &Value) -> Result<String, Error> {
 
 fn toyaml(value: &Value) -> Result<String, Error> {
     let value = defined("toyaml", value)?;
-    crate::yaml::to_string(value).map_err(|e| Error::new(ErrorKind::BadSerialization, e))
+    crate::yaml::to_string(value)
+        .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))
 }
 
 fn b64encode(value: &Value) -> Result<String, Error> {

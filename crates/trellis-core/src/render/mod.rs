@@ -162,7 +162,7 @@ impl EngineBuilder {
         name: &str,
         kind: TemplateKind,
         source: &str,
-    ) -> Result<TemplateId, String> {
+    ) -> Result<TemplateId, SyntaxError> {
         let prefix = match kind {
             TemplateKind::Object => OBJECT_PREFIX,
             TemplateKind::Text => TEXT_PREFIX,
@@ -170,16 +170,16 @@ impl EngineBuilder {
         let full = format!("{prefix}{name}");
         self.env
             .add_template_owned(full.clone(), source.to_owned())
-            .map_err(|e| describe(&e))?;
+            .map_err(SyntaxError)?;
         self.sources.insert(full.clone(), source.to_owned());
         Ok(TemplateId(full))
     }
 
     /// Compiles an expression.
-    pub fn add_expression(&mut self, source: &str) -> Result<ExprId, String> {
+    pub fn add_expression(&mut self, source: &str) -> Result<ExprId, SyntaxError> {
         self.env
             .compile_expression_owned(source.to_owned())
-            .map_err(|e| describe(&e))?;
+            .map_err(SyntaxError)?;
         self.expressions.push(source.to_owned());
         Ok(ExprId(self.expressions.len() - 1))
     }
@@ -244,7 +244,7 @@ impl EngineBuilder {
             .collect()
     }
 
-    pub fn build(self) -> Result<Engine, String> {
+    pub fn build(self) -> Result<Engine, SyntaxError> {
         let sources = self.expressions.clone();
         let compiled = Compiled::try_new(self.env, |env| {
             sources
@@ -252,7 +252,7 @@ impl EngineBuilder {
                 .map(|s| env.compile_expression_owned(s.clone()))
                 .collect::<Result<Vec<_>, _>>()
         })
-        .map_err(|e| describe(&e))?;
+        .map_err(SyntaxError)?;
         Ok(Engine {
             compiled,
             expression_sources: self.expressions,
@@ -409,6 +409,12 @@ fn describe_in(err: &Error, source: Option<&String>) -> String {
     text
 }
 
+/// A template or expression that does not compile; shown as minijinja's
+/// error with its line ([`describe`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", describe(.0))]
+pub struct SyntaxError(#[source] Error);
+
 /// minijinja's error, with template line and the undefined value's origin where known.
 fn describe(err: &Error) -> String {
     let kind = match err.kind() {
@@ -434,8 +440,8 @@ pub fn to_value(value: &serde_json::Value) -> Value {
 }
 
 /// Turns a template value back into JSON (e.g. an expression's result).
-pub fn to_json(value: &Value) -> Result<serde_json::Value, String> {
-    serde_json::to_value(value).map_err(|e| e.to_string())
+pub fn to_json(value: &Value) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::to_value(value)
 }
 
 #[cfg(test)]

@@ -250,7 +250,7 @@ fn syntax_errors_name_the_line() {
     let err = b
         .add_template("t", TemplateKind::Object, "a: 1\nb: {{ x + }}\n")
         .unwrap_err();
-    assert!(err.contains("line 2"), "{err}");
+    assert!(err.to_string().contains("line 2"), "{err}");
     assert!(b.add_expression("a ==").is_err());
 }
 

@@ -22,19 +22,25 @@ use crate::yaml::LineIndex;
 
 mod checker;
 mod entry;
+mod for_each;
+mod hand_off;
 mod lint;
 mod order;
 mod patch;
+mod propagate;
 mod related;
 pub mod scope;
 mod shape;
 mod status;
+pub mod versions;
 
 use checker::Checker;
 pub use checker::code_line;
 use entry::{Entry, Role};
+pub use for_each::{CompiledForEach, MAX_FOR_EACH_NAMES};
 use lint::{Code, lint};
 use order::topological_order;
+pub use propagate::MAX_PROPAGATE_KEYS;
 pub use related::{
     CompiledRelated, CompiledRequirement, CompiledSelector, CompiledVar, Known, Templated,
     VarReads, VarSource,
@@ -79,6 +85,10 @@ pub struct CompiledRule {
     pub template_files: BTreeMap<String, String>,
     /// `spec.rollout`, checked: a change moves parents in steps.
     pub rollout: Option<super::rollout::Settings>,
+    /// `spec.versions`: every served version but the hub (the parent's).
+    pub versions: Vec<versions::CompiledVersion>,
+    /// The version parents are stored in (`spec.storageVersion`, else the hub).
+    pub storage_version: String,
 }
 
 impl CompiledRule {
@@ -98,6 +108,18 @@ impl CompiledRule {
             .any(|c| c.spec.deletion_policy == model::DeletionPolicy::Retain)
     }
 
+    /// Paths under `.status` the rule writes besides trellis's conditions
+    /// and generation: its fields, and the inventory's. One the pass no
+    /// longer produces is removed from the parent.
+    pub fn status_paths(&self) -> Vec<Vec<String>> {
+        let mut paths: Vec<Vec<String>> = self.fields.iter().map(|f| f.path.clone()).collect();
+        if self.rule.spec.status.as_ref().is_some_and(|s| s.inventory) {
+            paths.push(vec!["children".into()]);
+            paths.push(vec!["childrenTruncated".into()]);
+        }
+        paths
+    }
+
     pub fn patch(&self, id: &str) -> Option<&CompiledChild> {
         self.patches.iter().find(|c| c.spec.id == id)
     }
@@ -109,7 +131,7 @@ pub struct CompiledChild {
     pub gvk: Gvk,
     pub template: TemplateId,
     pub include_when: Option<ExprId>,
-    pub for_each: Option<ExprId>,
+    pub for_each: Option<CompiledForEach>,
     pub ready_when: Option<ExprId>,
     /// Indexes of the children this one depends on (explicit and implicit).
     pub depends_on: Vec<usize>,
@@ -119,6 +141,8 @@ pub struct CompiledChild {
     pub depends_on_patches: Vec<usize>,
     /// The vars its template and expressions read.
     pub reads_vars: VarReads,
+    /// `handOff`, each path as keys ([`crate::ownership::parse_path`]).
+    pub hand_off: Vec<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -143,12 +167,22 @@ pub enum FieldSource {
 
 #[derive(Debug)]
 pub struct CompiledCondition {
+    /// The type; a template's text for a per-item condition.
     pub type_: String,
+    /// `forEach` set: one condition per item, its type rendered per item.
+    pub per_item: Option<PerItem>,
     pub when: ExprId,
     pub reason: String,
     pub message: Option<TemplateId>,
     /// The vars its `when` and `message` read.
     pub reads_vars: VarReads,
+}
+
+/// A per-item condition's `forEach` and `type` template.
+#[derive(Debug)]
+pub struct PerItem {
+    pub for_each: CompiledForEach,
+    pub type_: TemplateId,
 }
 
 /// Names every template and expression may use.
@@ -186,6 +220,9 @@ pub(super) fn compile(
     let rule = read_rule(&mut ck, &doc)?;
     check_header(&mut ck, &rule);
     let spec = &rule.spec;
+    if let Some(propagate) = &spec.propagate {
+        propagate::check_propagate(&mut ck, propagate);
+    }
     let parent = Gvk::new(&spec.parent.api_version, &spec.parent.kind);
     let settings = compile_settings(&mut ck, spec);
 
@@ -196,6 +233,8 @@ pub(super) fn compile(
         Some(status) => compile_status(&mut ck, status, &parent, &mut builder, &entries.known),
         None => (Vec::new(), Vec::new()),
     };
+
+    let (versions, storage_version) = versions::compile(&mut ck, &mut builder, spec, &parent);
 
     let (crd, findings) = super::crd::generate(&rule);
     for f in findings {
@@ -222,6 +261,8 @@ pub(super) fn compile(
         revision,
         template_files: entries.template_files,
         rollout: settings.rollout,
+        versions,
+        storage_version,
         parent,
         engine,
         related: entries.related,

@@ -18,7 +18,9 @@
 //! compile, and the compiled rule carries its CRD. What the offline commands
 //! learn from CRDs read from disk is `crate::crd`.
 
+mod scale;
 pub mod schema;
+pub mod versions;
 
 #[cfg(test)]
 mod tests;
@@ -109,6 +111,17 @@ pub fn generate(rule: &Rule) -> (Option<Value>, Vec<Finding>) {
         names.insert("categories".into(), json!(crd.categories));
     }
     let columns = printer_columns(&mut conv, crd);
+    let mut subresources = Map::new();
+    subresources.insert("status".into(), json!({}));
+    if let Some(scale) = &crd.scale {
+        let status = root
+            .get("properties")
+            .and_then(|p| p.get("status"))
+            .cloned()
+            .unwrap_or_default();
+        let scale = scale::subresource(&mut conv, scale, &spec_of(&root), &status);
+        subresources.insert("scale".into(), scale);
+    }
 
     let doc = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -128,12 +141,14 @@ pub fn generate(rule: &Rule) -> (Option<Value>, Vec<Finding>) {
                 "name": gvk.version,
                 "served": true,
                 "storage": true,
-                "subresources": {"status": {}},
+                "subresources": subresources,
                 "additionalPrinterColumns": columns,
                 "schema": {"openAPIV3Schema": root},
             }],
         },
     });
+    let mut doc = doc;
+    versions::extend(&mut conv, rule, &mut doc);
     let ok = !conv.has_errors();
     (ok.then_some(doc), conv.findings)
 }
@@ -192,6 +207,15 @@ fn check_names(conv: &mut Converter, rule: &Rule, crd: &CrdSpec, gvk: &Gvk) {
     }
 }
 
+/// The `spec` schema of a CRD's root schema being built.
+fn spec_of(root: &Map<String, Value>) -> Map<String, Value> {
+    root.get("properties")
+        .and_then(|p| p.get("spec"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn spec_schema(conv: &mut Converter, rule: &Rule) -> Map<String, Value> {
     let mut spec = match &rule.spec.schema {
         Some(schema) => conv.convert(schema, "spec.schema"),
@@ -235,6 +259,27 @@ fn conditions_schema() -> Value {
     })
 }
 
+/// `status.children` (`status.inventory: true`): one entry per child object.
+fn inventory_schema() -> Value {
+    let string = json!({"type": "string"});
+    json!({
+        "type": "array",
+        "description": "The parent's child objects, in the rule's declaration order (at most 100).",
+        "items": {
+            "type": "object",
+            "required": ["id", "apiVersion", "kind", "name", "ready"],
+            "properties": {
+                "id": string,
+                "apiVersion": string,
+                "kind": string,
+                "namespace": string,
+                "name": string,
+                "ready": {"type": "boolean"},
+            },
+        },
+    })
+}
+
 fn status_schema(conv: &mut Converter, rule: &Rule, crd: &CrdSpec) -> Value {
     let mut props = Map::new();
     props.insert(
@@ -246,6 +291,14 @@ fn status_schema(conv: &mut Converter, rule: &Rule, crd: &CrdSpec) -> Value {
         "ruleRevision".into(),
         json!({"type": "string", "description": "The revision of the rule version this object is on."}),
     );
+    let inventory = rule.spec.status.as_ref().is_some_and(|s| s.inventory);
+    if inventory {
+        props.insert("children".into(), inventory_schema());
+        props.insert(
+            "childrenTruncated".into(),
+            json!({"type": "integer", "description": "How many child objects status.children leaves out."}),
+        );
+    }
     let fields = rule.spec.status.iter().flat_map(|s| &s.fields);
     for field in fields {
         let segments: Vec<&str> = field.path.split('.').collect();
@@ -264,8 +317,14 @@ fn status_schema(conv: &mut Converter, rule: &Rule, crd: &CrdSpec) -> Value {
             );
         }
         if let Some(Value::Object(typed_props)) = converted.get("properties") {
-            for own in ["observedGeneration", "conditions", "ruleRevision"] {
-                if typed_props.contains_key(own) {
+            let inventory_fields: &[&str] = if inventory {
+                &["children", "childrenTruncated"]
+            } else {
+                &[]
+            };
+            let owned = ["observedGeneration", "conditions", "ruleRevision"];
+            for own in owned.iter().chain(inventory_fields) {
+                if typed_props.contains_key(*own) {
                     conv.error(
                         &format!("{at}.properties.{own}"),
                         format!("`{own}` is written by trellis and typed by it"),

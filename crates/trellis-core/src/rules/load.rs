@@ -47,7 +47,33 @@ pub(super) struct RawDocument {
 
 /// Where the text of rule and template files comes from: the disk
 /// ([`disk`]), or an editor's unsaved buffers first (`trellis lsp`).
-pub type Read = Arc<dyn Fn(&Path) -> Result<String, String> + Send + Sync>;
+pub type Read = Arc<dyn Fn(&Path) -> Result<String, ReadError> + Send + Sync>;
+
+/// Why a rules directory, a rule file or a template file could not be
+/// read; the diagnostic names the file, these say what went wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("file is {0} bytes, more than the limit of {MAX_FILE_BYTES} bytes (1 MiB)")]
+    TooLarge(u64),
+    #[error("cannot read directory: {0}")]
+    Directory(std::io::Error),
+    #[error("{0} rule files, more than the limit of {MAX_FILES_PER_DIR}")]
+    TooManyFiles(usize),
+    #[error("`{0}` is not among the version's template files")]
+    NotInVersion(String),
+    #[error("`{0}` must be a relative path")]
+    Absolute(String),
+    #[error("cannot resolve the rules directory: {0}")]
+    Root(std::io::Error),
+    #[error("`{0}` leaves the rules directory")]
+    LeavesRoot(String),
+    #[error("`{0}` is not a file")]
+    NotAFile(String),
+    #[error("cannot read `{rel}`: {source}")]
+    Template { rel: String, source: Box<ReadError> },
+}
 
 /// Files as they are on disk, at most 1 MiB each.
 pub fn disk() -> Read {
@@ -57,12 +83,12 @@ pub fn disk() -> Read {
 impl RawDocument {
     /// The text of `templateFile: rel`: from `files` when given, else read
     /// next to the rule file.
-    pub fn template_file(&self, rel: &str) -> Result<String, String> {
+    pub fn template_file(&self, rel: &str) -> Result<String, ReadError> {
         match &self.files {
             Some(files) => files
                 .get(rel)
                 .cloned()
-                .ok_or_else(|| format!("`{rel}` is not among the version's template files")),
+                .ok_or_else(|| ReadError::NotInVersion(rel.to_owned())),
             None => read_template_file(&self.root, &self.file, rel, &self.read),
         }
     }
@@ -71,11 +97,11 @@ impl RawDocument {
 /// Lists rule files in a directory: `*.yaml`/`*.yml`, symlinks followed, dot
 /// entries (`..data`, `..2026_…` and hidden files) skipped, so a ConfigMap
 /// volume yields each rule exactly once. Sorted for stable output.
-pub fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let entries = fs::read_dir(dir).map_err(|e| format!("cannot read directory: {e}"))?;
+pub fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, ReadError> {
+    let entries = fs::read_dir(dir).map_err(ReadError::Directory)?;
     let mut files = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read directory: {e}"))?;
+        let entry = entry.map_err(ReadError::Directory)?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
@@ -88,24 +114,18 @@ pub fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
         }
     }
     if files.len() > MAX_FILES_PER_DIR {
-        return Err(format!(
-            "{} rule files, more than the limit of {MAX_FILES_PER_DIR}",
-            files.len()
-        ));
+        return Err(ReadError::TooManyFiles(files.len()));
     }
     files.sort();
     Ok(files)
 }
 
-pub(super) fn read_limited(path: &Path) -> Result<String, String> {
-    let meta = fs::metadata(path).map_err(|e| e.to_string())?;
+pub(super) fn read_limited(path: &Path) -> Result<String, ReadError> {
+    let meta = fs::metadata(path)?;
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "file is {} bytes, more than the limit of {MAX_FILE_BYTES} bytes (1 MiB)",
-            meta.len()
-        ));
+        return Err(ReadError::TooLarge(meta.len()));
     }
-    fs::read_to_string(path).map_err(|e| e.to_string())
+    Ok(fs::read_to_string(path)?)
 }
 
 /// Reads every rule document under `dirs` through `read`, parsing YAML;
@@ -119,16 +139,16 @@ pub(super) fn read_documents(
     for dir in dirs {
         let files = match rule_files(dir) {
             Ok(files) => files,
-            Err(message) => {
-                diags.push(Diagnostic::error(dir, None, "", message));
+            Err(err) => {
+                diags.push(Diagnostic::error(dir, None, "", err.to_string()));
                 continue;
             }
         };
         for file in files {
             let text = match read(&file) {
                 Ok(text) => text,
-                Err(message) => {
-                    diags.push(Diagnostic::error(&file, None, "", message));
+                Err(err) => {
+                    diags.push(Diagnostic::error(&file, None, "", err.to_string()));
                     continue;
                 }
             };
@@ -169,26 +189,28 @@ pub(super) fn read_template_file(
     rule_file: &Path,
     rel: &str,
     read: &Read,
-) -> Result<String, String> {
+) -> Result<String, ReadError> {
     let rel_path = Path::new(rel);
     if rel_path.is_absolute() {
-        return Err(format!("`{rel}` must be a relative path"));
+        return Err(ReadError::Absolute(rel.to_owned()));
     }
     let base = rule_file.parent().unwrap_or(root);
-    let root_real = root
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve the rules directory: {e}"))?;
+    let root_real = root.canonicalize().map_err(ReadError::Root)?;
+    let unreadable = |source: ReadError| ReadError::Template {
+        rel: rel.to_owned(),
+        source: Box::new(source),
+    };
     let target = base
         .join(rel_path)
         .canonicalize()
-        .map_err(|e| format!("cannot read `{rel}`: {e}"))?;
+        .map_err(|e| unreadable(e.into()))?;
     if !target.starts_with(&root_real) {
-        return Err(format!("`{rel}` leaves the rules directory"));
+        return Err(ReadError::LeavesRoot(rel.to_owned()));
     }
     if !target.is_file() {
-        return Err(format!("`{rel}` is not a file"));
+        return Err(ReadError::NotAFile(rel.to_owned()));
     }
-    read(&target).map_err(|e| format!("cannot read `{rel}`: {e}"))
+    read(&target).map_err(unreadable)
 }
 
 impl Diagnostic {

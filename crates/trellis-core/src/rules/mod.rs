@@ -25,10 +25,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use compile::{
-    CompiledChild, CompiledCondition, CompiledField, CompiledRelated, CompiledRequirement,
-    CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known, Templated, VarReads,
-    VarSource, code_line, context_names, scope,
+    CompiledChild, CompiledCondition, CompiledField, CompiledForEach, CompiledRelated,
+    CompiledRequirement, CompiledRule, CompiledSelector, CompiledVar, FieldSource, Known,
+    MAX_FOR_EACH_NAMES, MAX_PROPAGATE_KEYS, PerItem, Templated, VarReads, VarSource, code_line,
+    context_names, scope,
 };
+
+pub(crate) use names::is_condition_type;
 
 use crate::kinds::Gvk;
 use crate::render::Limits;
@@ -307,3 +310,5 @@ mod tests_budget;
 mod tests_check;
 #[cfg(test)]
 mod tests_patches;
+#[cfg(test)]
+mod tests_sharing;

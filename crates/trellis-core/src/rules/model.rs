@@ -17,9 +17,13 @@ pub use crate::kinds::Scope;
 
 mod crd;
 mod rollout;
+mod sharing;
+mod versions;
 
 pub use crd::{CelValidation, ColumnType, CrdSpec, PrinterColumn};
 pub use rollout::{MaxFailedSpec, OnFailure, RolloutHealth, RolloutSpec, RolloutStep};
+pub use sharing::{ForEach, NamedLists, Propagate, ScaleSpec};
+pub use versions::VersionSpec;
 
 pub const API_VERSION: &str = "trellis.dev/v1alpha1";
 pub const KIND: &str = "Rule";
@@ -74,6 +78,10 @@ pub struct RuleSpec {
     /// Children, rendered in dependency order.
     #[serde(default)]
     pub children: Vec<ChildSpec>,
+    /// Keys of the parent's labels and annotations copied onto every child
+    /// (a key the template sets itself wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub propagate: Option<Propagate>,
     /// Fields contributed to objects the rule does not own (planned after
     /// the children, never created, released when no longer rendered).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -98,6 +106,13 @@ pub struct RuleSpec {
     /// Without it a new version reaches every parent at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
+    /// Every other served API version of the parent kind (its CRD is
+    /// generated: `crd:`), oldest first; the hub is `parent.apiVersion`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<VersionSpec>,
+    /// The version parents are stored in (default: the hub's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_version: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -194,9 +209,10 @@ pub struct ChildSpec {
     /// Expression; when false the child is not rendered and is pruned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_when: Option<String>,
-    /// Expression yielding a list: one child per item (`item`, `index`).
+    /// Expression yielding a list: one child per item (`item`, `index`); or
+    /// a mapping of names to such expressions: one child per combination.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub for_each: Option<String>,
+    pub for_each: Option<ForEach>,
     /// Allows a namespace other than the parent's, or a cluster-scoped child
     /// of a namespaced parent. Only rule authors can grant this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -217,6 +233,12 @@ pub struct ChildSpec {
     /// ownership removed) instead of deleting it.
     #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
     pub deletion_policy: DeletionPolicy,
+    /// Fields (`spec.replicas`, `metadata.annotations["a/b"]`) trellis sets
+    /// when it makes the object and stops sending once another field
+    /// manager has changed them (an HPA, `kubectl scale`): it never fights
+    /// for them, and drift detection ignores them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hand_off: Vec<String>,
 }
 
 /// What becomes of a child when its parent goes or it is no longer rendered.
@@ -264,9 +286,10 @@ pub struct PatchSpec {
     /// Expression; when false nothing is contributed (and what was, is released).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_when: Option<String>,
-    /// Expression yielding a list: one contribution per item (`item`, `index`).
+    /// Expression yielding a list: one contribution per item (`item`,
+    /// `index`); or a mapping of names to such expressions (combinations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub for_each: Option<String>,
+    pub for_each: Option<ForEach>,
     /// Allows a target outside a namespaced parent's namespace, or a
     /// cluster-scoped target. Only rule authors can grant this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -304,6 +327,7 @@ impl PatchSpec {
             plural: self.plural.clone(),
             scope: self.scope,
             deletion_policy: DeletionPolicy::Delete,
+            hand_off: Vec::new(),
         }
     }
 }
@@ -406,6 +430,10 @@ pub struct StatusSpec {
     pub fields: Vec<StatusField>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<ConditionSpec>,
+    /// Writes `status.children`: one entry per child object, in declaration
+    /// order, at most 100 (then `status.childrenTruncated`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inventory: bool,
 }
 
 /// One value under the parent's `.status`: either `from` + `jsonPath`, or `value`.
@@ -433,8 +461,12 @@ pub struct StatusField {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ConditionSpec {
     /// Condition type, e.g. `Serving`. `Ready` and `Synced` are trellis's own.
+    /// With `forEach`, a template evaluated per item (`{{ item.name }}Ready`).
     #[serde(rename = "type")]
     pub type_: String,
+    /// One condition per item (or combination), as a child's `forEach`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<ForEach>,
     /// Expression; the condition is True when it is true.
     pub when: String,
     /// CamelCase reason when True; `Not<reason>` when False.

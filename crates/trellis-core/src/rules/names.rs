@@ -32,6 +32,12 @@ pub(super) fn is_kind(s: &str) -> bool {
     chars.next().is_some_and(|c| c.is_ascii_uppercase()) && chars.all(|c| c.is_ascii_alphanumeric())
 }
 
+/// A condition type trellis writes: CamelCase, at most 316 characters
+/// (metav1.Condition's limit).
+pub(crate) fn is_condition_type(s: &str) -> bool {
+    s.len() <= 316 && is_kind(s)
+}
+
 pub(super) fn is_api_version(s: &str) -> bool {
     let (group, version) = s.split_once('/').unwrap_or(("", s));
     let version_ok = !version.is_empty()

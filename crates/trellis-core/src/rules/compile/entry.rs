@@ -103,6 +103,15 @@ impl Entry<'_, '_> {
                 }
             }
         });
+        let for_each_expr = child.for_each.as_ref().and_then(|fe| {
+            let place = super::for_each::Place {
+                field: &format!("{at}.forEach"),
+                what: &format!("a {noun}'s forEach"),
+                allowed: &role.names(false, false),
+                known,
+            };
+            super::for_each::compile_for_each(ck, builder, &place, fe, &mut reads)
+        });
         let mut expr =
             |ck: &mut Checker, name: &str, src: &Option<String>, allowed: BTreeSet<&str>| {
                 let src = src.as_ref()?;
@@ -133,7 +142,6 @@ impl Entry<'_, '_> {
             &child.include_when,
             role.names(false, false),
         );
-        let for_each_expr = expr(ck, "forEach", &child.for_each, role.names(false, false));
         let ready_when = expr(
             ck,
             "readyWhen",
@@ -142,6 +150,7 @@ impl Entry<'_, '_> {
         );
 
         let deps = dependencies(ck, spec, role, i, &at, child, &reads);
+        let hand_off = super::hand_off::compile(ck, &at, child);
         Some(CompiledChild {
             spec: child.clone(),
             gvk: Gvk::new(&child.api_version, &child.kind),
@@ -153,6 +162,7 @@ impl Entry<'_, '_> {
             depends_on_related: deps.related,
             depends_on_patches: deps.patches,
             reads_vars: VarReads::of(&reads),
+            hand_off,
         })
     }
 }
@@ -276,8 +286,8 @@ fn template_source(
                 template_files.insert(rel.clone(), text.clone());
                 Some(text)
             }
-            Err(message) => {
-                ck.error(&format!("{at}.templateFile"), message);
+            Err(err) => {
+                ck.error(&format!("{at}.templateFile"), err.to_string());
                 None
             }
         },

@@ -348,7 +348,7 @@ fn compile_selector(
     }
 }
 
-fn is_var_name(s: &str) -> bool {
+pub(super) fn is_var_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars
         .next()

@@ -31,12 +31,23 @@ pub(super) fn compile_status(
     base.insert("patches");
     for (i, f) in status.fields.iter().enumerate() {
         let at = format!("spec.status.fields[{i}]");
+        let first = f.path.split('.').next().unwrap_or_default();
+        if status.inventory && (first == "children" || first == "childrenTruncated") {
+            ck.error(
+                &format!("{at}.path"),
+                format!(
+                    "`{}` is written by trellis itself (status.inventory is on)",
+                    f.path
+                ),
+            );
+        }
         fields.extend(compile_field(ck, builder, known, &base, &at, f));
     }
     let mut types = BTreeSet::new();
     for (i, c) in status.conditions.iter().enumerate() {
         let at = format!("spec.status.conditions[{i}]");
-        let new_type = types.insert(c.type_.clone());
+        // A per-item type is known only in a pass, which checks it then.
+        let new_type = c.for_each.is_some() || types.insert(c.type_.clone());
         conditions.extend(compile_condition(
             ck, builder, known, &base, &at, c, new_type,
         ));
@@ -149,12 +160,64 @@ fn compile_condition(
     c: &ConditionSpec,
     new_type: bool,
 ) -> Option<CompiledCondition> {
-    if !is_kind(&c.type_) {
-        ck.error(
-            &format!("{at}.type"),
-            format!("`{}` is not a CamelCase type", c.type_),
-        );
-    }
+    // What `when`, `message` and a per-item `type` read of `vars`.
+    let mut reads = Calls::default();
+    let (for_each, type_template) = match &c.for_each {
+        Some(fe) => {
+            let item_names = context_names(true, false)
+                .into_iter()
+                .chain(["patches"])
+                .collect();
+            let place = super::for_each::Place {
+                field: &format!("{at}.forEach"),
+                what: "a condition's forEach",
+                allowed: base,
+                known,
+            };
+            let for_each = super::for_each::compile_for_each(ck, builder, &place, fe, &mut reads);
+            let type_template = compile_text(
+                ck,
+                builder,
+                (&format!("{at}.type"), "a per-item condition's type"),
+                (&format!("condition-type:{at}"), &c.type_),
+                &item_names,
+                known,
+                &mut reads,
+            );
+            if !c.type_.contains("{{") {
+                ck.warning(
+                    &format!("{at}.type"),
+                    format!(
+                        "`{}` is the same for every item: a second item makes it a duplicate type; \
+                         write a template such as `{{{{ item | title }}}}Ready`",
+                        c.type_
+                    ),
+                );
+            }
+            (for_each, type_template)
+        }
+        None => {
+            if c.type_.contains("{{") {
+                ck.error(
+                    &format!("{at}.type"),
+                    "a templated type needs `forEach` (one condition per item)",
+                );
+            } else if !is_kind(&c.type_) {
+                ck.error(
+                    &format!("{at}.type"),
+                    format!("`{}` is not a CamelCase type", c.type_),
+                );
+            }
+            (None, None)
+        }
+    };
+    // `when` and `message` see `item` and `index` on a per-item condition.
+    let names: BTreeSet<&str> = if c.for_each.is_some() {
+        base.iter().copied().chain(["item", "index"]).collect()
+    } else {
+        base.clone()
+    };
+    let base = &names;
     if c.type_ == "Ready" || c.type_ == "Synced" {
         ck.error(
             &format!("{at}.type"),
@@ -173,8 +236,6 @@ fn compile_condition(
             format!("`{}` is not a CamelCase reason", c.reason),
         );
     }
-    // What `when` and `message` read of `vars`.
-    let mut reads = Calls::default();
     let when = match builder.add_expression(&c.when) {
         Ok(id) => {
             lint(
@@ -199,32 +260,60 @@ fn compile_condition(
             None
         }
     };
+    let name = match c.for_each {
+        None => format!("condition:{}", c.type_),
+        Some(_) => format!("condition:{at}"),
+    };
     let message = c.message.as_ref().and_then(|text| {
-        match builder.add_template(&format!("condition:{}", c.type_), TemplateKind::Text, text) {
-            Ok(id) => {
-                lint(ck, builder, &format!("{at}.message"), Code::Text(&id, text));
-                let names = builder.template_names(&id, true);
-                ck.check_names(
-                    &format!("{at}.message"),
-                    "a condition's message",
-                    names,
-                    base,
-                    known,
-                );
-                merge_reads(&mut reads, builder.template_calls(&id));
-                Some(id)
-            }
-            Err(err) => {
-                ck.error(&format!("{at}.message"), format!("template syntax: {err}"));
-                None
-            }
-        }
+        compile_text(
+            ck,
+            builder,
+            (&format!("{at}.message"), "a condition's message"),
+            (&name, text),
+            base,
+            known,
+            &mut reads,
+        )
     });
+    let per_item = match (&c.for_each, for_each, type_template) {
+        (None, _, _) => None,
+        (Some(_), Some(for_each), Some(type_)) => Some(PerItem { for_each, type_ }),
+        // Reported: a per-item condition without its forEach or type.
+        (Some(_), _, _) => return None,
+    };
     when.map(|when| CompiledCondition {
         type_: c.type_.clone(),
+        per_item,
         when,
         reason: c.reason.clone(),
         message,
         reads_vars: VarReads::of(&reads),
     })
+}
+
+/// A text template (`field`, described as `place`) named `name` with its
+/// `text`, checked against the names it may read; what it reads is added
+/// to `reads`.
+fn compile_text(
+    ck: &mut Checker,
+    builder: &mut EngineBuilder,
+    (field, place): (&str, &str),
+    (name, text): (&str, &str),
+    allowed: &BTreeSet<&str>,
+    known: &Known,
+    reads: &mut Calls,
+) -> Option<TemplateId> {
+    match builder.add_template(name, TemplateKind::Text, text) {
+        Ok(id) => {
+            lint(ck, builder, field, Code::Text(&id, text));
+            let names = builder.template_names(&id, true);
+            ck.check_names(field, place, names, allowed, known);
+            merge_reads(reads, builder.template_calls(&id));
+            Some(id)
+        }
+        Err(err) => {
+            ck.error(field, format!("template syntax: {err}"));
+            None
+        }
+    }
 }

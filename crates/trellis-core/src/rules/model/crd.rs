@@ -40,6 +40,14 @@ pub struct CrdSpec {
     /// (each one is kept as any value otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_schema: Option<Value>,
+    /// The `scale` subresource: `kubectl scale` and HorizontalPodAutoscalers
+    /// on parents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<super::ScaleSpec>,
+    /// Apply a changed CRD even when the change would break stored parents
+    /// or clients (`--manage-crds` refuses such a change otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_breaking: bool,
 }
 
 /// One `kubectl get` column of the generated CRD.

@@ -1,0 +1,224 @@
+//! API versions on the real control plane: trellis (`--manage-crds`, run
+//! outside the cluster with `--webhook-url`) serves `/convert` over TLS
+//! with the certificate it made and keeps in its Secret, writes the CA into
+//! the CRD's `caBundle`, and the API server converts through it: a parent
+//! created at v1 is read at v2 and back; a conversion template that fails
+//! refuses only the request that needed it, with its message. A serving
+//! certificate renewed under the same CA keeps working without a CRD change.
+mod support;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use serde_json::json;
+
+use support::faults::free_address;
+use support::operator::{Cleanup, Operator, rule_set, wait_for};
+
+fn rule(group: &str) -> String {
+    format!(
+        r#"apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: shop
+spec:
+  parent: {{apiVersion: {group}/v2, kind: Shop}}
+  crd: {{}}
+  schema:
+    type: object
+    properties:
+      image: {{type: string}}
+      ports: {{type: array, items: {{type: integer}}}}
+  versions:
+    - name: v1
+      deprecated: "Shop v1 is deprecated; use v2"
+      schema:
+        type: object
+        properties:
+          image: {{type: string}}
+          port: {{type: integer}}
+      toHub: |
+        image: {{{{ spec.image }}}}
+        ports: [{{{{ spec.port }}}}]
+      fromHub: |
+        image: {{{{ spec.image }}}}
+        port: {{{{ spec.ports[0] }}}}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{{{ parent.metadata.name }}}}
+        data:
+          ports: {{{{ spec.ports | join(',') }}}}
+"#
+    )
+}
+
+fn api_at(ns: &support::TestNamespace, group: &str, version: &str) -> Api<DynamicObject> {
+    let resource =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, "Shop"), "shops");
+    Api::namespaced_with(ns.client.clone(), ns.name(), &resource)
+}
+
+fn shop(group: &str, version: &str, name: &str, spec: serde_json::Value) -> DynamicObject {
+    let resource =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, "Shop"), "shops");
+    DynamicObject::new(name, &resource).data(json!({ "spec": spec }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parents_are_converted_between_versions_by_trellis_itself() {
+    let ns = support::namespace().await;
+    let group = format!("{}.trellis.test", support::unique_name("conv"));
+    let crd_name = format!("shops.{group}");
+    let mut cleanup = Cleanup::default();
+    cleanup.add::<CustomResourceDefinition>(&crd_name);
+
+    let addr = free_address();
+    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+    options.instance = "test".into();
+    options.manage_crds = true;
+    options.operator_namespace = ns.name().to_owned();
+    options.webhook = trellis::operator::webhook::Settings::new(ns.name());
+    options.webhook.addr = addr;
+    options.webhook.url = Some(format!("https://{addr}"));
+    let operator = Operator::spawn(options, rule_set(&[&rule(&group)]), &ns.client);
+
+    // The CRD carries the CA trellis made, and points at its URL.
+    let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
+    let crd = wait_for(
+        &crds,
+        &crd_name,
+        "the CRD with a caBundle, Established",
+        |crd| {
+            let json = serde_json::to_value(crd).map_err(|e| e.to_string())?;
+            let config = &json["spec"]["conversion"]["webhook"]["clientConfig"];
+            let established = json["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Established" && c["status"] == "True")
+            });
+            if config["caBundle"].is_string() && established {
+                Ok(json)
+            } else {
+                Err(format!("clientConfig {config}, established {established}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"],
+        format!("https://{addr}/convert")
+    );
+    let secrets: Api<Secret> = Api::namespaced(ns.client.clone(), ns.name());
+    let secret = secrets
+        .get("trellis-webhook-tls")
+        .await
+        .expect("the Secret");
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+
+    // Created at v1 (stored at v2, the hub): converted by the webhook.
+    let v1 = api_at(&ns, &group, "v1");
+    let v2 = api_at(&ns, &group, "v2");
+    v1.create(
+        &PostParams::default(),
+        &shop(&group, "v1", "a", json!({"image": "nginx", "port": 8080})),
+    )
+    .await
+    .expect("a v1 parent is accepted");
+    let at_v2 = v2.get("a").await.expect("read at v2");
+    assert_eq!(
+        at_v2.data["spec"],
+        json!({"image": "nginx", "ports": [8080]})
+    );
+    let at_v1 = v1.get("a").await.expect("read at v1");
+    assert_eq!(at_v1.data["spec"], json!({"image": "nginx", "port": 8080}));
+
+    // The rule renders the hub's spec.
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), ns.name());
+    wait_for(
+        &configmaps,
+        "a",
+        "the child rendered from v2",
+        |cm| match cm.data.as_ref().and_then(|d| d.get("ports")) {
+            Some(p) if p == "8080" => Ok(()),
+            other => Err(format!("ports {other:?}")),
+        },
+    )
+    .await;
+
+    // A v1 parent the template cannot convert (no port): refused, naming
+    // the rule and the versions; the other requests go on.
+    let err = v1
+        .create(
+            &PostParams::default(),
+            &shop(&group, "v1", "b", json!({"image": "nginx"})),
+        )
+        .await
+        .expect_err("the conversion fails");
+    let text = err.to_string();
+    assert!(
+        text.contains("rule shop: converting Shop from v1 to v2"),
+        "{text}"
+    );
+    v2.create(
+        &PostParams::default(),
+        &shop(
+            &group,
+            "v2",
+            "c",
+            json!({"image": "nginx", "ports": [1, 2]}),
+        ),
+    )
+    .await
+    .expect("a v2 parent needs no conversion");
+    assert_eq!(
+        v1.get("c").await.expect("read at v1").data["spec"],
+        json!({"image": "nginx", "port": 1})
+    );
+
+    // A serving certificate renewed from the same CA (the leader renews one
+    // whose hosts changed): served from the Secret without a restart, and
+    // the API server, trusting the same CA, goes on converting.
+    let before = secret.data.clone().expect("data");
+    secrets
+        .patch(
+            "trellis-webhook-tls",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"trellis.dev/hosts": "renew.example"}}}),
+            ),
+        )
+        .await
+        .expect("mark for renewal");
+    wait_for(
+        &secrets,
+        "trellis-webhook-tls",
+        "a renewed serving certificate",
+        |s| {
+            let data = s.data.as_ref().ok_or("no data")?;
+            if data.get("tls.crt") != before.get("tls.crt")
+                && data.get("ca.crt") == before.get("ca.crt")
+            {
+                Ok(())
+            } else {
+                Err("not renewed yet".to_owned())
+            }
+        },
+    )
+    .await;
+    // The replica reloads within its 10 s look; conversions keep working
+    // all along (one request a second, every one answered).
+    for i in 0..15 {
+        let got = v1
+            .get("a")
+            .await
+            .unwrap_or_else(|e| panic!("read {i} at v1: {e}"));
+        assert_eq!(got.data["spec"]["port"], 8080);
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    operator.stop().await;
+}
