@@ -62,6 +62,7 @@ fn main() -> ExitCode {
             crds,
             observed,
             strict,
+            tests,
             limits,
         } => cli::check(
             &rules,
@@ -69,7 +70,9 @@ fn main() -> ExitCode {
             crds.as_deref(),
             observed.as_deref(),
             strict,
+            &tests,
         ),
+        Command::Test(args) => cli::test(args),
         Command::Render {
             rules,
             parent,

@@ -2,7 +2,9 @@
 //! stdout: initialize, open a rule with an error, the diagnostic on its
 //! line, the fixed text, an empty list, shutdown and a clean exit; a name
 //! used twice across files reported in both; hover and completion of rule
-//! fields; a rule directory deep under the workspace root.
+//! fields; a rule directory deep under the workspace root; a failing rule
+//! test on its case's `name` line, after a test edit and after a rule edit,
+//! and a wrong test file's error on its line.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -347,5 +349,84 @@ fn an_unsaved_template_file_is_checked_with_its_rule() {
         json!({"textDocument": {"uri": uri(&file)}}),
     );
     assert_eq!(client.diagnostics_for(&file), Vec::<Value>::new());
+    client.shut_down();
+}
+
+const APP_TEST: &str = "apiVersion: trellis.dev/v1alpha1
+kind: RuleTest
+metadata: {name: app}
+spec:
+  rule: app
+  cases:
+    - name: one replica renders the ConfigMap
+      parent: {apiVersion: demo.example.com/v1, kind: App, metadata: {name: a, namespace: ns}}
+      expect:
+        children: {config: {data: {replicas: \"1\"}}}
+    - name: zero replicas render nothing
+      parent: {apiVersion: demo.example.com/v1, kind: App, metadata: {name: a, namespace: ns}, spec: {replicas: 0}}
+      expect:
+        absent: [config]
+";
+
+#[test]
+fn a_failing_rule_test_shows_on_its_name_line_and_a_wrong_test_file_on_its_line() {
+    let (_dir, root) = workspace(&[("rules/app.yaml", GOOD), ("tests/app.test.yaml", APP_TEST)]);
+    let test = root.join("tests/app.test.yaml");
+    let rule = root.join("rules/app.yaml");
+    let mut client = Client::start(&root);
+    // The tests directory is not taken for a rules directory.
+    client.open(
+        &test,
+        &APP_TEST.replace("replicas: \"1\"", "replicas: \"2\""),
+    );
+    let diags = client.diagnostics_for(&test);
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    // 0-based line 6: the first case's `name`; severity 1: error.
+    assert_eq!(diags[0]["range"]["start"]["line"], 6, "{diags:?}");
+    assert_eq!(diags[0]["severity"], 1, "{diags:?}");
+    assert_eq!(
+        diags[0]["message"],
+        "rule test `one replica renders the ConfigMap` fails: \
+         children.config.data.replicas: expected \"2\", got \"1\""
+    );
+
+    client.change(&test, 2, APP_TEST);
+    assert_eq!(client.diagnostics_for(&test), Vec::<Value>::new());
+
+    // A rule edit that breaks a case shows on the test at once.
+    client.open(
+        &rule,
+        &GOOD.replace("spec.replicas > 0", "spec.replicas >= 0"),
+    );
+    let diags = loop {
+        let diags = client.diagnostics_for(&test);
+        if !diags.is_empty() {
+            break diags;
+        }
+    };
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(diags[0]["range"]["start"]["line"], 10, "{diags:?}");
+    assert!(
+        diags[0]["message"].as_str().is_some_and(
+            |m| m.starts_with("rule test `zero replicas render nothing` fails: absent.config")
+        ),
+        "{diags:?}"
+    );
+
+    // A child the rule does not have: the test file itself is wrong.
+    client.change(
+        &test,
+        3,
+        &APP_TEST.replace("absent: [config]", "absent: [confg]"),
+    );
+    let diags = client.diagnostics_for(&test);
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(diags[0]["range"]["start"]["line"], 13, "{diags:?}");
+    assert!(
+        diags[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rule `app` has no child or patch `confg`")),
+        "{diags:?}"
+    );
     client.shut_down();
 }

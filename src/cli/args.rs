@@ -317,9 +317,16 @@ pub enum Command {
         /// Treat every warning as an error (exit 1) [default: off]
         #[arg(long)]
         strict: bool,
+        /// Also check rule test files (`RuleTest`, as `trellis test` reads them):
+        /// a file, or a directory searched for `*.test.yaml` (repeatable) [default:
+        /// none]
+        #[arg(long = "tests", value_name = "PATH")]
+        tests: Vec<PathBuf>,
         #[command(flatten)]
         limits: RenderLimits,
     },
+    /// Offline: run the rules' tests (`RuleTest` files) through the pass `render` prints
+    Test(super::test::TestArgs),
     /// Offline: what one reconcile pass would do for PARENT (no cluster needed)
     Render {
         /// Rules directory (repeatable)

@@ -18,6 +18,7 @@ pub fn check(
     crds_path: Option<&Path>,
     observed_path: Option<&Path>,
     strict: bool,
+    tests: &[PathBuf],
 ) -> ExitCode {
     let crds = match load_crds(crds_path) {
         Ok(c) => c,
@@ -36,7 +37,12 @@ pub fn check(
         observed,
         strict,
     };
-    let checked = diagnostics(dirs, limits, &crate::rules::load::disk(), &inputs);
+    let mut checked = diagnostics(dirs, limits, &crate::rules::load::disk(), &inputs);
+    if !tests.is_empty() {
+        checked
+            .diagnostics
+            .extend(test_diagnostics(dirs, limits, tests, strict));
+    }
     let count = |s: Severity| {
         checked
             .diagnostics
@@ -62,6 +68,28 @@ pub fn check(
         }
     );
     ExitCode::SUCCESS
+}
+
+/// What is wrong with the test files under `tests`, as `trellis test`
+/// would refuse them; nothing when the rules themselves do not load (their
+/// errors are reported already, and tests of rules that do not compile
+/// cannot be judged).
+fn test_diagnostics(
+    dirs: &[PathBuf],
+    limits: Limits,
+    tests: &[PathBuf],
+    strict: bool,
+) -> Vec<crate::rules::Diagnostic> {
+    let Ok(set) = crate::rules::RuleSet::load(dirs, limits) else {
+        return Vec::new();
+    };
+    let (_, mut diags) = crate::offline::ruletest::load_suites(tests, &set);
+    if strict {
+        for d in &mut diags {
+            d.severity = Severity::Error;
+        }
+    }
+    diags
 }
 
 /// `trellis lsp`.

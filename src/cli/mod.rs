@@ -24,6 +24,7 @@ mod commands;
 mod rbac;
 mod render;
 mod rollout;
+mod test;
 pub mod tree;
 
 pub use args::{
@@ -35,6 +36,7 @@ pub use commands::{convert, crd, crd_against_cluster, crd_documents, diff, graph
 pub use rbac::{RbacRoles, rbac};
 pub use render::render;
 pub use rollout::{Action as RolloutDecision, rollout};
+pub use test::test;
 pub use tree::tree;
 
 /// Logs to stderr; `RUST_LOG` overrides the default level (`info`).

@@ -4,7 +4,9 @@
 //! warnings, children against their kinds' schemas included) for every
 //! rule directory in the workspace, on open, change and save, from the
 //! open buffers' unsaved text; a file whose problems are fixed gets an
-//! empty list. Hover on a rule field shows its description from `trellis
+//! empty list. Rule test files (`*.test.yaml`) are run after every change
+//! (`ruletests`): a failing case shows on its `name` line, a wrong test
+//! file where it is wrong. Hover on a rule field shows its description from `trellis
 //! schema`; completion offers the field names of the block at the cursor.
 //!
 //! Built on `lsp-server` and `lsp-types` (rust-analyzer's transport and
@@ -14,6 +16,7 @@
 //! a check runs are taken together before the next one (full-text sync).
 
 mod fields;
+mod ruletests;
 mod workspace;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -95,6 +98,7 @@ fn serve(connection: &Connection, inputs: Inputs) -> Result<(), String> {
         uris: HashMap::new(),
         published: BTreeMap::new(),
         dirty: BTreeSet::new(),
+        flagged_tests: BTreeSet::new(),
         schema: crate::rules::model::json_schema(),
     };
     server.ws.scan();
@@ -184,6 +188,9 @@ struct Server<'c> {
     published: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
     /// Rule directories changed since their last check.
     dirty: BTreeSet<PathBuf>,
+    /// Test files with diagnostics published: the only ones an empty
+    /// list is sent to (to clear them) when all is well.
+    flagged_tests: BTreeSet<PathBuf>,
     schema: Value,
 }
 
@@ -221,7 +228,7 @@ impl Server<'_> {
                     return false;
                 };
                 let dirs = self.ws.dirs_of(&canonical(&path));
-                let any = !dirs.is_empty();
+                let any = !dirs.is_empty() || ruletests::is_test_file(&path);
                 self.dirty.extend(dirs);
                 any
             }
@@ -248,7 +255,7 @@ impl Server<'_> {
             self.ws.note(&path, text);
         }
         let dirs = self.ws.dirs_of(&path);
-        let any = !dirs.is_empty();
+        let any = !dirs.is_empty() || self.ws.tests.contains(&path);
         self.dirty.extend(dirs);
         if let Ok(mut buffers) = self.ws.buffers.write() {
             match text {
@@ -275,7 +282,18 @@ impl Server<'_> {
                 self.publish_file(path, Vec::new());
             }
         }
-        for (path, diags) in &by_file {
+        // Rule tests run after every change: a rule edit may break a case.
+        let mut by_test = self.ws.check_tests();
+        by_test.retain(|path, diags| {
+            let was = !diags.is_empty() || self.flagged_tests.contains(path);
+            if diags.is_empty() {
+                self.flagged_tests.remove(path);
+            } else {
+                self.flagged_tests.insert(path.clone());
+            }
+            was
+        });
+        for (path, diags) in by_file.iter().chain(&by_test) {
             let text = self.ws.text(path).unwrap_or_default();
             let list = diags.iter().map(|d| to_lsp(d, &text)).collect();
             self.publish_file(path, list);

@@ -27,6 +27,8 @@ pub struct Workspace {
     pub dirs: BTreeSet<PathBuf>,
     pub buffers: Buffers,
     pub inputs: Inputs,
+    /// Rule test files (`*.test.yaml`), found or opened; canonical paths.
+    pub tests: BTreeSet<PathBuf>,
 }
 
 impl Workspace {
@@ -61,6 +63,8 @@ impl Workspace {
                 if !SKIP.contains(&name.as_ref()) {
                     subdirs.push(path);
                 }
+            } else if super::ruletests::is_test_file(&path) {
+                self.tests.insert(canonical(&path));
             } else if is_yaml(&path)
                 && !self.dirs.contains(dir)
                 && std::fs::read_to_string(&path).is_ok_and(|text| holds_rule(&text))
@@ -77,6 +81,10 @@ impl Workspace {
     /// An opened or changed buffer: its directory becomes a rule directory
     /// when the text holds a rule.
     pub fn note(&mut self, path: &Path, text: &str) {
+        if super::ruletests::is_test_file(path) {
+            self.tests.insert(path.to_path_buf());
+            return;
+        }
         if is_yaml(path)
             && holds_rule(text)
             && let Some(dir) = path.parent()
@@ -103,11 +111,11 @@ impl Workspace {
             .collect()
     }
 
-    /// Every diagnostic of each of `dirs`, by file.
-    pub fn check(&self, dirs: &BTreeSet<PathBuf>) -> BTreeMap<PathBuf, Vec<Diagnostic>> {
+    /// Reads files as the editor has them: an open buffer, else the disk.
+    pub fn reader(&self) -> Read {
         let buffers = self.buffers.clone();
         let disk = crate::rules::load::disk();
-        let read: Read = Arc::new(move |path: &Path| {
+        Arc::new(move |path: &Path| {
             let open = buffers
                 .read()
                 .ok()
@@ -116,7 +124,12 @@ impl Workspace {
                 Some(text) => Ok(text),
                 None => disk(path),
             }
-        });
+        })
+    }
+
+    /// Every diagnostic of each of `dirs`, by file.
+    pub fn check(&self, dirs: &BTreeSet<PathBuf>) -> BTreeMap<PathBuf, Vec<Diagnostic>> {
+        let read = self.reader();
         let mut by_file: BTreeMap<PathBuf, Vec<Diagnostic>> = BTreeMap::new();
         for dir in dirs {
             let checked = diagnostics(
@@ -137,22 +150,28 @@ fn is_yaml(path: &Path) -> bool {
     path.extension().is_some_and(|x| x == "yaml" || x == "yml")
 }
 
-/// Whether the text holds a `trellis.dev/v1alpha1` Rule document.
+/// Whether the text holds a `trellis.dev/v1alpha1` Rule document (a
+/// `RuleTest` has the same apiVersion and is not one).
 pub fn holds_rule(text: &str) -> bool {
     // Cheap first: most YAML files are not rules.
     if !text.contains(crate::rules::model::API_VERSION) {
         return false;
     }
+    let test_kind = crate::offline::ruletest::file::KIND;
     match crate::yaml::parse_documents(text, &crate::yaml::Limits::FILES) {
         Ok(docs) => docs.iter().any(|d| {
             d.value.get("apiVersion").and_then(|v| v.as_str())
                 == Some(crate::rules::model::API_VERSION)
+                && d.value.get("kind").and_then(|v| v.as_str()) != Some(test_kind)
         }),
         // Being edited: a rule file that does not parse now still is one.
-        Err(_) => text.lines().any(|l| {
-            l.trim_start().starts_with("apiVersion:")
-                && l.contains(crate::rules::model::API_VERSION)
-        }),
+        Err(_) => {
+            !text.contains(&format!("kind: {test_kind}"))
+                && text.lines().any(|l| {
+                    l.trim_start().starts_with("apiVersion:")
+                        && l.contains(crate::rules::model::API_VERSION)
+                })
+        }
     }
 }
 

@@ -24,6 +24,7 @@
 pub mod builtin;
 mod hand_off;
 mod lines;
+mod reserved;
 mod sample;
 mod validate;
 mod versions;
@@ -39,6 +40,7 @@ use crate::plan::sample::{Sample, Sampled, render_children};
 use crate::plan::{Input, Observed};
 use crate::rules::model::Scope;
 use crate::rules::{CompiledChild, CompiledRule, Diagnostic, VarSource, code_line};
+pub use reserved::reserved_labels;
 pub use validate::{Finding, closest, validate};
 
 /// What the check knows besides the rule.

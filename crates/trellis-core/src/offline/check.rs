@@ -69,6 +69,8 @@ pub fn diagnostics(dirs: &[PathBuf], limits: Limits, read: &Read, inputs: &Input
     };
     for rule in &rules {
         extra.extend(conform::check_rule(rule, &cx));
+        extra.extend(conform::reserved_labels(rule, &cx));
+        extra.extend(super::hazards::required_related_through_vars(rule));
     }
     let mut all = loaded.diagnostics();
     all.extend(extra);

@@ -97,15 +97,24 @@ pub fn render_document(
     render_document_with(rule, parent, observed, now, None)
 }
 
-/// [`render_document`], with CRD manifests (`--crds`): the parent's scope
-/// comes from its CRD, and its spec is checked against the CRD's schema.
-pub fn render_document_with(
+/// One pass offline: the planner's [`plan::Plan`] for a parent and the
+/// observed objects as the pass saw them (labelled, the parent counted).
+/// `render` prints it and `trellis test` matches it: one pass for both.
+pub struct Pass {
+    pub plan: plan::Plan,
+    pub observed: Observed,
+}
+
+/// The pass for `parent`, with CRD manifests (`--crds`) when given: the
+/// parent's scope comes from its CRD, and its spec is checked against the
+/// CRD's schema.
+pub fn pass(
     rule: &CompiledRule,
     parent: &Value,
     observed: Vec<Value>,
     now: &str,
     crds: Option<&OfflineCrds>,
-) -> Value {
+) -> Pass {
     let scope_of = offline_scope_with(rule, crate::crd::offline::parent_scope(rule, parent, crds));
     let mut observed = label_observed(rule, parent, observed, now, &scope_of);
     observe_parent(&mut observed, parent);
@@ -127,6 +136,19 @@ pub fn render_document_with(
         errors.extend(refusals);
         plan = plan::refused_by_crd(rule, &input, errors);
     }
+    Pass { plan, observed }
+}
+
+/// [`render_document`], with CRD manifests (`--crds`): the parent's scope
+/// comes from its CRD, and its spec is checked against the CRD's schema.
+pub fn render_document_with(
+    rule: &CompiledRule,
+    parent: &Value,
+    observed: Vec<Value>,
+    now: &str,
+    crds: Option<&OfflineCrds>,
+) -> Value {
+    let Pass { plan, observed } = pass(rule, parent, observed, now, crds);
     // `createOnly` children that exist are never sent again: show them apart.
     let (kept, applied): (Vec<_>, Vec<_>) = plan.apply.iter().partition(|a| {
         a.policy == crate::rules::model::Policy::CreateOnly && observed.objects.contains_key(&a.key)

@@ -27,7 +27,7 @@ use minijinja::value::Serde;
 use minijinja::value::ValueKind;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Expression, UndefinedBehavior, Value};
 
-pub use calls::Calls;
+pub use calls::{Calls, scan as scan_calls};
 pub use filters::{dns_label, sha256_hex};
 
 /// Per-render limits. A render that exceeds one fails that parent only.
