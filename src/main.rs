@@ -6,57 +6,7 @@ use trellis::cli::{self, Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run {
-            rules,
-            namespaces,
-            concurrency,
-            log_format,
-            metrics_addr,
-            reload_poll,
-            manage_crds,
-            operator_namespace,
-            require_service_account,
-            service_account_recheck,
-            limits,
-            leader,
-            webhook,
-        } => {
-            let operator_namespace =
-                trellis::operator::home::operator_namespace(operator_namespace.as_deref());
-            let webhook = match webhook.settings(&operator_namespace) {
-                Ok(settings) => settings,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            cli::run(
-                trellis::operator::Options {
-                    leader_election: match leader.settings() {
-                        Ok(settings) => settings,
-                        Err(e) => {
-                            eprintln!("error: {e}");
-                            return ExitCode::from(2);
-                        }
-                    },
-                    concurrency,
-                    metrics_addr: metrics_addr.0,
-                    reload_poll,
-                    manage_crds,
-                    shards: leader.shards,
-                    operator_namespace,
-                    webhook,
-                    require_service_account,
-                    account_recheck: service_account_recheck,
-                    limits: limits.limits(),
-                    instance: std::env::var("POD_NAME")
-                        .or_else(|_| std::env::var("HOSTNAME"))
-                        .unwrap_or_else(|_| "trellis".into()),
-                    ..trellis::operator::Options::new(rules, namespaces)
-                },
-                log_format,
-            )
-        }
+        run @ Command::Run { .. } => run_operator(run),
         Command::Check {
             rules,
             crds,
@@ -155,4 +105,62 @@ fn main() -> ExitCode {
             operator_namespace,
         ),
     }
+}
+
+/// `trellis run`: the operator, with its settings from the flags.
+fn run_operator(command: Command) -> ExitCode {
+    // `main` sends only `run` here.
+    let Command::Run {
+        rules,
+        namespaces,
+        concurrency,
+        log_format,
+        metrics_addr,
+        reload_poll,
+        manage_crds,
+        operator_namespace,
+        require_service_account,
+        service_account_recheck,
+        limits,
+        leader,
+        webhook,
+    } = command
+    else {
+        return ExitCode::from(2);
+    };
+    let operator_namespace =
+        trellis::operator::home::operator_namespace(operator_namespace.as_deref());
+    let webhook = match webhook.settings(&operator_namespace) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    cli::run(
+        trellis::operator::Options {
+            leader_election: match leader.settings() {
+                Ok(settings) => settings,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+            concurrency,
+            metrics_addr: metrics_addr.0,
+            reload_poll,
+            manage_crds,
+            shards: leader.shards,
+            operator_namespace,
+            webhook,
+            require_service_account,
+            account_recheck: service_account_recheck,
+            limits: limits.limits(),
+            instance: std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "trellis".into()),
+            ..trellis::operator::Options::new(rules, namespaces)
+        },
+        log_format,
+    )
 }

@@ -98,14 +98,8 @@ async fn parents_are_converted_between_versions_by_trellis_itself() {
     let mut cleanup = Cleanup::default();
     cleanup.add::<CustomResourceDefinition>(&crd_name);
 
-    let addr = free_address();
-    let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
-    options.instance = "test".into();
-    options.manage_crds = true;
-    options.operator_namespace = ns.name().to_owned();
-    options.webhook = trellis::operator::webhook::Settings::new(ns.name());
-    options.webhook.addr = addr;
-    options.webhook.url = Some(format!("https://{addr}"));
+    let options = options_for(&ns);
+    let addr = options.webhook.addr;
     let operator = Operator::spawn(options, rule_set(&[&rule(&group)]), &ns.client);
 
     // The CRD carries the CA trellis made, and points at its URL.

@@ -108,6 +108,21 @@ fn replica_owners(d: &Deployment) -> Vec<String> {
         .collect()
 }
 
+/// Someone edits the Deployment's tier annotation by hand.
+async fn drift_tier(api: &Api<Deployment>, name: &str) {
+    let edit = PatchParams {
+        field_manager: Some("kubectl-edit".into()),
+        ..PatchParams::default()
+    };
+    api.patch(
+        name,
+        &edit,
+        &Patch::Merge(json!({"metadata": {"annotations": {"example.com/tier": "bronze"}}})),
+    )
+    .await
+    .expect("drift the annotation");
+}
+
 async fn wait_state(api: &Api<Deployment>, name: &str, want_tier: &str, want_replicas: i32) {
     wait_for(
         api,
@@ -136,18 +151,7 @@ async fn kubectl_scale_of_a_handed_off_field_sticks_while_other_fields_are_resto
     wait_state(&deployments, "shop", "gold", 5).await;
 
     // Another field is drifted by hand: trellis puts it back, and only it.
-    let edit = PatchParams {
-        field_manager: Some("kubectl-edit".into()),
-        ..PatchParams::default()
-    };
-    deployments
-        .patch(
-            "shop",
-            &edit,
-            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/tier": "bronze"}}})),
-        )
-        .await
-        .expect("drift the annotation");
+    drift_tier(&deployments, "shop").await;
     wait_state(&deployments, "shop", "gold", 5).await;
 
     // Rendering changes (a new tier, a new desired replica count): each is
@@ -207,18 +211,7 @@ async fn a_recreate_child_keeps_its_handed_off_field_when_a_drift_is_put_back() 
 
     kubectl(&["scale", "deployment/shop", "--replicas=4", "-n", ns.name()]);
     wait_state(&deployments, "shop", "gold", 4).await;
-    let edit = PatchParams {
-        field_manager: Some("kubectl-edit".into()),
-        ..PatchParams::default()
-    };
-    deployments
-        .patch(
-            "shop",
-            &edit,
-            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/tier": "bronze"}}})),
-        )
-        .await
-        .expect("drift the annotation");
+    drift_tier(&deployments, "shop").await;
     wait_state(&deployments, "shop", "gold", 4).await;
     tokio::time::sleep(QUIET).await;
     let now = deployments.get("shop").await.expect("read");

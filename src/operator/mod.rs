@@ -193,6 +193,35 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> anyhow::Resul
     run_with(options, set, client, shutdown).await
 }
 
+/// Serves `/metrics`, `/healthz`, `/readyz` and `/status` on `listener`,
+/// from snapshots of `shared`.
+fn serve_status(
+    listener: tokio::net::TcpListener,
+    shared: &Shared,
+    leader: Arc<std::sync::Mutex<LeaderStatus>>,
+    shutdown: CancellationToken,
+) {
+    let (reload, rules, rollouts, shard, migrations) = (
+        shared.reload.clone(),
+        shared.rule_states.clone(),
+        shared.rollouts.clone(),
+        shared.shards.clone(),
+        shared.migrations.clone(),
+    );
+    let obs = Arc::new(crate::telemetry::Observability {
+        metrics: shared.metrics.clone(),
+        snapshot: Box::new(move || crate::telemetry::Snapshot {
+            reload: lock(&reload).clone(),
+            rules: lock(&rules).clone(),
+            leader: lock(&leader).clone(),
+            rollouts: lock(&rollouts).clone(),
+            migrations: lock(&migrations).clone(),
+            shard: shard.as_ref().map(|s| s.status_json()),
+        }),
+    });
+    tokio::spawn(crate::telemetry::serve(listener, obs, shutdown));
+}
+
 /// Like [`run`], with a loaded rule set and a client (used by tests).
 pub async fn run_with(
     options: Options,
@@ -295,26 +324,7 @@ pub async fn run_with(
         )
     });
     if let Some(listener) = listener {
-        let (reload, rules, leader, rollouts, shard, migrations) = (
-            shared.reload.clone(),
-            shared.rule_states.clone(),
-            leader_status.clone(),
-            shared.rollouts.clone(),
-            shared.shards.clone(),
-            shared.migrations.clone(),
-        );
-        let obs = Arc::new(crate::telemetry::Observability {
-            metrics: shared.metrics.clone(),
-            snapshot: Box::new(move || crate::telemetry::Snapshot {
-                reload: lock(&reload).clone(),
-                rules: lock(&rules).clone(),
-                leader: lock(&leader).clone(),
-                rollouts: lock(&rollouts).clone(),
-                migrations: lock(&migrations).clone(),
-                shard: shard.as_ref().map(|s| s.status_json()),
-            }),
-        });
-        tokio::spawn(crate::telemetry::serve(listener, obs, shutdown.clone()));
+        serve_status(listener, &shared, leader_status.clone(), shutdown.clone());
     }
     info!(
         rules = set.rules.len(),

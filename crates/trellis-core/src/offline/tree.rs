@@ -389,15 +389,7 @@ fn related_lines(
                     observed
                         .objects
                         .iter()
-                        .filter(|(k, o)| {
-                            k.group == gvk.group
-                                && k.kind == gvk.kind
-                                && read.covers(
-                                    k.namespace.as_deref(),
-                                    &k.name,
-                                    o.pointer("/metadata/labels").and_then(Value::as_object),
-                                )
-                        })
+                        .filter(|(k, o)| read.covers_object(&gvk, k, o))
                         .count(),
                 );
             }

@@ -53,6 +53,19 @@ impl RelatedRead {
         })
     }
 
+    /// Whether `object` (at `key`, of kind `gvk`) is one this read covers.
+    pub fn covers_object(&self, gvk: &Gvk, key: &ObjectKey, object: &Value) -> bool {
+        key.group == gvk.group
+            && key.kind == gvk.kind
+            && self.covers(
+                key.namespace.as_deref(),
+                &key.name,
+                object
+                    .pointer("/metadata/labels")
+                    .and_then(Value::as_object),
+            )
+    }
+
     /// [`covers`](Self::covers), with labels read through `label` (so a
     /// cache's typed objects need no conversion to JSON first).
     pub fn covers_with<'a>(
