@@ -204,12 +204,7 @@ pub fn crd_against_cluster(dirs: &[PathBuf]) -> ExitCode {
         for rule in set.rules.iter().filter(|r| r.crd.is_some()) {
             let crd = rule.crd.as_ref().expect("filtered");
             let changes = crate::operator::crds::breaking_changes(&client, crd).await?;
-            let allowed = rule
-                .rule
-                .spec
-                .crd
-                .as_ref()
-                .is_some_and(|c| c.allow_breaking);
+            let allowed = rule.allows_breaking_crd();
             out.push((rule.name.clone(), crd_name(crd), changes, allowed));
         }
         Ok::<_, crate::operator::crds::CrdApplyError>(out)

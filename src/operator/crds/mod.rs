@@ -116,12 +116,7 @@ fn with_webhook(crd: &Value, webhook: Option<&Endpoint>) -> Option<Value> {
 /// Applies every generated CRD of `set` and waits for each to be Established.
 pub async fn apply_all(client: &Client, set: &RuleSet, webhook: Option<&Endpoint>) {
     for rule in &set.rules {
-        let allow_breaking = rule
-            .rule
-            .spec
-            .crd
-            .as_ref()
-            .is_some_and(|c| c.allow_breaking);
+        let allow_breaking = rule.allows_breaking_crd();
         let Some(generated) = &rule.crd else {
             continue;
         };

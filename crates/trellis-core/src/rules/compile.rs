@@ -120,6 +120,12 @@ impl CompiledRule {
         paths
     }
 
+    /// `crd: {allowBreaking: true}`: its CRD is applied even when the
+    /// change would break stored parents or clients.
+    pub fn allows_breaking_crd(&self) -> bool {
+        self.rule.spec.crd.as_ref().is_some_and(|c| c.allow_breaking)
+    }
+
     pub fn patch(&self, id: &str) -> Option<&CompiledChild> {
         self.patches.iter().find(|c| c.spec.id == id)
     }
