@@ -123,7 +123,11 @@ impl CompiledRule {
     /// `crd: {allowBreaking: true}`: its CRD is applied even when the
     /// change would break stored parents or clients.
     pub fn allows_breaking_crd(&self) -> bool {
-        self.rule.spec.crd.as_ref().is_some_and(|c| c.allow_breaking)
+        self.rule
+            .spec
+            .crd
+            .as_ref()
+            .is_some_and(|c| c.allow_breaking)
     }
 
     pub fn patch(&self, id: &str) -> Option<&CompiledChild> {
