@@ -27,6 +27,7 @@ use crate::plan::{self, Input, ObjectKey, Observed, Plan};
 use crate::rules::CompiledRule;
 use crate::status_patch::mark_apply_error;
 use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
@@ -35,7 +36,8 @@ pub async fn reconcile_measured(
 ) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let rule = ctx.rule().name.clone();
-    let result = match reconcile(parent, ctx.clone()).await {
+    let skipped = AtomicBool::new(false);
+    let result = match reconcile(parent, ctx.clone(), &skipped).await {
         // A standby (or a leader that just lost the Lease) leaves the pass
         // to the leader, which reconciles every parent on taking over.
         Err(Error::NotLeader(_)) => return Ok(Action::await_change()),
@@ -46,7 +48,14 @@ pub async fn reconcile_measured(
         .reconcile_seconds
         .get_or_create(&crate::telemetry::RuleLabel { rule: rule.clone() })
         .observe(started.elapsed().as_secs_f64());
-    let outcome = if result.is_ok() { "ok" } else { "error" };
+    // A pass that decided nothing (paused, held in its backoff, waiting for
+    // its caches or its rule's first version) is neither a success nor a
+    // failure: counted apart, so error rates and panels stay true.
+    let outcome = match (&result, skipped.load(Ordering::Relaxed)) {
+        (Err(_), _) => "error",
+        (Ok(_), true) => "skipped",
+        (Ok(_), false) => "ok",
+    };
     metrics
         .reconciles
         .get_or_create(&crate::telemetry::ResultLabel {
@@ -57,7 +66,17 @@ pub async fn reconcile_measured(
     result
 }
 
-pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<Action, Error> {
+/// One pass over `parent`; `skipped` is set when it returns without
+/// planning (see [`reconcile_measured`]).
+pub async fn reconcile(
+    parent: Arc<ParentObject>,
+    ctx: Arc<RuleCtx>,
+    skipped: &AtomicBool,
+) -> Result<Action, Error> {
+    let skip = |action: Action| {
+        skipped.store(true, Ordering::Relaxed);
+        Ok(action)
+    };
     let parent_uid = parent.object.metadata.uid.as_deref().unwrap_or_default();
     // Under --shards a pass runs only in a bucket this replica writes, and
     // counts as running until it ends: the handover waits for it.
@@ -80,7 +99,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
         listed = ready.wait_for(|r| *r) => if listed.is_err() {
             return Err(Error::Plan("child cache was dropped".into()));
         },
-        _ = ctx.stop.cancelled() => return Ok(Action::await_change()),
+        _ = ctx.stop.cancelled() => return skip(Action::await_change()),
     }
     // A bucket just gained may still be listing its children: planning now
     // would re-create them. Its listing wakes the parent again.
@@ -89,11 +108,11 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             .listed_buckets()
             .contains(crate::shard::bucket_of(parent_uid))
     {
-        return Ok(Action::await_change());
+        return skip(Action::await_change());
     }
     let _permit = tokio::select! {
         permit = ctx.shared.permits.acquire() => permit,
-        _ = ctx.stop.cancelled() => return Ok(Action::await_change()),
+        _ = ctx.stop.cancelled() => return skip(Action::await_change()),
     };
     ctx.sweep();
     if let Some(why) = &parent.undecodable {
@@ -112,7 +131,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
                 .held(&key, parent.metadata.generation, std::time::Instant::now())
     {
         debug!(rule = %rule.name, parent = %key, retry_in = ?wait, "held back by its backoff");
-        return Ok(Action::requeue(wait));
+        return skip(Action::requeue(wait));
     }
     let mut parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
     if let Some(status) = ctx.unseen_status(&uid, parent.resource_version().as_deref()) {
@@ -130,11 +149,11 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
             if let Some(candidate) = super::released::Candidate::of(parent, true) {
                 let _ = ctx.released.send(candidate);
             }
-            return Ok(Action::await_change());
+            return skip(Action::await_change());
         }
         Entry::Paused => {
             debug!(rule = %rule.name, parent = %key, "paused");
-            return Ok(Action::await_change());
+            return skip(Action::await_change());
         }
         Entry::Undecodable(why) => return undecodable(&ctx, parent, &why).await,
     }
@@ -145,7 +164,7 @@ pub async fn reconcile(parent: Arc<ParentObject>, ctx: Arc<RuleCtx>) -> Result<A
     // which wakes every parent.
     if rule.rollout.is_some() && ctx.versions.record().is_none() {
         debug!(rule = %rule.name, parent = %key, "waiting for the rule's first version to be recorded");
-        return Ok(Action::await_change());
+        return skip(Action::await_change());
     }
     // The version this parent is due to run: the newest, unless a staged
     // rollout keeps it on an earlier one. The whole pass uses it.
