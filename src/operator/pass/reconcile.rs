@@ -75,7 +75,7 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     let skip = |action: Action| {
         skipped.store(true, Ordering::Relaxed);
-        Ok(action)
+        action
     };
     let parent_uid = parent.object.metadata.uid.as_deref().unwrap_or_default();
     // Under --shards a pass runs only in a bucket this replica writes, and
@@ -99,7 +99,7 @@ pub async fn reconcile(
         listed = ready.wait_for(|r| *r) => if listed.is_err() {
             return Err(Error::Plan("child cache was dropped".into()));
         },
-        _ = ctx.stop.cancelled() => return skip(Action::await_change()),
+        _ = ctx.stop.cancelled() => return Ok(skip(Action::await_change())),
     }
     // A bucket just gained may still be listing its children: planning now
     // would re-create them. Its listing wakes the parent again.
@@ -108,11 +108,11 @@ pub async fn reconcile(
             .listed_buckets()
             .contains(crate::shard::bucket_of(parent_uid))
     {
-        return skip(Action::await_change());
+        return Ok(skip(Action::await_change()));
     }
     let _permit = tokio::select! {
         permit = ctx.shared.permits.acquire() => permit,
-        _ = ctx.stop.cancelled() => return skip(Action::await_change()),
+        _ = ctx.stop.cancelled() => return Ok(skip(Action::await_change())),
     };
     ctx.sweep();
     if let Some(why) = &parent.undecodable {
@@ -131,7 +131,7 @@ pub async fn reconcile(
                 .held(&key, parent.metadata.generation, std::time::Instant::now())
     {
         debug!(rule = %rule.name, parent = %key, retry_in = ?wait, "held back by its backoff");
-        return skip(Action::requeue(wait));
+        return Ok(skip(Action::requeue(wait)));
     }
     let mut parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
     if let Some(status) = ctx.unseen_status(&uid, parent.resource_version().as_deref()) {
@@ -149,11 +149,11 @@ pub async fn reconcile(
             if let Some(candidate) = super::released::Candidate::of(parent, true) {
                 let _ = ctx.released.send(candidate);
             }
-            return skip(Action::await_change());
+            return Ok(skip(Action::await_change()));
         }
         Entry::Paused => {
             debug!(rule = %rule.name, parent = %key, "paused");
-            return skip(Action::await_change());
+            return Ok(skip(Action::await_change()));
         }
         Entry::Undecodable(why) => return undecodable(&ctx, parent, &why).await,
     }
@@ -164,7 +164,7 @@ pub async fn reconcile(
     // which wakes every parent.
     if rule.rollout.is_some() && ctx.versions.record().is_none() {
         debug!(rule = %rule.name, parent = %key, "waiting for the rule's first version to be recorded");
-        return skip(Action::await_change());
+        return Ok(skip(Action::await_change()));
     }
     // The version this parent is due to run: the newest, unless a staged
     // rollout keeps it on an earlier one. The whole pass uses it.
