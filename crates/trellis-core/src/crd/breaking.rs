@@ -2,7 +2,8 @@
 //! objects, and clients of a served version. Compared before
 //! `--manage-crds` applies a rule's new CRD over the live one (and by
 //! `trellis crd --against-cluster`). Breaking: dropping a version still in
-//! `status.storedVersions`; un-serving a version objects are stored in;
+//! `status.storedVersions`; un-serving a version objects are stored in
+//! (un-serving or dropping one no object is stored in retires it: safe);
 //! and, in a version served before and after, removing a field, narrowing
 //! a type, adding a `required` field without a default, tightening an enum
 //! or a bound, or adding or changing a pattern. Safe: adding an optional
@@ -46,16 +47,13 @@ pub fn changes(live: &Value, new: &Value) -> Vec<Breaking> {
             path: path.to_owned(),
             what,
         };
+        // Retiring a version (un-serving it, then dropping it) is how an
+        // API evolves: safe once no object is stored in it.
         let Some(after) = find(&new, name) else {
             if stored.contains(&name) {
                 out.push(breaking(
                     "",
                     "dropped, but objects are stored in it (status.storedVersions)".into(),
-                ));
-            } else if before["served"] == true {
-                out.push(breaking(
-                    "",
-                    "dropped while served: its clients break".into(),
                 ));
             }
             continue;
@@ -67,8 +65,6 @@ pub fn changes(live: &Value, new: &Value) -> Vec<Breaking> {
                     "",
                     "no longer served, but objects are stored in it".into(),
                 ));
-            } else {
-                out.push(breaking("", "no longer served: its clients break".into()));
             }
             continue;
         }
@@ -392,9 +388,16 @@ mod tests {
             json!([
                 version("v1", true, spec.clone()),
                 version("v2", true, spec.clone()),
-                version("v3", true, spec)
+                version("v3", true, spec.clone())
             ]),
         );
         assert!(changes(&live, &added).is_empty());
+        // After the migration (only v2 stored), v1 retires: un-served, then dropped.
+        let migrated = crd(
+            &["v2"],
+            json!([version("v1", true, spec.clone()), version("v2", true, spec)]),
+        );
+        assert!(changes(&migrated, &unserved).is_empty());
+        assert!(changes(&migrated, &dropped).is_empty());
     }
 }
