@@ -5,7 +5,8 @@
 //! the cluster).
 //! The binary's `cli` reads the inputs and prints; `lsp` and the golden
 //! tests call these directly. `check` runs `crate::conform`, whose tests go
-//! through `check`'s pipeline and so live here (`tests_conform.rs`).
+//! through `check`'s pipeline and so live here (`tests_conform.rs`; the
+//! handOff and version round-trip checks in `tests_sample_paths.rs`).
 
 pub mod check;
 pub mod hazards;
@@ -15,3 +16,5 @@ pub mod tree;
 
 #[cfg(test)]
 mod tests_conform;
+#[cfg(test)]
+mod tests_sample_paths;
