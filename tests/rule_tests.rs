@@ -317,3 +317,49 @@ fn without_paths_or_a_tests_directory_there_is_nothing_to_run() {
         ran.stderr
     );
 }
+
+/// The CI commands the chart's README gives, run as written (comments
+/// dropped) in a user's repository laid out as it says: the rules in
+/// `my-rules/`, the suites under `tests/`, the parents they name beside
+/// them (`examples/`).
+#[test]
+fn the_charts_readme_ci_commands_run_as_written() {
+    let readme = std::fs::read_to_string(root().join("charts/trellis/README.md")).unwrap();
+    let after = readme
+        .split("Test the rules before they reach the chart")
+        .nth(1)
+        .expect("the README's CI section");
+    let block = after
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its sh block");
+    let commands: Vec<Vec<&str>> = block
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(commands.len(), 2, "{block}");
+    let repo = tempfile::tempdir().unwrap();
+    copy_dir(&root().join("rules"), &repo.path().join("my-rules"));
+    copy_dir(
+        &root().join("tests/rules"),
+        &repo.path().join("tests/rules"),
+    );
+    copy_dir(&root().join("examples"), &repo.path().join("examples"));
+    for command in &commands {
+        assert_eq!(command[0], "trellis", "{command:?}");
+        let ran = trellis(repo.path(), &command[1..]);
+        assert_eq!(
+            ran.code,
+            Some(0),
+            "{command:?}:\n{}{}",
+            ran.stdout,
+            ran.stderr
+        );
+    }
+    let junit =
+        std::fs::read_to_string(repo.path().join("trellis-junit.xml")).expect("the JUnit file");
+    assert!(junit.contains("tests=\"34\" failures=\"0\""), "{junit}");
+}
