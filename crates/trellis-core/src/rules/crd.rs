@@ -70,16 +70,16 @@ pub fn generate(rule: &Rule) -> (Option<Value>, Vec<Finding>) {
     let gvk = Gvk::new(&rule.spec.parent.api_version, &rule.spec.parent.kind);
     check_names(&mut conv, rule, crd, &gvk);
 
-    let spec = spec_schema(&mut conv, rule);
+    let spec = spec_schema(
+        &mut conv,
+        rule.spec.schema.as_ref(),
+        rule.spec.defaults.as_ref(),
+        "spec",
+    );
     let status = status_schema(&mut conv, rule, crd);
     let mut root = Map::new();
     root.insert("type".into(), json!("object"));
-    if spec
-        .get("required")
-        .is_some_and(|r| r.as_array().is_some_and(|r| !r.is_empty()))
-        && !spec.contains_key("default")
-    {
-        // The API server would accept a parent without `.spec` that trellis refuses.
+    if needs_spec(&spec) {
         root.insert("required".into(), json!(["spec"]));
     }
     root.insert(
@@ -216,9 +216,17 @@ fn spec_of(root: &Map<String, Value>) -> Map<String, Value> {
         .unwrap_or_default()
 }
 
-fn spec_schema(conv: &mut Converter, rule: &Rule) -> Map<String, Value> {
-    let mut spec = match &rule.spec.schema {
-        Some(schema) => conv.convert(schema, "spec.schema"),
+/// The CRD schema of a parent's `.spec` from a rule's `schema` and
+/// `defaults` (the hub's at `spec`, another version's at
+/// `spec.versions[i]`; `at` names where, in findings).
+fn spec_schema(
+    conv: &mut Converter,
+    schema: Option<&Value>,
+    defaults: Option<&Value>,
+    at: &str,
+) -> Map<String, Value> {
+    let mut spec = match schema {
+        Some(schema) => conv.convert(schema, &format!("{at}.schema")),
         None => {
             let mut m = Map::new();
             m.insert("type".into(), json!("object"));
@@ -226,16 +234,25 @@ fn spec_schema(conv: &mut Converter, rule: &Rule) -> Map<String, Value> {
             m
         }
     };
-    if rule.spec.schema.is_some() && spec.get("type") != Some(&json!("object")) {
+    if schema.is_some() && spec.get("type") != Some(&json!("object")) {
         conv.error(
-            "spec.schema.type",
+            &format!("{at}.schema.type"),
             "the schema of a parent's .spec must be of type object",
         );
     }
-    if let Some(defaults) = rule.spec.defaults.as_ref().filter(|d| d.is_object()) {
-        apply_defaults(conv, &mut spec, defaults, "spec.defaults");
+    if let Some(defaults) = defaults.filter(|d| d.is_object()) {
+        apply_defaults(conv, &mut spec, defaults, &format!("{at}.defaults"));
     }
     spec
+}
+
+/// Whether the object must have `.spec`: its schema requires fields and
+/// gives no default (the API server would accept a parent without `.spec`
+/// that trellis refuses).
+fn needs_spec(spec: &Map<String, Value>) -> bool {
+    spec.get("required")
+        .is_some_and(|r| r.as_array().is_some_and(|r| !r.is_empty()))
+        && !spec.contains_key("default")
 }
 
 /// Standard `metav1.Condition` fields, as every Kubernetes API types them.

@@ -5,9 +5,10 @@
 //! `conversion.strategy: Webhook` naming trellis's `/convert`. A rule
 //! without `versions:` gets none of this: its CRD is as it always was.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use super::schema::{Converter, apply_defaults};
+use super::schema::Converter;
+use super::{needs_spec, spec_schema};
 use crate::rules::model::Rule;
 
 /// Where the generated CRD sends ConversionReviews until the operator
@@ -36,15 +37,13 @@ pub(super) fn extend(conv: &mut Converter, rule: &Rule, doc: &mut Value) {
         let mut entry = hub.clone();
         entry["name"] = json!(v.name);
         entry["served"] = json!(v.served);
-        let spec = version_spec_schema(conv, v.schema.as_ref(), v.defaults.as_ref(), i);
+        let at = format!("spec.versions[{i}]");
+        let spec = spec_schema(conv, v.schema.as_ref(), v.defaults.as_ref(), &at);
         if let Some(scale) = rule.spec.crd.as_ref().and_then(|c| c.scale.as_ref()) {
-            super::scale::check_version(conv, scale, &spec, &format!("spec.versions[{i}]"));
+            super::scale::check_version(conv, scale, &spec, &at);
         }
         let root = &mut entry["schema"]["openAPIV3Schema"];
-        let required = spec
-            .get("required")
-            .is_some_and(|r| r.as_array().is_some_and(|r| !r.is_empty()))
-            && !spec.contains_key("default");
+        let required = needs_spec(&spec);
         root["properties"]["spec"] = Value::Object(spec);
         match (required, root.as_object_mut()) {
             (true, Some(r)) => {
@@ -82,32 +81,4 @@ pub(super) fn extend(conv: &mut Converter, rule: &Rule, doc: &mut Value) {
             },
         },
     });
-}
-
-fn version_spec_schema(
-    conv: &mut Converter,
-    schema: Option<&Value>,
-    defaults: Option<&Value>,
-    i: usize,
-) -> Map<String, Value> {
-    let at = format!("spec.versions[{i}]");
-    let mut spec = match schema {
-        Some(schema) => conv.convert(schema, &format!("{at}.schema")),
-        None => {
-            let mut m = Map::new();
-            m.insert("type".into(), json!("object"));
-            m.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
-            m
-        }
-    };
-    if schema.is_some() && spec.get("type") != Some(&json!("object")) {
-        conv.error(
-            &format!("{at}.schema.type"),
-            "the schema of a parent's .spec must be of type object",
-        );
-    }
-    if let Some(defaults) = defaults.filter(|d| d.is_object()) {
-        apply_defaults(conv, &mut spec, defaults, &format!("{at}.defaults"));
-    }
-    spec
 }
