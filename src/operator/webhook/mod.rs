@@ -191,18 +191,21 @@ async fn keep_certificates(
         let found = match &settings.cert_dir {
             Some(dir) => from_dir(dir),
             None => {
-                if gate.may_write()
-                    && let Err(e) = ensure_secret(&secrets, &settings.hosts()).await
-                {
-                    warn!("conversion webhook: Secret {namespace}/{SECRET}: {e}");
-                }
-                match secrets.get_opt(SECRET).await {
-                    Ok(secret) => secret
-                        .as_ref()
-                        .and_then(bundle_of)
-                        .map(|b| (b.tls_crt, b.tls_key, Some(b.ca_crt))),
+                // The leader reads the Secret to keep it current; the others
+                // only read it.
+                let current = if gate.may_write() {
+                    ensure_secret(&secrets, &settings.hosts()).await
+                } else {
+                    secrets
+                        .get_opt(SECRET)
+                        .await
+                        .map(|s| s.as_ref().and_then(bundle_of))
+                        .map_err(SecretError::from)
+                };
+                match current {
+                    Ok(bundle) => bundle.map(|b| (b.tls_crt, b.tls_key, Some(b.ca_crt))),
                     Err(e) => {
-                        warn!("conversion webhook: reading Secret {namespace}/{SECRET}: {e}");
+                        warn!("conversion webhook: Secret {namespace}/{SECRET}: {e}");
                         None
                     }
                 }
@@ -283,12 +286,17 @@ enum SecretError {
 }
 
 /// The leader's part: the Secret exists and is not due for renewal.
-async fn ensure_secret(secrets: &Api<Secret>, hosts: &[String]) -> Result<(), SecretError> {
+/// The bundle it holds now (`None`: another leader's write won a race; it
+/// is read on the next look).
+async fn ensure_secret(
+    secrets: &Api<Secret>,
+    hosts: &[String],
+) -> Result<Option<Bundle>, SecretError> {
     let live = secrets.get_opt(SECRET).await?;
     let bundle = live.as_ref().and_then(bundle_of);
     let now = certs::now_secs();
     let made = match certs::due(bundle.as_ref(), hosts, now) {
-        Due::Nothing => return Ok(()),
+        Due::Nothing => return Ok(bundle),
         Due::Make => certs::make(hosts, now)?,
         Due::Renew => certs::renew(bundle.as_ref().expect("due to renew"), hosts, now)?,
     };
@@ -342,9 +350,9 @@ async fn ensure_secret(secrets: &Api<Secret>, hosts: &[String]) -> Result<(), Se
                 "conversion webhook: serving certificate made, valid until {}",
                 made.not_after
             );
-            Ok(())
+            Ok(Some(made))
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
