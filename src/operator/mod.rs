@@ -99,9 +99,8 @@ pub struct Shared {
     pub gate: leader::Gate,
     /// `--shards`: the buckets whose parents this replica writes.
     pub shards: Option<Arc<shards::Shards>>,
-    /// With `--manage-crds`: where each rule set going into force is sent.
-    pub crds: Option<watch::Sender<Option<Arc<RuleSet>>>>,
-    /// The rule set in force, for the conversion webhook.
+    /// The rule set in force: the CRD manager (`--manage-crds`) and the
+    /// conversion webhook follow it.
     pub in_force: watch::Sender<Option<Arc<RuleSet>>>,
     /// Each rule's storage migration (`rules.<name>.migration`).
     pub migrations: crds::migration::Progress,
@@ -128,14 +127,10 @@ impl Shared {
         }
     }
 
-    /// Hands a rule set going into force to the CRD manager
-    /// (`--manage-crds`) and the conversion webhook.
-    pub fn offer_crds(&self, set: &RuleSet) {
-        let set = Arc::new(set.clone());
-        if let Some(tx) = &self.crds {
-            tx.send_replace(Some(set.clone()));
-        }
-        self.in_force.send_replace(Some(set));
+    /// Puts a rule set in force for the CRD manager (`--manage-crds`) and
+    /// the conversion webhook.
+    pub fn put_in_force(&self, set: &RuleSet) {
+        self.in_force.send_replace(Some(Arc::new(set.clone())));
     }
 
     /// Records a rule's state (and the running-rules and rule-state gauges).
@@ -265,10 +260,20 @@ pub async fn run_with(
         options.webhook.clone(),
         gate.clone(),
         options.operator_namespace.clone(),
-        in_force_rx,
+        in_force_rx.clone(),
         metrics.clone(),
         shutdown.clone(),
     );
+    if options.manage_crds {
+        crds::spawn(
+            client.clone(),
+            gate.clone(),
+            in_force_rx,
+            endpoint,
+            migrations.clone(),
+            shutdown.clone(),
+        );
+    }
     let shared = Arc::new(Shared {
         client: client.clone(),
         recorder,
@@ -284,15 +289,6 @@ pub async fn run_with(
         shards: shard_settings
             .as_ref()
             .map(|s| shards::Shards::new(&s.identity)),
-        crds: options.manage_crds.then(|| {
-            crds::spawn(
-                client.clone(),
-                gate.clone(),
-                endpoint,
-                migrations.clone(),
-                shutdown.clone(),
-            )
-        }),
         migrations: migrations.clone(),
         in_force,
         operator_namespace: options.operator_namespace.clone(),
@@ -342,7 +338,7 @@ pub async fn run_with(
 
     let crd_task = tokio::spawn(watch_crds(client, epoch_tx, shutdown.clone()));
     let mut supervisor = supervisor::Supervisor::new(shared.clone(), shutdown.clone());
-    shared.offer_crds(&set);
+    shared.put_in_force(&set);
     supervisor.apply(set).await;
     if options.rules.is_empty() {
         shutdown.cancelled().await;
@@ -452,7 +448,7 @@ async fn reload_loop(
                 .collect::<Vec<_>>()
                 .join("\n")
         });
-        shared.offer_crds(&partition.set);
+        shared.put_in_force(&partition.set);
         supervisor.apply(partition.set).await;
         let mut status = lock(&shared.reload);
         for gone in status

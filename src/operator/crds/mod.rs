@@ -36,17 +36,16 @@ use crate::rules::RuleSet;
 /// How long one CRD may take to become Established before we log and move on.
 const ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 
-/// Starts the manager; send every rule set that goes into force.
+/// Starts the manager, which follows `sets` (the rule set in force).
 pub fn spawn(
     client: Client,
     gate: Gate,
+    sets: watch::Receiver<Option<Arc<RuleSet>>>,
     webhook: Endpoint,
     migrations: migration::Progress,
     shutdown: CancellationToken,
-) -> watch::Sender<Option<Arc<RuleSet>>> {
-    let (tx, rx) = watch::channel(None);
-    tokio::spawn(manage(client, gate, rx, webhook, migrations, shutdown));
-    tx
+) {
+    tokio::spawn(manage(client, gate, sets, webhook, migrations, shutdown));
 }
 
 async fn manage(
@@ -64,7 +63,7 @@ async fn manage(
         if let Some(set) = set
             && gate.may_write()
         {
-            apply_all(&client, &set, Some(&webhook)).await;
+            apply_all(&client, &set, &webhook).await;
             migrate_all(&client, &set, &migrations, &shutdown).await;
         }
         // A new CA (first made, or rotated) goes into every caBundle.
@@ -99,10 +98,10 @@ async fn migrate_all(
 
 /// The CRD as applied: a kind with versions gets the webhook's
 /// `clientConfig` and CA; `None` while the CA it must carry is not known.
-fn with_webhook(crd: &Value, webhook: Option<&Endpoint>) -> Option<Value> {
-    let (Some(webhook), Some(_)) = (webhook, crd.pointer("/spec/conversion/webhook")) else {
+fn with_webhook(crd: &Value, webhook: &Endpoint) -> Option<Value> {
+    if crd.pointer("/spec/conversion/webhook").is_none() {
         return Some(crd.clone());
-    };
+    }
     let ca = webhook.ca.borrow().clone();
     if ca.is_none() && webhook.settings.cert_dir.is_none() {
         return None;
@@ -114,7 +113,7 @@ fn with_webhook(crd: &Value, webhook: Option<&Endpoint>) -> Option<Value> {
 }
 
 /// Applies every generated CRD of `set` and waits for each to be Established.
-pub async fn apply_all(client: &Client, set: &RuleSet, webhook: Option<&Endpoint>) {
+pub async fn apply_all(client: &Client, set: &RuleSet, webhook: &Endpoint) {
     for rule in &set.rules {
         let allow_breaking = rule.allows_breaking_crd();
         let Some(generated) = &rule.crd else {
