@@ -60,17 +60,19 @@ pub async fn migrate(
         &live.spec.names.plural,
     );
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let mut parents: Vec<(Option<String>, String)> = Vec::new();
+    // Counted first (metadata only) for the progress; then rewritten page
+    // by page from the listed objects, so each parent costs one write and
+    // no read unless it changed meanwhile.
+    let mut total = 0;
     let mut params = ListParams::default().limit(PAGE);
     loop {
         let page = all.list_metadata(&params).await?;
-        parents.extend(page.items.iter().map(|p| (p.namespace(), p.name_any())));
+        total += page.items.len();
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => break,
         }
     }
-    let total = parents.len();
     let report = |done: usize| {
         if let Ok(mut p) = progress.lock() {
             p.insert(
@@ -82,16 +84,26 @@ pub async fn migrate(
     info!(rule = %rule.name, crd = crd_name, from = %from, to = %to, parents = total, "storage migration: rewriting every parent once");
     report(0);
     let pause = Duration::from_millis(1000 / WRITES_PER_SECOND);
-    for (done, (namespace, name)) in parents.iter().enumerate() {
-        let api: Api<DynamicObject> = match namespace {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-            None => Api::all_with(client.clone(), &resource),
-        };
-        rewrite(&api, name).await?;
-        if done % 100 == 99 {
-            report(done + 1);
+    let mut done = 0;
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = all.list(&params).await?;
+        for parent in page.items {
+            let api: Api<DynamicObject> = match parent.namespace() {
+                Some(ns) => Api::namespaced_with(client.clone(), &ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
+            };
+            rewrite(&api, parent).await?;
+            done += 1;
+            if done % 100 == 0 {
+                report(done);
+            }
+            tokio::time::sleep(pause).await;
         }
-        tokio::time::sleep(pause).await;
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
     }
     report(total);
     crds.patch_status(
@@ -104,24 +116,23 @@ pub async fn migrate(
     Ok(())
 }
 
-/// One parent read and written back unchanged (guarded by its
-/// resourceVersion): stored again at the storage version. Gone, or
-/// changed meanwhile (any write stores it at the storage version): done.
-async fn rewrite(api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
+/// One parent written back unchanged (guarded by its resourceVersion):
+/// stored again at the storage version. Changed meanwhile, it is read again
+/// and tried once more (any write of its own stores it at the storage
+/// version too); gone: done.
+async fn rewrite(api: &Api<DynamicObject>, mut parent: DynamicObject) -> Result<(), kube::Error> {
+    let name = parent.name_any();
     for _ in 0..3 {
-        let Some(object) = api.get_opt(name).await? else {
-            return Ok(());
-        };
-        match api.replace(name, &PostParams::default(), &object).await {
+        match api.replace(&name, &PostParams::default(), &parent).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(&name).await? {
+                Some(fresh) => parent = fresh,
+                None => return Ok(()),
+            },
             Err(e) => return Err(e),
         }
     }
-    warn!(
-        parent = name,
-        "storage migration: the parent keeps changing; its own writes store it at the new version"
-    );
+    warn!(parent = %name, "storage migration: the parent keeps changing; its own writes store it at the new version");
     Ok(())
 }
