@@ -107,7 +107,7 @@ pub struct RequestLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleStateLabel {
     pub rule: String,
-    /// `running`, `waiting` or `inactive` ([`RuleState::label`]).
+    /// `running`, `waiting`, `inactive` or `breaking` ([`RuleState::label`]).
     pub state: String,
 }
 

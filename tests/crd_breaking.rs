@@ -2,7 +2,14 @@
 //! holds, against the real API server: a removed field or a tightened
 //! bound leaves the live CRD as it was, naming version and path; adding an
 //! optional field applies; `crd: {allowBreaking: true}` applies anyway.
+//! And the operator holds a rule whose edit is breaking on its last good
+//! version, showing `Breaking` in `/status` and `trellis_rule_state`.
 mod support;
+
+#[path = "support/configmap_dir.rs"]
+mod configmap_dir;
+#[path = "support/reloading.rs"]
+mod reloading;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -149,4 +156,145 @@ async fn a_breaking_crd_change_is_refused_by_version_and_path_unless_allowed() {
         live["properties"]["replicas"]["maximum"].as_f64(),
         Some(3.0)
     );
+}
+
+/// A Widget rule (`crd: CRD`, the schema's `FIELDS`) whose one child
+/// ConfigMap stamps `VERSION` and follows `spec.replicas`.
+fn held_rule(group: &str, fields: &str, crd: &str, version: &str) -> String {
+    format!(
+        r#"apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: widget
+spec:
+  parent:
+    apiVersion: {group}/v1
+    kind: Widget
+  crd: {crd}
+  schema:
+    type: object
+    properties:
+{fields}
+  children:
+    - id: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{{{ parent.metadata.name ~ "-config" }}}}
+        data:
+          replicas: {{{{ spec.replicas | string }}}}
+          version: "{version}"
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_rule_whose_crd_edit_is_breaking_keeps_its_last_good_version_and_says_so() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{DynamicObject, PostParams};
+    use support::operator::{config_data, wait_for};
+
+    let ns = support::namespace().await;
+    let group = format!("{}.trellis.test", support::unique_name("held"));
+    let name = format!("widgets.{group}");
+    let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
+    let mut cleanup = support::operator::Cleanup::default();
+    cleanup.add::<CustomResourceDefinition>(&name);
+    let mut rules = configmap_dir::ConfigMapDir::new(&[(
+        "widget.yaml",
+        &held_rule(&group, FIELDS, "{}", "v1"),
+    )]);
+    let operator = reloading::Reloading::start_managing_crds(&ns.client, ns.name(), &rules);
+
+    let resource = kube::discovery::ApiResource {
+        group: group.clone(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), ns.name(), &resource);
+    let parent: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": format!("{group}/v1"), "kind": "Widget",
+        "metadata": {"name": "w"}, "spec": {"image": "web:1", "replicas": 2},
+    }))
+    .expect("a Widget");
+    support::eventually("the Widget created once its CRD is served", support::operator::WAIT, || async {
+        widgets.create(&PostParams::default(), &parent).await.map(|_| ())
+    })
+    .await;
+    let cms: Api<ConfigMap> = ns.api();
+    let child = |replicas: &'static str, version: &'static str| {
+        move |cm: &ConfigMap| {
+            let got = (config_data(cm, "replicas"), config_data(cm, "version"));
+            (got == (Some(replicas.into()), Some(version.into())))
+                .then_some(())
+                .ok_or(format!("{got:?}"))
+        }
+    };
+    wait_for(&cms, "w-config", "the child at v1", child("2", "v1")).await;
+
+    // Breaking (`image` removed, `replicas` capped lower) together with a
+    // new child template: neither the CRD nor the template is put in force.
+    let narrowed = "      replicas: {type: integer, maximum: 3}\n";
+    rules.update(&[("widget.yaml", &held_rule(&group, narrowed, "{}", "v2"))]);
+    let status = operator
+        .wait_status("the rule held as breaking", |s| {
+            s["rules"]["widget"]["state"] == "Breaking"
+        })
+        .await;
+    let changes = &status["rules"]["widget"]["changes"];
+    assert_eq!(
+        changes,
+        &serde_json::json!([
+            "version v1: spec.image: removed",
+            "version v1: spec.replicas: maximum tightened from 10 to 3"
+        ]),
+        "{status}"
+    );
+    let metrics = operator.metrics().await;
+    assert!(
+        metrics.contains(r#"trellis_rule_state{rule="widget",state="breaking"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        live_spec(&crds, &name).await["properties"]
+            .get("image")
+            .is_some(),
+        "the live CRD is untouched"
+    );
+    // The last good version still runs: a parent edit reaches the child,
+    // rendered by the v1 template.
+    widgets
+        .patch(
+            "w",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("patch the Widget");
+    wait_for(&cms, "w-config", "the child following at v1", child("3", "v1")).await;
+
+    // Allowed: the CRD is applied and the new version runs.
+    rules.update(&[(
+        "widget.yaml",
+        &held_rule(&group, narrowed, "{allowBreaking: true}", "v2"),
+    )]);
+    operator
+        .wait_status("the rule running again", |s| {
+            s["rules"]["widget"]["state"] == "Running"
+        })
+        .await;
+    wait_for(&cms, "w-config", "the child at v2", child("3", "v2")).await;
+    support::eventually("the CRD applied", support::operator::WAIT, || async {
+        let live = live_spec(&crds, &name).await;
+        live["properties"].get("image").is_none().then_some(()).ok_or(live)
+    })
+    .await;
+    assert!(
+        !operator.metrics().await.contains(r#"state="breaking""#),
+        "the breaking state is gone"
+    );
+    operator.stop().await;
 }

@@ -92,7 +92,7 @@ pub struct Shared {
     /// What the last reload did, for logs, metrics and `/status`.
     pub reload: Arc<std::sync::Mutex<ReloadStatus>>,
     /// Each rule's state, for `/status`.
-    pub rule_states: Arc<std::sync::Mutex<std::collections::BTreeMap<String, RuleState>>>,
+    pub rule_states: Arc<std::sync::Mutex<RuleStates>>,
     pub metrics: Arc<crate::telemetry::Metrics>,
     /// Whether this replica may write (always, without leader election);
     /// under `--shards`, whether it does the leader's cluster-wide duties.
@@ -133,31 +133,67 @@ impl Shared {
         self.in_force.send_replace(Some(Arc::new(set.clone())));
     }
 
-    /// Records a rule's state (and the running-rules and rule-state gauges).
+    /// Records the state a rule's controller reports (and the running-rules
+    /// and rule-state gauges); a rule held back as breaking shows that instead.
     pub fn set_rule_state(&self, rule: &str, state: Option<RuleState>) {
         let mut states = lock(&self.rule_states);
+        match state {
+            Some(s) => states.reported.insert(rule.to_owned(), s),
+            None => states.reported.remove(rule),
+        };
+        self.publish_state(&mut states, rule);
+    }
+
+    /// Records the rules a reload held back because their CRD change is
+    /// breaking ([`crds::hold`]); every other rule is no longer held.
+    pub fn set_held(&self, held: crds::hold::HeldRules) {
+        let mut states = lock(&self.rule_states);
+        let before = std::mem::replace(&mut states.held, held);
+        let touched: std::collections::BTreeSet<String> =
+            before.into_keys().chain(states.held.keys().cloned()).collect();
+        for rule in touched {
+            self.publish_state(&mut states, &rule);
+        }
+    }
+
+    fn publish_state(&self, states: &mut RuleStates, rule: &str) {
         let label = |s: &RuleState| crate::telemetry::RuleStateLabel {
             rule: rule.to_owned(),
             state: s.label().to_owned(),
         };
-        let previous = match state {
+        let shown = match states.held.get(rule) {
+            Some(changes) => Some(RuleState::Breaking(changes.clone())),
+            None => states.reported.get(rule).cloned(),
+        };
+        let previous = match shown {
             Some(s) => {
                 self.metrics.rule_state.get_or_create(&label(&s)).set(1);
                 states
+                    .shown
                     .insert(rule.to_owned(), s.clone())
                     .filter(|p| p.label() != s.label())
             }
-            None => states.remove(rule),
+            None => states.shown.remove(rule),
         };
         if let Some(p) = previous {
             self.metrics.rule_state.remove(&label(&p));
         }
         let running = states
+            .shown
             .values()
             .filter(|s| **s == RuleState::Running)
             .count();
         self.metrics.rules_running.set(running as i64);
     }
+}
+
+/// Each rule's state: what its controller reports, the rules held back as
+/// breaking, and what `/status` and the gauges show of both.
+#[derive(Default)]
+pub struct RuleStates {
+    reported: BTreeMap<String, RuleState>,
+    held: crds::hold::HeldRules,
+    pub shown: BTreeMap<String, RuleState>,
 }
 
 /// Runs the operator until `shutdown` is cancelled; in-flight reconciles finish first.
@@ -207,7 +243,7 @@ fn serve_status(
         metrics: shared.metrics.clone(),
         snapshot: Box::new(move || crate::telemetry::Snapshot {
             reload: lock(&reload).clone(),
-            rules: lock(&rules).clone(),
+            rules: lock(&rules).shown.clone(),
             leader: lock(&leader).clone(),
             rollouts: lock(&rollouts).clone(),
             migrations: lock(&migrations).clone(),
@@ -338,6 +374,7 @@ pub async fn run_with(
 
     let crd_task = tokio::spawn(watch_crds(client, epoch_tx, shutdown.clone()));
     let mut supervisor = supervisor::Supervisor::new(shared.clone(), shutdown.clone());
+    let set = hold_breaking(&options, &shared, &RuleSet::default(), set).await;
     shared.put_in_force(&set);
     supervisor.apply(set).await;
     if options.rules.is_empty() {
@@ -428,7 +465,6 @@ async fn reload_loop(
                 }
             }
         }
-        let count = partition.set.rules.len();
         let rejected_rules: BTreeMap<String, Vec<String>> = partition
             .rejected
             .iter()
@@ -448,8 +484,10 @@ async fn reload_loop(
                 .collect::<Vec<_>>()
                 .join("\n")
         });
-        shared.put_in_force(&partition.set);
-        supervisor.apply(partition.set).await;
+        let set = hold_breaking(options, shared, supervisor.current(), partition.set).await;
+        let count = set.rules.len();
+        shared.put_in_force(&set);
+        supervisor.apply(set).await;
         let mut status = lock(&shared.reload);
         for gone in status
             .rejected
@@ -498,6 +536,23 @@ async fn reload_loop(
             })
             .inc();
     }
+}
+
+/// Under `--manage-crds`, `set` without the rule versions whose CRD change
+/// is breaking (each keeps its version in `last_good`), recorded for
+/// `/status` and the rule-state gauge.
+async fn hold_breaking(
+    options: &Options,
+    shared: &Shared,
+    last_good: &RuleSet,
+    set: RuleSet,
+) -> RuleSet {
+    if !options.manage_crds {
+        return set;
+    }
+    let (set, held) = crds::hold::hold_breaking(&shared.client, last_good, set).await;
+    shared.set_held(held);
+    set
 }
 
 /// Reads the rules directories, a rule without an account counting as

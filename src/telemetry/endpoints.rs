@@ -25,6 +25,9 @@ pub enum RuleState {
     Waiting(String),
     /// It may not do something it needs.
     Inactive(String),
+    /// Its new CRD would break stored parents or clients (`--manage-crds`):
+    /// it keeps its last good version, or does not start; one line per change.
+    Breaking(Vec<String>),
     Running,
 }
 
@@ -35,6 +38,7 @@ impl RuleState {
             RuleState::Running => "running",
             RuleState::Waiting(_) => "waiting",
             RuleState::Inactive(_) => "inactive",
+            RuleState::Breaking(_) => "breaking",
         }
     }
 }
@@ -118,6 +122,11 @@ fn state_json(state: &RuleState) -> serde_json::Value {
         RuleState::Running => json!({"state": "Running"}),
         RuleState::Waiting(why) => json!({"state": "Waiting", "reason": why}),
         RuleState::Inactive(why) => json!({"state": "Inactive", "reason": why}),
+        RuleState::Breaking(changes) => json!({
+            "state": "Breaking",
+            "reason": "the CRD change is breaking (crd: {allowBreaking: true} applies it anyway)",
+            "changes": changes,
+        }),
     }
 }
 

@@ -87,11 +87,29 @@ impl Reloading {
         Reloading::start_with(client, namespace, rules, partition.set)
     }
 
+    /// Like [`Reloading::start`], applying the rules' CRDs (`--manage-crds`).
+    pub fn start_managing_crds(client: &Client, namespace: &str, rules: &ConfigMapDir) -> Reloading {
+        let dir = rules.path();
+        let set = RuleSet::load(std::slice::from_ref(&dir), Default::default())
+            .unwrap_or_else(|diags| panic!("test rules do not load: {diags:?}"));
+        Reloading::start_with_options(client, namespace, rules, set, |o| o.manage_crds = true)
+    }
+
     fn start_with(
         client: &Client,
         namespace: &str,
         rules: &ConfigMapDir,
         set: RuleSet,
+    ) -> Reloading {
+        Reloading::start_with_options(client, namespace, rules, set, |_| {})
+    }
+
+    fn start_with_options(
+        client: &Client,
+        namespace: &str,
+        rules: &ConfigMapDir,
+        set: RuleSet,
+        adjust: impl FnOnce(&mut Options),
     ) -> Reloading {
         let dir = rules.path();
         let addr = free_local_addr();
@@ -102,6 +120,8 @@ impl Reloading {
             metrics_addr: Some(addr),
             ..Options::new(vec![dir], vec![namespace.to_owned()])
         };
+        let mut options = options;
+        adjust(&mut options);
         Reloading {
             operator: Operator::spawn(options, set, client),
             addr,

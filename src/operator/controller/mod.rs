@@ -83,7 +83,7 @@ async fn rule_loop(
             match &state {
                 RuleState::Waiting(why) => info!(rule = %name, "waiting: {why}"),
                 RuleState::Inactive(why) => error!(rule = %name, "inactive: {why}"),
-                RuleState::Running => {}
+                RuleState::Breaking(_) | RuleState::Running => {}
             }
             *last = Some(state);
         }

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub mod hold;
 pub mod migration;
 
 use super::leadership::leader::Gate;
