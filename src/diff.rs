@@ -18,7 +18,10 @@
 //! exactly what the apply would change — defaults, normalization and
 //! fields a template stopped setting included — and nothing it would not.
 
+pub mod crd;
 pub mod live;
+
+pub use crd::{CrdChange, CrdDiff};
 
 use std::fmt::Write;
 
@@ -262,7 +265,7 @@ fn show(v: &Option<Value>) -> String {
     }
 }
 
-fn write_fields(out: &mut String, fields: &[FieldChange]) {
+pub(crate) fn write_fields(out: &mut String, fields: &[FieldChange]) {
     for f in fields {
         let _ = match (&f.before, &f.after) {
             (None, Some(_)) => writeln!(out, "      + {}: {}", f.path, show(&f.after)),

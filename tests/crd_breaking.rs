@@ -220,9 +220,16 @@ async fn a_rule_whose_crd_edit_is_breaking_keeps_its_last_good_version_and_says_
         "metadata": {"name": "w"}, "spec": {"image": "web:1", "replicas": 2},
     }))
     .expect("a Widget");
-    support::eventually("the Widget created once its CRD is served", support::operator::WAIT, || async {
-        widgets.create(&PostParams::default(), &parent).await.map(|_| ())
-    })
+    support::eventually(
+        "the Widget created once its CRD is served",
+        support::operator::WAIT,
+        || async {
+            widgets
+                .create(&PostParams::default(), &parent)
+                .await
+                .map(|_| ())
+        },
+    )
     .await;
     let cms: Api<ConfigMap> = ns.api();
     let child = |replicas: &'static str, version: &'static str| {
@@ -274,7 +281,13 @@ async fn a_rule_whose_crd_edit_is_breaking_keeps_its_last_good_version_and_says_
         )
         .await
         .expect("patch the Widget");
-    wait_for(&cms, "w-config", "the child following at v1", child("3", "v1")).await;
+    wait_for(
+        &cms,
+        "w-config",
+        "the child following at v1",
+        child("3", "v1"),
+    )
+    .await;
 
     // Allowed: the CRD is applied and the new version runs.
     rules.update(&[(
@@ -289,7 +302,11 @@ async fn a_rule_whose_crd_edit_is_breaking_keeps_its_last_good_version_and_says_
     wait_for(&cms, "w-config", "the child at v2", child("3", "v2")).await;
     support::eventually("the CRD applied", support::operator::WAIT, || async {
         let live = live_spec(&crds, &name).await;
-        live["properties"].get("image").is_none().then_some(()).ok_or(live)
+        live["properties"]
+            .get("image")
+            .is_none()
+            .then_some(())
+            .ok_or(live)
     })
     .await;
     assert!(
@@ -297,4 +314,74 @@ async fn a_rule_whose_crd_edit_is_breaking_keeps_its_last_good_version_and_says_
         "the breaking state is gone"
     );
     operator.stop().await;
+}
+
+#[tokio::test]
+async fn trellis_diff_shows_the_crd_change_and_whether_it_is_breaking() {
+    let ns = support::namespace().await;
+    let group = format!("{}.trellis.test", support::unique_name("diffcrd"));
+    let name = format!("widgets.{group}");
+    let mut cleanup = support::operator::Cleanup::default();
+    cleanup.add::<CustomResourceDefinition>(&name);
+    let diff = |text: String| {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("widget.yaml"), text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .args(["diff", "--all", "-n", ns.name(), "--rules"])
+            .arg(dir.path())
+            .env(
+                "KUBECONFIG",
+                support::cluster()
+                    .kubeconfig_path
+                    .clone()
+                    .expect("a kubeconfig file"),
+            )
+            .output()
+            .expect("trellis diff");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = diff(rule(&group, FIELDS, "{}"));
+    assert!(
+        out.contains(&format!(
+            "CustomResourceDefinition {name} (rule widget)\n  + (create)\n"
+        )),
+        "{out}{err}"
+    );
+    assert_eq!(code, Some(1), "a CRD to create is a change: {out}{err}");
+    trellis::operator::crds::apply_checked(&ns.client, &crd_of(&rule(&group, FIELDS, "{}")), false)
+        .await
+        .expect("install");
+
+    let (code, out, err) = diff(rule(&group, FIELDS, "{}"));
+    assert_eq!((code, out.as_str()), (Some(0), "no parents\n"), "{err}");
+
+    let added = format!("{FIELDS}      note: {{type: string}}\n");
+    let (code, out, err) = diff(rule(&group, &added, "{}"));
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains("  ~ the CRD\n")
+            && out.contains(".properties.note")
+            && out.contains("  safe to apply\n"),
+        "{out}"
+    );
+
+    let narrowed = "      replicas: {type: integer, maximum: 3}\n";
+    let (code, out, err) = diff(rule(&group, narrowed, "{}"));
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        out.contains("  breaking: not applied by --manage-crds; the rule keeps its last good version\n    version v1: spec.image: removed\n    version v1: spec.replicas: maximum tightened from 10 to 3\n"),
+        "{out}"
+    );
+    let (code, out, _) = diff(rule(&group, narrowed, "{allowBreaking: true}"));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("  breaking: applied anyway"), "{out}");
+    let live = live_spec(&Api::all(ns.client.clone()), &name).await;
+    assert!(
+        live["properties"].get("image").is_some(),
+        "a diff applies nothing"
+    );
 }

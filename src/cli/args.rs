@@ -425,11 +425,14 @@ pub enum Command {
     /// server what each write would do with server-side dry-run requests:
     /// nothing is written. Lists children that would be created (+), updated
     /// (~, field by field), recreated (!), pruned (-) or refused (x), children
-    /// held back, and changes to the parent's status. Run it with the edited
-    /// rules before shipping them (the operator can keep running).
+    /// held back, and changes to the parent's status. For a rule with `crd:`,
+    /// first what --manage-crds would change in its CRD and whether that is
+    /// breaking. Run it with the edited rules before shipping them (the
+    /// operator can keep running).
     ///
     /// Exit code: 0 nothing would change, 1 something would, 2 a pass would
-    /// fail or the cluster could not be asked. Needs get/list on the parent,
+    /// fail, a CRD change is breaking (and not allowed), or the cluster could
+    /// not be asked. Needs get/list on the parent,
     /// child and related kinds, and patch (dry-run) on children and the
     /// parent's status.
     Diff {

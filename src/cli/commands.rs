@@ -104,10 +104,12 @@ pub fn diff(
             for note in &report.notes {
                 stderr!("note: {note}");
             }
-            if print_out(&crate::diff::print(&report.diffs)).is_err() {
+            let text = crate::diff::crd::print(&report.crds) + &crate::diff::print(&report.diffs);
+            if print_out(&text).is_err() {
                 return error;
             }
-            ExitCode::from(crate::diff::exit_code(&report.diffs))
+            let code = crate::diff::crd::exit_code(&report.crds);
+            ExitCode::from(code.max(crate::diff::exit_code(&report.diffs)))
         }
         Err(e) => {
             stderr!("error: {e}");

@@ -27,6 +27,7 @@ use crate::rules::model::Scope;
 use crate::rules::{CompiledRule, RuleSet};
 use dry_run::{child_change, patch_change, status_changes};
 
+mod crds;
 mod dry_run;
 mod fetched;
 mod planned;
@@ -49,6 +50,8 @@ pub enum Target<'a> {
 /// What `trellis diff` found.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// The generated CRD of each rule diffed (those with `crd:`).
+    pub crds: Vec<crate::diff::CrdDiff>,
     pub diffs: Vec<ParentDiff>,
     /// Said on stderr: a rule skipped because its parent kind is not served.
     pub notes: Vec<String>,
@@ -202,6 +205,7 @@ pub async fn diff_as(
                 return Err(LiveError::NoRuleForParent(gvk));
             }
             for rule in rules {
+                crds::add(client, rule, &mut report).await;
                 let kinds = Kinds::of(client, rule).await?;
                 let versions =
                     versions_of(client, operator_namespace, rule, &mut report.notes).await;
@@ -235,6 +239,7 @@ pub async fn diff_as(
                 if rule.as_ref().is_some_and(|n| *n != r.name) {
                     continue;
                 }
+                crds::add(client, r, &mut report).await;
                 let kinds = match Kinds::of(client, r).await {
                     Ok(k) => k,
                     Err(e) => {

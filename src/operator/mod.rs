@@ -149,8 +149,10 @@ impl Shared {
     pub fn set_held(&self, held: crds::hold::HeldRules) {
         let mut states = lock(&self.rule_states);
         let before = std::mem::replace(&mut states.held, held);
-        let touched: std::collections::BTreeSet<String> =
-            before.into_keys().chain(states.held.keys().cloned()).collect();
+        let touched: std::collections::BTreeSet<String> = before
+            .into_keys()
+            .chain(states.held.keys().cloned())
+            .collect();
         for rule in touched {
             self.publish_state(&mut states, &rule);
         }

@@ -88,7 +88,11 @@ impl Reloading {
     }
 
     /// Like [`Reloading::start`], applying the rules' CRDs (`--manage-crds`).
-    pub fn start_managing_crds(client: &Client, namespace: &str, rules: &ConfigMapDir) -> Reloading {
+    pub fn start_managing_crds(
+        client: &Client,
+        namespace: &str,
+        rules: &ConfigMapDir,
+    ) -> Reloading {
         let dir = rules.path();
         let set = RuleSet::load(std::slice::from_ref(&dir), Default::default())
             .unwrap_or_else(|diags| panic!("test rules do not load: {diags:?}"));

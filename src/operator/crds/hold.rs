@@ -24,7 +24,11 @@ pub type HeldRules = BTreeMap<String, Vec<String>>;
 /// version in `last_good` (or left out when it has none), and those rules.
 /// A rule whose CRD is the one already in force is not read again; a live
 /// CRD that cannot be read holds nothing (the CRD manager reports it).
-pub async fn hold_breaking(client: &Client, last_good: &RuleSet, set: RuleSet) -> (RuleSet, HeldRules) {
+pub async fn hold_breaking(
+    client: &Client,
+    last_good: &RuleSet,
+    set: RuleSet,
+) -> (RuleSet, HeldRules) {
     let mut held = HeldRules::new();
     let mut rules = Vec::with_capacity(set.rules.len());
     for rule in set.rules {
