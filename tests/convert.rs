@@ -138,3 +138,55 @@ fn check_reports_a_field_a_round_trip_loses_and_crd_prints_every_version() {
         "{all}"
     );
 }
+
+#[test]
+fn check_parents_round_trips_every_stored_parent_and_names_the_one_that_loses_a_field() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "rules/webapp.yaml", RULE);
+    let rules = dir.path().join("rules").display().to_string();
+    // One parent at v1 (converts to the hub and back), and in a second
+    // file a v2 parent with two ports (v1 keeps one) and another whose v1
+    // form the hub's template cannot read.
+    write(dir.path(), "stored/a.yaml", PARENTS.split("---").next().unwrap());
+    write(
+        dir.path(),
+        "stored/b.yaml",
+        &format!(
+            "{}---\napiVersion: demo.trellis.dev/v1\nkind: WebApp\nmetadata: {{name: odd, namespace: team-b}}\nspec: {{image: x}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: other}}\n",
+            PARENTS.split("---").nth(1).unwrap().trim_start()
+        ),
+    );
+    write(dir.path(), "stored/notes.txt", "not a manifest");
+    let stored = dir.path().join("stored").display().to_string();
+
+    let (code, out, err) = trellis(&["check", "--rules", &rules, "--parents", &stored]);
+    let all = format!("{out}{err}");
+    assert_eq!(code, 1, "{all}");
+    let b = dir.path().join("stored/b.yaml").display().to_string();
+    assert!(
+        all.contains(&format!(
+            "spec.versions[0].fromHub: a round trip v2 -> v1 -> v2 loses `spec.ports` of parent team-a/cart ({b})"
+        )),
+        "{all}"
+    );
+    assert!(
+        all.contains(&format!("parent team-b/odd ({b}) does not convert to v2")),
+        "{all}"
+    );
+    assert!(!all.contains("shop"), "the v1 parent survives: {all}");
+
+    // Listed as lossy, the two ports are no error; the odd parent still is.
+    write(
+        dir.path(),
+        "rules/webapp.yaml",
+        &RULE.replace("  children: []", "      lossy: [spec.ports]\n  children: []"),
+    );
+    let (code, out, err) = trellis(&["check", "--rules", &rules, "--parents", &stored]);
+    let all = format!("{out}{err}");
+    assert_eq!(code, 1, "{all}");
+    assert!(!all.contains("cart"), "{all}");
+
+    let (code, _, err) = trellis(&["check", "--rules", &rules, "--parents", "/nonexistent"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("error: --parents: /nonexistent"), "{err}");
+}

@@ -314,6 +314,14 @@ pub enum Command {
         /// rule's `schema` and `defaults`, nothing observed]
         #[arg(long, value_name = "FILE")]
         observed: Option<PathBuf>,
+        /// Stored parents (a file, or a directory of *.yaml/*.yml/*.json, e.g.
+        /// `kubectl get webapps -A -o yaml` output), at any version of their
+        /// kind: each is converted to the hub and round-tripped through every
+        /// version of its rule's `versions:`; a lost field (not under `lossy:`)
+        /// or a failing conversion is an error naming the parent [default: only
+        /// the sample parent]
+        #[arg(long, value_name = "PATH")]
+        parents: Option<PathBuf>,
         /// Treat every warning as an error (exit 1) [default: off]
         #[arg(long)]
         strict: bool,

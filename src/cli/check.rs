@@ -5,26 +5,35 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::{load_crds, report};
-use crate::manifests::read_objects;
+use crate::manifests::{read_objects, read_objects_under};
 use crate::offline::check::{Inputs, diagnostics};
 use crate::render::Limits;
 use crate::rules::Severity;
 use crate::yaml;
 
+/// The files `trellis check` reads besides the rules.
+pub struct CheckInputs<'a> {
+    /// `--crds`.
+    pub crds: Option<&'a Path>,
+    /// `--observed`.
+    pub observed: Option<&'a Path>,
+    /// `--parents`.
+    pub parents: Option<&'a Path>,
+}
+
 /// `trellis check`: exit 1 when anything is an error.
 pub fn check(
     dirs: &[PathBuf],
     limits: Limits,
-    crds_path: Option<&Path>,
-    observed_path: Option<&Path>,
+    paths: CheckInputs<'_>,
     strict: bool,
     tests: &[PathBuf],
 ) -> ExitCode {
-    let crds = match load_crds(crds_path) {
+    let crds = match load_crds(paths.crds) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let observed = match observed_path.map(|p| read_objects(p, &yaml::Limits::FILES)) {
+    let observed = match paths.observed.map(|p| read_objects(p, &yaml::Limits::FILES)) {
         None => Vec::new(),
         Some(Ok(objects)) => objects,
         Some(Err(e)) => {
@@ -32,9 +41,24 @@ pub fn check(
             return ExitCode::from(1);
         }
     };
+    let parents = match paths
+        .parents
+        .map(|p| read_objects_under(p, &yaml::Limits::FILES))
+    {
+        None => Vec::new(),
+        Some(Ok(objects)) => objects
+            .into_iter()
+            .map(|(file, object)| (file.display().to_string(), object))
+            .collect(),
+        Some(Err(e)) => {
+            stderr!("error: --parents: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let inputs = Inputs {
         crds,
         observed,
+        parents,
         strict,
     };
     let mut checked = diagnostics(dirs, limits, &crate::rules::load::disk(), &inputs);
@@ -100,7 +124,7 @@ pub fn lsp(crds_path: Option<&Path>, strict: bool) -> ExitCode {
     };
     crate::lsp::run(Inputs {
         crds,
-        observed: Vec::new(),
         strict,
+        ..Inputs::default()
     })
 }

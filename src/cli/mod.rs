@@ -31,7 +31,7 @@ pub use args::{
     Cli, Command, GraphOutput, LeaderElection, ListenAddr, LogFormat, Output, RenderLimits,
     RolloutAction, RolloutOutput,
 };
-pub use check::{check, lsp};
+pub use check::{CheckInputs, check, lsp};
 pub use commands::{convert, crd, crd_against_cluster, crd_documents, diff, graph, schema};
 pub use rbac::{RbacRoles, rbac};
 pub use render::render;

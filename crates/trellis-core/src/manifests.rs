@@ -40,6 +40,38 @@ pub enum Error {
     TooManyObjects { path: PathBuf, limit: usize },
 }
 
+/// The objects of a file, or of every `*.yaml`/`*.yml`/`*.json` file of a
+/// directory (not its subdirectories, in name order), each with its file.
+pub fn read_objects_under(
+    path: &Path,
+    limits: &yaml::Limits,
+) -> Result<Vec<(PathBuf, Value)>, Error> {
+    let mut files = Vec::new();
+    if path.is_dir() {
+        let entries = std::fs::read_dir(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let p = entry.path();
+            let ext = p.extension().and_then(|x| x.to_str()).unwrap_or_default();
+            if p.is_file() && matches!(ext, "yaml" | "yml" | "json") {
+                files.push(p);
+            }
+        }
+        files.sort();
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut out = Vec::new();
+    for file in files {
+        for object in read_objects(&file, limits)? {
+            out.push((file.clone(), object));
+        }
+    }
+    Ok(out)
+}
+
 /// The objects in `path`, List documents expanded, under `limits`: its
 /// document budget counts objects after expansion, so a List cannot carry
 /// more objects than a plain stream may.

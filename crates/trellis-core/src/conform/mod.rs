@@ -29,6 +29,8 @@ mod sample;
 mod validate;
 mod versions;
 
+pub use versions::parent_findings;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

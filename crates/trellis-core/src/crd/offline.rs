@@ -2,7 +2,7 @@
 //! offline commands learn from them about a parent kind — its scope, its
 //! schema, and which status fields its status schema would prune.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -13,11 +13,6 @@ use crate::rules::{CompiledRule, Diagnostic};
 /// Why `--crds` could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{}: {source}", path.display())]
-    ReadDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error(transparent)]
     Manifest(#[from] crate::manifests::Error),
 }
@@ -31,31 +26,13 @@ pub struct OfflineCrds {
 
 impl OfflineCrds {
     pub fn load(path: &Path) -> Result<OfflineCrds, LoadError> {
-        let mut files = Vec::new();
-        if path.is_dir() {
-            let entries = std::fs::read_dir(path).map_err(|source| LoadError::ReadDir {
-                path: path.to_owned(),
-                source,
-            })?;
-            for entry in entries.flatten() {
-                let p = entry.path();
-                let ext = p.extension().and_then(|x| x.to_str()).unwrap_or_default();
-                if matches!(ext, "yaml" | "yml" | "json") {
-                    files.push(p);
-                }
-            }
-            files.sort();
-        } else {
-            files.push(path.to_path_buf());
-        }
-        let mut crds = Vec::new();
-        for file in files {
-            // `kubectl get crd -o yaml` prints a List: its items count.
-            let objects = crate::manifests::read_objects(&file, &crate::yaml::Limits::FILES)?;
-            crds.extend(objects.into_iter().filter(|v| {
-                v.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition")
-            }));
-        }
+        // `kubectl get crd -o yaml` prints a List: its items count.
+        let objects = crate::manifests::read_objects_under(path, &crate::yaml::Limits::FILES)?;
+        let crds = objects
+            .into_iter()
+            .map(|(_, v)| v)
+            .filter(|v| v.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition"))
+            .collect();
         Ok(OfflineCrds { crds })
     }
 

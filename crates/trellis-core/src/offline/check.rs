@@ -22,6 +22,9 @@ pub struct Inputs {
     /// `--observed`: parents to render with instead of samples, and the
     /// children and related objects they see.
     pub observed: Vec<Value>,
+    /// `--parents DIR`: stored parents (file, object), each round-tripped
+    /// through every version of its kind's rule.
+    pub parents: Vec<(String, Value)>,
     /// `--strict`: every warning is an error.
     pub strict: bool,
 }
@@ -71,6 +74,7 @@ pub fn diagnostics(dirs: &[PathBuf], limits: Limits, read: &Read, inputs: &Input
         extra.extend(conform::check_rule(rule, &cx));
         extra.extend(conform::reserved_labels(rule, &cx));
         extra.extend(super::hazards::required_related_through_vars(rule));
+        extra.extend(conform::parent_findings(rule, &inputs.parents));
     }
     let mut all = loaded.diagnostics();
     all.extend(extra);
