@@ -13,6 +13,8 @@
 
 mod support;
 
+#[path = "deploy/conversion.rs"]
+mod deploy_conversion;
 #[path = "deploy/rollout.rs"]
 mod deploy_rollout;
 #[path = "deploy/samples.rs"]

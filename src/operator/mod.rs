@@ -293,6 +293,8 @@ pub async fn run_with(
     };
     let (in_force, in_force_rx) = watch::channel(None);
     let migrations = crds::migration::Progress::default();
+    // Stopped last, after a drain: see `webhook::DRAIN`.
+    let webhook_shutdown = CancellationToken::new();
     let endpoint = webhook::spawn(
         client.clone(),
         options.webhook.clone(),
@@ -300,8 +302,9 @@ pub async fn run_with(
         options.operator_namespace.clone(),
         in_force_rx.clone(),
         metrics.clone(),
-        shutdown.clone(),
+        webhook_shutdown.clone(),
     );
+    let webhook_serving = endpoint.serving.clone();
     if options.manage_crds {
         crds::spawn(
             client.clone(),
@@ -385,6 +388,7 @@ pub async fn run_with(
         reload_loop(&options, &shared, &mut supervisor, &shutdown).await;
     }
     info!("shutting down: finishing in-flight reconciles");
+    let drained_at = std::time::Instant::now() + webhook::DRAIN;
     match elector {
         None => supervisor.join().await,
         Some(elector) => {
@@ -403,6 +407,11 @@ pub async fn run_with(
         membership.release().await;
     }
     crd_task.abort();
+    if webhook_serving.load(std::sync::atomic::Ordering::Relaxed) {
+        info!(drain = ?webhook::DRAIN, "conversion webhook: answering until this replica has left its Service");
+        tokio::time::sleep_until(drained_at.into()).await;
+    }
+    webhook_shutdown.cancel();
     info!("trellis stopped");
     Ok(())
 }

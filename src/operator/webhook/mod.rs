@@ -121,7 +121,15 @@ pub struct Endpoint {
     pub settings: Settings,
     /// The CA the API server must trust (PEM), once known.
     pub ca: watch::Receiver<Option<String>>,
+    /// Whether `/convert` is being served (a rule with `versions:` came).
+    pub serving: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How long a stopping replica that serves `/convert` keeps answering: the
+/// API server dials the Service, and a deleted Pod's endpoint leaves it
+/// (endpoints controller, then kube-proxy) only a moment after SIGTERM; a
+/// listener closed before that fails the conversions sent to it meanwhile.
+pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Starts the webhook the first time `sets` holds a rule with `versions:`;
 /// returns at once.
@@ -135,9 +143,11 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> Endpoint {
     let (ca_tx, ca_rx) = watch::channel(None);
+    let serving = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = Endpoint {
         settings: settings.clone(),
         ca: ca_rx,
+        serving: serving.clone(),
     };
     tokio::spawn(async move {
         let mut watched = sets.clone();
@@ -162,6 +172,7 @@ pub fn spawn(
             }
         };
         info!(addr = %settings.addr, "conversion webhook: serving /convert");
+        serving.store(true, std::sync::atomic::Ordering::Relaxed);
         let cert = Arc::new(tls::Swappable::default());
         tokio::spawn(server::serve(
             listener,
