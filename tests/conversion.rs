@@ -266,8 +266,16 @@ async fn parents_are_converted_between_versions_by_trellis_itself() {
         answered += a;
         failed.extend(f);
     }
-    println!("conversions across the renewal: {answered} answered, {} failed", failed.len());
-    assert!(failed.is_empty(), "{} failed, e.g. {:?}", failed.len(), failed.first());
+    println!(
+        "conversions across the renewal: {answered} answered, {} failed",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} failed, e.g. {:?}",
+        failed.len(),
+        failed.first()
+    );
     assert!(answered >= 100, "only {answered} conversions: not a load");
     // The replica serves the renewed certificate now.
     let served = served_certificate(addr);

@@ -147,7 +147,11 @@ fn check_parents_round_trips_every_stored_parent_and_names_the_one_that_loses_a_
     // One parent at v1 (converts to the hub and back), and in a second
     // file a v2 parent with two ports (v1 keeps one) and another whose v1
     // form the hub's template cannot read.
-    write(dir.path(), "stored/a.yaml", PARENTS.split("---").next().unwrap());
+    write(
+        dir.path(),
+        "stored/a.yaml",
+        PARENTS.split("---").next().unwrap(),
+    );
     write(
         dir.path(),
         "stored/b.yaml",
@@ -179,7 +183,10 @@ fn check_parents_round_trips_every_stored_parent_and_names_the_one_that_loses_a_
     write(
         dir.path(),
         "rules/webapp.yaml",
-        &RULE.replace("  children: []", "      lossy: [spec.ports]\n  children: []"),
+        &RULE.replace(
+            "  children: []",
+            "      lossy: [spec.ports]\n  children: []",
+        ),
     );
     let (code, out, err) = trellis(&["check", "--rules", &rules, "--parents", &stored]);
     let all = format!("{out}{err}");

@@ -33,7 +33,10 @@ pub fn check(
         Ok(c) => c,
         Err(code) => return code,
     };
-    let observed = match paths.observed.map(|p| read_objects(p, &yaml::Limits::FILES)) {
+    let observed = match paths
+        .observed
+        .map(|p| read_objects(p, &yaml::Limits::FILES))
+    {
         None => Vec::new(),
         Some(Ok(objects)) => objects,
         Some(Err(e)) => {

@@ -24,7 +24,7 @@ fn webapps_v2(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
 
 #[tokio::test]
 async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_leader_pod_is_deleted()
-{
+ {
     let _turn = DEPLOY.lock().await;
     let client = support::client().await;
     deploy(&client).await;
@@ -37,9 +37,10 @@ async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_le
             .get("webapps.demo.trellis.dev")
             .await
             .map_err(|e| e.to_string())?;
-        let config = serde_json::to_value(&crd).map_err(|e| e.to_string())?["spec"]["conversion"]
-            ["webhook"]["clientConfig"]
-            .clone();
+        let config =
+            serde_json::to_value(&crd).map_err(|e| e.to_string())?["spec"]["conversion"]["webhook"]
+                ["clientConfig"]
+                .clone();
         let has_ca = config["caBundle"].as_str().is_some_and(|c| !c.is_empty());
         let service = &config["service"];
         (has_ca && service["namespace"] == NS && service["name"] == "trellis-webhook")
@@ -77,7 +78,10 @@ async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_le
         "read at v1"
     );
     let back = v2.get("shop").await.unwrap();
-    assert_eq!(back.data["spec"]["ingress"]["hosts"], json!(["shop.example.com"]));
+    assert_eq!(
+        back.data["spec"]["ingress"]["hosts"],
+        json!(["shop.example.com"])
+    );
 
     // Conversions, one after the other, while the leader Pod is deleted.
     let (holder, leader_pod) =
@@ -112,7 +116,10 @@ async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_le
     .await;
     wait_ready_replicas(&client, 2).await;
     let (answered, failed) = reader.await.unwrap();
-    println!("[deploy] conversions while the leader Pod was deleted: {answered} answered, {} failed", failed.len());
+    println!(
+        "[deploy] conversions while the leader Pod was deleted: {answered} answered, {} failed",
+        failed.len()
+    );
     assert!(
         failed.is_empty(),
         "{} of {} conversions failed, e.g. {:?}",

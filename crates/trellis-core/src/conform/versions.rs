@@ -24,7 +24,12 @@ pub fn parent_findings(rule: &CompiledRule, parents: &[(String, Value)]) -> Vec<
         return out;
     }
     for (file, parent) in parents {
-        let s = |p: &str| parent.pointer(p).and_then(Value::as_str).unwrap_or_default();
+        let s = |p: &str| {
+            parent
+                .pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        };
         let gvk = crate::kinds::Gvk::new(s("/apiVersion"), s("/kind"));
         if gvk.group != rule.parent.group || gvk.kind != rule.parent.kind {
             continue;
