@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::kinds::Gvk;
 use crate::render::TemplateId;
-use crate::rules::{CompiledRule, RuleSet};
+use crate::rules::{CompiledRule, RuleSet, VarReads};
 
 /// Why an object could not be converted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -66,14 +66,14 @@ pub fn convert(rule: &CompiledRule, object: &Value, to: &str) -> Result<Value, C
         version: version.to_owned(),
         known: version_names(rule).join(", "),
     };
-    let step = |template: Option<&TemplateId>,
+    let step = |template: Option<(&TemplateId, &VarReads)>,
                 object: &Value,
                 from: &str,
                 to: &str|
      -> Result<Value, ConversionError> {
         match template {
             None => Ok(object.clone()),
-            Some(template) => render_spec(rule, template, object, from, to),
+            Some((template, reads)) => render_spec(rule, template, reads, object, from, to),
         }
     };
     let version = |name: &str| rule.versions.iter().find(|v| v.name == name);
@@ -87,14 +87,19 @@ pub fn convert(rule: &CompiledRule, object: &Value, to: &str) -> Result<Value, C
         return Ok(object.clone());
     }
     let at_hub = step(
-        version(&gvk.version).map(|v| &v.to_hub),
+        version(&gvk.version).map(|v| (&v.to_hub, &v.reads_vars)),
         object,
         &gvk.version,
         hub,
     )?;
     let mut at_hub = at_hub;
     at_hub["apiVersion"] = json!(rule.parent.api_version());
-    let mut out = step(version(to).map(|v| &v.from_hub), &at_hub, hub, to)?;
+    let mut out = step(
+        version(to).map(|v| (&v.from_hub, &v.reads_vars)),
+        &at_hub,
+        hub,
+        to,
+    )?;
     out["apiVersion"] = json!(format!("{}/{to}", rule.parent.group).trim_start_matches('/'));
     Ok(out)
 }
@@ -103,6 +108,7 @@ pub fn convert(rule: &CompiledRule, object: &Value, to: &str) -> Result<Value, C
 fn render_spec(
     rule: &CompiledRule,
     template: &TemplateId,
+    reads: &VarReads,
     object: &Value,
     from: &str,
     to: &str,
@@ -114,12 +120,13 @@ fn render_spec(
         to: to.to_owned(),
         message,
     };
-    let ctx = crate::plan::parent_context(rule, object);
     let what = if to == rule.parent.version {
         format!("toHub of version {from}")
     } else {
         format!("fromHub of version {to}")
     };
+    let ctx = crate::plan::conversion_context(rule, object, reads, &what)
+        .map_err(|e| fail(e.to_string()))?;
     let text = rule
         .engine
         .render(template, &ctx, &what)

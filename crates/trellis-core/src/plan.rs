@@ -550,6 +550,7 @@ pub use related::{
     selector_matches_with,
 };
 use vars::Vars;
+pub use vars::conversion_context;
 
 #[cfg(test)]
 mod tests;

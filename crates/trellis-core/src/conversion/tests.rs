@@ -304,3 +304,46 @@ fn the_operator_s_role_grants_the_webhook_s_secret_only_when_a_rule_has_versions
     );
     assert!(secrets(&plain).is_empty());
 }
+
+/// [`SPEC`] with vars: `label` reads the parent only, `first` reads it
+/// through another var, `web` a related object (no value in a conversion).
+fn with_vars(from_hub: &str) -> String {
+    SPEC.replace(
+        "  storageVersion: v1\n",
+        "  storageVersion: v1\n  related:\n    - id: cfg\n      apiVersion: v1\n      kind: ConfigMap\n      name: \"{{ parent.metadata.name }}\"\n  vars:\n    - name: label\n      value: \"metadata.labels.team ~ '-' ~ metadata.name\"\n    - name: first\n      value: \"vars.label ~ '!'\"\n    - name: web\n      value: \"related.cfg | length\"\n",
+    )
+    .replace(
+        "        image: {{ spec.image }}\n        port: {{ spec.ports[0] }}",
+        from_hub,
+    )
+}
+
+#[test]
+fn conversion_templates_read_the_vars_that_need_no_pass() {
+    let spec = with_vars("        image: {{ vars.first }}\n        port: {{ spec.ports[0] }}");
+    assert_eq!(errors(&spec), Vec::<String>::new());
+    let rule = rule_with_spec(&spec);
+    let v2 = object("v2", json!({"image": "nginx", "ports": [8080]}));
+    let v1 = convert(&rule, &v2, "v1").expect("v2 -> v1");
+    assert_eq!(v1["spec"], json!({"image": "x-shop!", "port": 8080}));
+
+    // A var that reads a related object has no value outside a pass.
+    let refused = with_vars("        image: {{ vars.web }}\n        port: {{ spec.ports[0] }}");
+    assert_eq!(
+        errors(&refused),
+        [
+            "spec.versions[1].fromHub: reads `vars.web`, which reads related objects or children: a conversion has neither (only spec, metadata and the parent)"
+        ]
+    );
+
+    // A var that fails is the conversion's error, naming it.
+    let mut unlabelled = v2.clone();
+    unlabelled["metadata"]["labels"] = json!({});
+    let err = convert(&rule, &unlabelled, "v1").expect_err("the var fails");
+    let text = err.to_string();
+    assert!(
+        text.contains("rule app: converting WebApp from v2 to v1")
+            && text.contains("reads var `first`, which reads var `label`"),
+        "{text}"
+    );
+}

@@ -44,6 +44,27 @@ enum Missing {
     Reads(String),
 }
 
+/// The context of a conversion template reading `reads` (`toHub` or
+/// `fromHub`, named `what`): `parent_context` of `object`, with the vars it
+/// reads. Only vars that need no pass can be read there (the compiler sees
+/// to it); one that fails is the conversion's error, naming the var.
+pub fn conversion_context(
+    rule: &CompiledRule,
+    object: &serde_json::Value,
+    reads: &VarReads,
+    what: &str,
+) -> Result<minijinja::Value, RenderError> {
+    let ctx = super::parent::parent_context(rule, object);
+    if !reads.any && reads.names.is_empty() {
+        return Ok(ctx);
+    }
+    let vars = Vars::evaluate(rule, &ctx);
+    if let Some(err) = vars.withheld(reads, what) {
+        return Err(err);
+    }
+    Ok(minijinja::context! { vars => minijinja::Value::from(vars.values), ..ctx })
+}
+
 impl Vars {
     /// Evaluates every var of `rule` in order; `ctx` is the pass's context
     /// without `vars`.

@@ -244,7 +244,8 @@ pub(super) fn compile(
         None => (Vec::new(), Vec::new()),
     };
 
-    let (versions, storage_version) = versions::compile(&mut ck, &mut builder, spec, &parent);
+    let (versions, storage_version) =
+        versions::compile(&mut ck, &mut builder, spec, &parent, &entries.vars);
 
     let (crd, findings) = super::crd::generate(&rule);
     for f in findings {

@@ -64,6 +64,16 @@ pub struct CompiledVar {
     pub source: VarSource,
     /// The vars before it that it reads.
     pub reads: VarReads,
+    /// Whether it reads `related` or `children`, itself or through a var
+    /// it reads: such a var has no value outside a pass (a conversion).
+    pub reads_pass: bool,
+}
+
+/// Whether names read at the top level include what only a pass has.
+fn names_pass(names: &std::collections::HashSet<String>) -> bool {
+    names
+        .iter()
+        .any(|n| matches!(n.split('.').next(), Some("related" | "children")))
 }
 
 /// The vars a template or expression reads, found statically: what a var
@@ -380,6 +390,7 @@ pub(super) fn compile_vars(
         }
         let allowed = context_names(false, false);
         let mut reads = VarReads::default();
+        let mut reads_pass = false;
         let source = match (&v.value, &v.template) {
             (Some(src), None) => {
                 let field = format!("{at}.value");
@@ -387,6 +398,7 @@ pub(super) fn compile_vars(
                     Ok(id) => {
                         lint(ck, builder, &field, Code::Expression(id, src));
                         let names = builder.expression_names(id, true);
+                        reads_pass = names_pass(&names);
                         ck.check_names(&field, "a var", names, &allowed, known);
                         reads = VarReads::of(&builder.expression_calls(id));
                         Some(VarSource::Value(id))
@@ -403,6 +415,7 @@ pub(super) fn compile_vars(
                     Ok(id) => {
                         lint(ck, builder, &field, Code::Object(&id, src));
                         let names = builder.template_names(&id, true);
+                        reads_pass = names_pass(&names);
                         ck.check_names(&field, "a var", names, &allowed, known);
                         reads = VarReads::of(&builder.template_calls(&id));
                         let shape = builder.template_shape(&id);
@@ -426,11 +439,15 @@ pub(super) fn compile_vars(
             }
         };
         known.vars.insert(v.name.clone());
+        reads_pass |= out
+            .iter()
+            .any(|earlier: &CompiledVar| earlier.reads_pass && reads.reads(&earlier.name));
         if let Some(source) = source {
             out.push(CompiledVar {
                 name: v.name.clone(),
                 source,
                 reads,
+                reads_pass,
             });
         }
     }

@@ -1,14 +1,15 @@
 //! `spec.versions` and `spec.storageVersion`, checked and compiled: each
-//! version's name, its `toHub`/`fromHub` templates (parent, spec, metadata
-//! and rule in scope: a conversion has no children, related objects,
-//! patches or vars), its `lossy` paths; the storage version among the
-//! served ones. The CRD side is `rules::crd::versions`; converting is
+//! version's name, its `toHub`/`fromHub` templates (parent, spec, metadata,
+//! rule and the vars that need no pass in scope: a conversion has no
+//! children or related objects, so a var that reads them, itself or
+//! through another var, is refused there), its `lossy` paths; the storage
+//! version among the served ones. The CRD side is `rules::crd::versions`; converting is
 //! `crate::conversion`.
 
 use std::collections::BTreeSet;
 
 use super::lint::{Code, lint};
-use super::{Checker, Known};
+use super::{Checker, CompiledVar, Known, VarReads};
 use crate::kinds::Gvk;
 use crate::render::{EngineBuilder, TemplateId, TemplateKind};
 use crate::rules::model::RuleSpec;
@@ -27,11 +28,15 @@ pub struct CompiledVersion {
     pub from_hub: TemplateId,
     /// Hub paths (as keys, `spec` first) a round trip may lose.
     pub lossy: Vec<Vec<String>>,
+    /// The vars its two templates read.
+    pub reads_vars: VarReads,
 }
 
 /// The names a conversion template may read.
 fn names() -> BTreeSet<&'static str> {
-    ["parent", "spec", "metadata", "rule"].into_iter().collect()
+    ["parent", "spec", "metadata", "rule", "vars"]
+        .into_iter()
+        .collect()
 }
 
 /// The versions of `spec`, and the storage version's name; every problem
@@ -41,6 +46,7 @@ pub(super) fn compile(
     builder: &mut EngineBuilder,
     spec: &RuleSpec,
     parent: &Gvk,
+    vars: &[CompiledVar],
 ) -> (Vec<CompiledVersion>, String) {
     let hub = parent.version.clone();
     if spec.versions.is_empty() {
@@ -70,7 +76,10 @@ pub(super) fn compile(
         );
         return (Vec::new(), hub);
     }
-    let known = Known::default();
+    let known = Known {
+        vars: vars.iter().map(|v| v.name.clone()).collect(),
+        ..Known::default()
+    };
     let mut seen: BTreeSet<&str> = [hub.as_str()].into();
     let mut out = Vec::new();
     for (i, v) in spec.versions.iter().enumerate() {
@@ -96,7 +105,11 @@ pub(super) fn compile(
                 },
             );
         }
-        let template = |ck: &mut Checker, builder: &mut EngineBuilder, which: &str, text: &str| {
+        let mut reads_vars = VarReads::default();
+        let mut template = |ck: &mut Checker,
+                            builder: &mut EngineBuilder,
+                            which: &str,
+                            text: &str| {
             let field = format!("{at}.{which}");
             match builder.add_template(
                 &format!("version:{}:{which}", v.name),
@@ -107,6 +120,18 @@ pub(super) fn compile(
                     lint(ck, builder, &field, Code::Object(&id, text));
                     let used = builder.template_names(&id, true);
                     ck.check_names(&field, "a conversion template", used, &names(), &known);
+                    let reads = VarReads::of(&builder.template_calls(&id));
+                    for var in vars.iter().filter(|v| v.reads_pass && reads.reads(&v.name)) {
+                        ck.error(
+                            &field,
+                            format!(
+                                "reads `vars.{}`, which reads related objects or children: a conversion has neither (only spec, metadata and the parent)",
+                                var.name
+                            ),
+                        );
+                    }
+                    reads_vars.any |= reads.any;
+                    reads_vars.names.extend(reads.names);
                     Some(id)
                 }
                 Err(err) => {
@@ -136,6 +161,7 @@ pub(super) fn compile(
                 to_hub,
                 from_hub,
                 lossy,
+                reads_vars,
             });
         }
     }
