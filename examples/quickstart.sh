@@ -97,7 +97,12 @@ else
     if [[ -f "$DIR/trellis.pid" ]] && kill -0 "$(cat "$DIR/trellis.pid")" 2>/dev/null; then
         kill "$(cat "$DIR/trellis.pid")" && sleep 1
     fi
-    "$TRELLIS" run --rules "$ROOT/rules" >"$DIR/trellis.log" 2>&1 &
+    # --manage-crds with --webhook-url: the WebApp's v2alpha1 is converted by this
+    # process (its certificate in the Secret trellis-webhook-tls of
+    # `default`, its CA written into the CRD), on loopback only.
+    "$TRELLIS" run --rules "$ROOT/rules" --manage-crds --operator-namespace default \
+        --webhook-addr 127.0.0.1:9443 --webhook-url https://127.0.0.1:9443 \
+        >"$DIR/trellis.log" 2>&1 &
     echo $! >"$DIR/trellis.pid"
     sleep 2
 fi

@@ -182,4 +182,32 @@ fn the_quickstart_runs_to_the_end_and_trellis_writes_every_sample_parents_status
         "True",
         "webapp team-a/shop: Synced"
     );
+
+    // The local process converts: the WebApp read at v2alpha1 (its hosts under
+    // `ingress`), through the webhook on loopback whose CA it wrote.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let at_v2 = kubectl(
+            &state,
+            &[
+                "get",
+                "webapps.v2alpha1.demo.trellis.dev",
+                "-n",
+                "team-a",
+                "shop",
+                "-o",
+                "jsonpath={.apiVersion} {.spec.ingress.hosts[0]}",
+            ],
+        );
+        let text = String::from_utf8_lossy(&at_v2.stdout).to_string();
+        if text == "demo.trellis.dev/v2alpha1 shop.example.com" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "webapp team-a/shop at v2alpha1: {text:?} {}",
+            String::from_utf8_lossy(&at_v2.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -1,6 +1,6 @@
 //! The conversion webhook in the cluster: trellis deployed from
 //! examples/deploy (two replicas, `--manage-crds`), the example WebApp rule
-//! serving v2 beside v1. The API server reaches `/convert` through the
+//! serving v2alpha1 beside v1. The API server reaches `/convert` through the
 //! `trellis-webhook` Service on the node's Pod network, with the CA the
 //! leader made and wrote into the CRD; conversions keep being answered
 //! while the leader Pod is deleted (its Service endpoint goes, the standby
@@ -18,12 +18,12 @@ use super::support;
 use super::{DEPLOY, NS, WAIT, deploy, leader, wait_ready_replicas, webapps};
 
 fn webapps_v2(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("demo.trellis.dev", "v2", "WebApp");
+    let gvk = GroupVersionKind::gvk("demo.trellis.dev", "v2alpha1", "WebApp");
     Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
 }
 
 #[tokio::test]
-async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_leader_pod_is_deleted()
+async fn a_webapp_written_at_v2alpha1_is_read_at_v1_and_conversions_go_on_while_the_leader_pod_is_deleted()
  {
     let _turn = DEPLOY.lock().await;
     let client = support::client().await;
@@ -49,9 +49,9 @@ async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_le
     })
     .await;
 
-    // Written at v2: stored at v1 (the storage version) by the webhook.
+    // Written at v2alpha1: stored at v1 (the storage version) by the webhook.
     let parent: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "demo.trellis.dev/v2",
+        "apiVersion": "demo.trellis.dev/v2alpha1",
         "kind": "WebApp",
         "metadata": {"name": "shop"},
         "spec": {
@@ -61,7 +61,7 @@ async fn a_webapp_written_at_v2_is_read_at_v1_and_conversions_go_on_while_the_le
     }))
     .unwrap();
     let v2 = webapps_v2(&client, ns.name());
-    support::eventually("the v2 WebApp created", WAIT, || async {
+    support::eventually("the v2alpha1 WebApp created", WAIT, || async {
         v2.create(&PostParams::default(), &parent)
             .await
             .map(|_| ())

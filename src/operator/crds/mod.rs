@@ -124,10 +124,62 @@ pub async fn apply_all(client: &Client, set: &RuleSet, webhook: &Endpoint) {
             info!(rule = %rule.name, "--manage-crds: the CRD waits for the conversion webhook's CA");
             continue;
         };
+        if let Err(e) = replace_other_client_config(client, &crd).await {
+            warn!(rule = %rule.name, "--manage-crds: {e}");
+        }
         if let Err(e) = apply_checked(client, &crd, allow_breaking).await {
             warn!(rule = %rule.name, "--manage-crds: {e}");
         }
     }
+}
+
+/// A live CRD whose webhook is reached the other way (a `service` where
+/// this operator names a `url`, or the reverse: `kubectl apply` of the
+/// generated CRD names the Service, an operator run outside the cluster a
+/// URL) keeps that field under its own manager through a server-side
+/// apply, and the API server refuses both at once: this swaps one for the
+/// other first, with a merge patch.
+async fn replace_other_client_config(client: &Client, crd: &Value) -> Result<(), CrdApplyError> {
+    let Some(ours) = crd.pointer("/spec/conversion/webhook/clientConfig") else {
+        return Ok(());
+    };
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or(CrdApplyError::Unnamed)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let read = |source| CrdApplyError::Read {
+        name: name.to_owned(),
+        source,
+    };
+    let Some(live) = api.get_opt(name).await.map_err(read)? else {
+        return Ok(());
+    };
+    let live = serde_json::to_value(&live).unwrap_or_default();
+    let Some(theirs) = live.pointer("/spec/conversion/webhook/clientConfig") else {
+        return Ok(());
+    };
+    let other = ["url", "service"]
+        .into_iter()
+        .find(|k| theirs.get(k).is_some() && ours.get(k).is_none());
+    let Some(other) = other else {
+        return Ok(());
+    };
+    let mut config = ours.clone();
+    config[other] = Value::Null;
+    let patch = serde_json::json!({"spec": {"conversion": {"webhook": {"clientConfig": config}}}});
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| CrdApplyError::Refused {
+        name: name.to_owned(),
+        source,
+    })?;
+    info!(crd = name, "conversion webhook: the CRD's clientConfig {other} replaced by this operator's");
+    Ok(())
 }
 
 /// Why a generated CRD could not be applied, naming it.
