@@ -50,6 +50,31 @@ async fn live_spec(crds: &Api<CustomResourceDefinition>, name: &str) -> Value {
         .clone()
 }
 
+/// `trellis ARGS --rules DIR` on the test cluster, DIR holding `rule`:
+/// exit code, stdout, stderr.
+fn trellis_on(args: &[&str], rule: &str) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(dir.path().join("widget.yaml"), rule).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(args)
+        .arg("--rules")
+        .arg(dir.path())
+        .env(
+            "KUBECONFIG",
+            support::cluster()
+                .kubeconfig_path
+                .clone()
+                .expect("a kubeconfig file"),
+        )
+        .output()
+        .expect("trellis");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[tokio::test]
 async fn a_breaking_crd_change_is_refused_by_version_and_path_unless_allowed() {
     let ns = support::namespace().await;
@@ -104,27 +129,7 @@ async fn a_breaking_crd_change_is_refused_by_version_and_path_unless_allowed() {
     );
 
     // The same verdict from the command line, nothing applied.
-    let verdict = |text: &str| {
-        let dir = tempfile::tempdir().expect("dir");
-        std::fs::write(dir.path().join("widget.yaml"), text).expect("write");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .args(["crd", "--against-cluster", "--rules"])
-            .arg(dir.path())
-            .env(
-                "KUBECONFIG",
-                support::cluster()
-                    .kubeconfig_path
-                    .clone()
-                    .expect("a kubeconfig file"),
-            )
-            .output()
-            .expect("trellis crd");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let verdict = |text: &str| trellis_on(&["crd", "--against-cluster"], text);
     let (code, out, err) = verdict(&rule(&group, narrowed, "{}"));
     assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(
@@ -323,27 +328,7 @@ async fn trellis_diff_shows_the_crd_change_and_whether_it_is_breaking() {
     let name = format!("widgets.{group}");
     let mut cleanup = support::operator::Cleanup::default();
     cleanup.add::<CustomResourceDefinition>(&name);
-    let diff = |text: String| {
-        let dir = tempfile::tempdir().expect("dir");
-        std::fs::write(dir.path().join("widget.yaml"), text).expect("write");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .args(["diff", "--all", "-n", ns.name(), "--rules"])
-            .arg(dir.path())
-            .env(
-                "KUBECONFIG",
-                support::cluster()
-                    .kubeconfig_path
-                    .clone()
-                    .expect("a kubeconfig file"),
-            )
-            .output()
-            .expect("trellis diff");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let diff = |text: String| trellis_on(&["diff", "--all", "-n", ns.name()], &text);
     let (code, out, err) = diff(rule(&group, FIELDS, "{}"));
     assert!(
         out.contains(&format!(

@@ -168,17 +168,16 @@ async fn replace_other_client_config(client: &Client, crd: &Value) -> Result<(),
     let mut config = ours.clone();
     config[other] = Value::Null;
     let patch = serde_json::json!({"spec": {"conversion": {"webhook": {"clientConfig": config}}}});
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|source| CrdApplyError::Refused {
-        name: name.to_owned(),
-        source,
-    })?;
-    info!(crd = name, "conversion webhook: the CRD's clientConfig {other} replaced by this operator's");
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| CrdApplyError::Refused {
+            name: name.to_owned(),
+            source,
+        })?;
+    info!(
+        crd = name,
+        "conversion webhook: the CRD's clientConfig {other} replaced by this operator's"
+    );
     Ok(())
 }
 
