@@ -226,6 +226,7 @@ impl Pass<'_> {
                 observed: &self.observed,
                 now: &self.now,
                 scope_of: &scope_of,
+                clusters: &crate::clusters::Clusters::offline(),
             },
         )
     }
@@ -489,6 +490,7 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
             observed: &observed,
             now: &now,
             scope_of: &scope_of,
+            clusters: &crate::clusters::Clusters::offline(),
         },
         why,
     );

@@ -3,6 +3,18 @@
 //! a rule's names with these, and so does the generation of its CRD
 //! (plural, short names, categories): one definition of each.
 
+/// Whether `name` may name a cluster (a spoke's Secret label, a
+/// `--cluster-name`, a `cluster:` value): a DNS-1123 label.
+pub(crate) fn check_cluster_name(name: &str) -> Result<(), String> {
+    if is_dns_label(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a cluster name (a DNS-1123 label: lowercase letters, digits, '-', at most 63)"
+        ))
+    }
+}
+
 /// A DNS-1123 label (a namespace, a plural): lowercase letters, digits and
 /// '-', at most 63 characters, neither starting nor ending with '-'.
 pub(super) fn is_dns_label(s: &str) -> bool {
