@@ -120,6 +120,7 @@ fn run_operator(command: Command) -> ExitCode {
         manage_crds,
         operator_namespace,
         require_service_account,
+        cluster_name,
         service_account_recheck,
         limits,
         leader,
@@ -155,6 +156,7 @@ fn run_operator(command: Command) -> ExitCode {
             webhook,
             require_service_account,
             account_recheck: service_account_recheck,
+            cluster_name,
             limits: limits.limits(),
             instance: std::env::var("POD_NAME")
                 .or_else(|_| std::env::var("HOSTNAME"))

@@ -82,6 +82,13 @@ pub struct Metrics {
     pub rollout_state: Family<PhaseLabel, Gauge>,
     /// ConversionReviews answered by this replica, by result (ok, failed).
     pub conversion_reviews: Family<OutcomeLabel, Counter>,
+    /// 1 while a registered spoke answers, 0 while it does not.
+    pub cluster_reachable: Family<ClusterLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabel {
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -268,6 +275,12 @@ impl Default for Metrics {
                 "conversion_reviews",
                 "ConversionReviews answered by the /convert webhook, by result (ok, failed)",
                 Family::<OutcomeLabel, Counter>::default(),
+            ),
+            cluster_reachable: registered(
+                r,
+                "cluster_reachable",
+                "1 while a spoke registered by a trellis.dev/cluster Secret answers, 0 while it does not",
+                Family::<ClusterLabel, Gauge>::default(),
             ),
             registry,
         };

@@ -32,6 +32,7 @@
 //! `home` (the operator's namespace), `crds` (`--manage-crds`), `requests`
 //! (the counting client), `retry` (backoff).
 
+pub mod clusters;
 mod context;
 mod controller;
 pub mod crds;
@@ -114,6 +115,8 @@ pub struct Shared {
     pub rollouts: Arc<std::sync::Mutex<BTreeMap<String, serde_json::Value>>>,
     /// Render limits, for versions rebuilt from their ConfigMaps.
     pub limits: Limits,
+    /// The spokes children may be placed in (`cluster:`).
+    pub clusters: Arc<clusters::Clusters>,
 }
 
 impl Shared {
@@ -203,6 +206,7 @@ fn serve_status(
         shared.shards.clone(),
         shared.migrations.clone(),
     );
+    let clusters = shared.clusters.clone();
     let obs = Arc::new(crate::telemetry::Observability {
         metrics: shared.metrics.clone(),
         snapshot: Box::new(move || crate::telemetry::Snapshot {
@@ -212,6 +216,7 @@ fn serve_status(
             rollouts: lock(&rollouts).clone(),
             migrations: lock(&migrations).clone(),
             shard: shard.as_ref().map(|s| s.status_json()),
+            clusters: clusters.status_json(),
         }),
     });
     tokio::spawn(crate::telemetry::serve(listener, obs, shutdown));
@@ -254,6 +259,16 @@ pub async fn run_with(
         None => leader::Gate::open(),
     };
     let (in_force, in_force_rx) = watch::channel(None);
+    crate::clusters::check_name(&options.cluster_name)
+        .map_err(|why| anyhow::anyhow!("--cluster-name: {why}"))?;
+    let clusters = clusters::Clusters::new(options.cluster_name.clone(), metrics.clone());
+    clusters.follow_rules(in_force_rx.clone(), shutdown.clone());
+    tokio::spawn(clusters::watch_secrets(
+        client.clone(),
+        options.operator_namespace.clone(),
+        clusters.clone(),
+        shutdown.clone(),
+    ));
     let migrations = crds::migration::Progress::default();
     let endpoint = webhook::spawn(
         client.clone(),
@@ -294,6 +309,7 @@ pub async fn run_with(
         operator_namespace: options.operator_namespace.clone(),
         identities: identity::Identities::new(client.clone(), options.operator_namespace.clone()),
         account_recheck: options.account_recheck,
+        clusters,
     });
     let leader_status = Arc::new(std::sync::Mutex::new(LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {

@@ -142,7 +142,9 @@ pub(super) async fn run_controller(
         patches: Default::default(),
         versions,
     });
-    let mut controller = controller.reconcile_on(triggers::recovered(ctx.clone()));
+    let mut controller = controller
+        .reconcile_on(triggers::recovered(ctx.clone()))
+        .reconcile_on(triggers::spoke_children(ctx.clone()));
     if let Some(shards) = &shared.shards {
         controller =
             controller.reconcile_on(triggers::opened_parents(ctx.clone(), shards.writable()));
@@ -346,7 +348,10 @@ fn every_parent_at_once(
     let lifted = ctx;
     // Taking over as leader likewise: every parent, at once.
     let leading = shared.gate.became_leader();
-    futures::stream::select(futures::stream::select(reloaded, relisted), leading).map(move |()| {
+    // A spoke registered, gone, answering again or listed.
+    let spokes = triggers::spokes_changed(lifted.clone());
+    let all = futures::stream::select(futures::stream::select(reloaded, relisted), leading);
+    futures::stream::select(all, spokes).map(move |()| {
         lifted.failures.release_all();
         lifted.report_backoff();
     })

@@ -169,17 +169,24 @@ pub(in crate::operator) async fn remove_children(
     } else {
         observed.iter().collect()
     };
+    let clusters = ctx.shared.clusters.view(rule);
+    let mut held = Vec::new();
     for obj in wave {
         if obj.pointer("/metadata/deletionTimestamp").is_some() {
             continue;
         }
-        let Some(key) = ObjectKey::of(obj) else {
+        let Some(key) = ObjectKey::placed(obj) else {
             continue;
         };
-        let Some(kind) = ctx.child_kind(&key.group, &key.kind) else {
+        // Never in a spoke that does not answer (or is no longer
+        // registered): the parent waits, saying so.
+        if let Some(why) = clusters.hold(key.cluster.as_deref()) {
+            held.push(format!("{key}: {}", why.message));
+            continue;
+        }
+        let Ok(api) = ctx.child_api(&key) else {
             continue;
         };
-        let api = ctx.api_for(kind, key.namespace.as_deref());
         // A retained child is released (kept, with nothing of trellis's
         // left), in its turn, instead of deleted.
         let retained = crate::plan::retained(obj)
@@ -225,6 +232,11 @@ pub(in crate::operator) async fn remove_children(
                 }));
             }
         }
+    }
+    if !held.is_empty() {
+        let note = format!("waiting to remove children in other clusters: {}", held.join("; "));
+        info!(rule = %rule.name, parent = %parent_key(parent), "{note}");
+        ctx.warn(parent, crate::clusters::UNREACHABLE, note).await;
     }
     // Watches on the children wake us as they go; poll as a safety net.
     Ok(Removal::Waiting(Duration::from_secs(2)))

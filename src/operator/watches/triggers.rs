@@ -1,6 +1,7 @@
 //! What wakes a rule's parents besides their own events: a child's event
 //! (mapped to its parent), the API server serving again after an outage,
-//! and, under `--shards`, a bucket becoming this replica's to write.
+//! under `--shards`, a bucket becoming this replica's to write, and a
+//! child in another cluster changing, or that cluster's state.
 
 use std::sync::Arc;
 
@@ -136,4 +137,54 @@ async fn serving(client: Client) -> bool {
         Err(kube::Error::Api(status)) => status.code < 500 && status.code != 429,
         Err(_) => false,
     }
+}
+
+/// The parents whose children in a spoke changed (by the rule and parent
+/// uid the objects' labels name).
+pub(in crate::operator) fn spoke_children(
+    ctx: Arc<RuleCtx>,
+) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
+    let touched = ctx.shared.clusters.touched();
+    futures::stream::unfold((touched, ctx), |(mut touched, ctx)| async move {
+        loop {
+            let t = match touched.recv().await {
+                Ok(t) => t,
+                // Missed events: the pass of every parent reads the caches
+                // as they are, so waking them all loses nothing.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    ctx.shared.clusters.bump();
+                    continue;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            };
+            if t.rule != ctx.rule().name {
+                continue;
+            }
+            let parent = ctx
+                .parents
+                .state()
+                .into_iter()
+                .find(|p| p.object.metadata.uid.as_deref() == Some(t.uid.as_str()));
+            if let Some(p) = parent {
+                let at = ObjectRef::from_obj_with(p.as_ref(), ctx.kinds.parent.resource.clone());
+                return Some((at, (touched, ctx)));
+            }
+        }
+    })
+}
+
+/// Once per change of the spokes (registered, gone, answering or not,
+/// listed), for a rule that places children in spokes.
+pub(in crate::operator) fn spokes_changed(
+    ctx: Arc<RuleCtx>,
+) -> impl futures::Stream<Item = ()> + Send {
+    let changed = ctx.shared.clusters.changed();
+    futures::stream::unfold((changed, ctx), |(mut changed, ctx)| async move {
+        loop {
+            changed.changed().await.ok()?;
+            if ctx.rule().children.iter().any(|c| c.cluster.is_some()) {
+                return Some(((), (changed, ctx)));
+            }
+        }
+    })
 }

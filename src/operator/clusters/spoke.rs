@@ -1,0 +1,350 @@
+//! One spoke: its client (the credentials of its Secret), whether it
+//! answers (a probe of `/readyz`), and one watch per child kind that rules
+//! place in spokes, selected by this hub's `trellis.dev/hub` label, so a
+//! spoke shared by hubs shows each only its own objects.
+//!
+//! A spoke lives from its Secret's arrival to its removal or rotation
+//! ([`super::secrets`]); `stop` ends every task it started.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Clusters;
+use crate::kinds::Gvk;
+use crate::labels::{LABEL_CHILD, LABEL_CLUSTER, LABEL_HUB, LABEL_PARENT_UID, LABEL_RULE};
+use crate::operator::lock;
+use crate::operator::retry::WatchBackoff;
+use crate::operator::watches::discovery::{self, Resolved};
+
+/// How often a spoke's `/readyz` is asked.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long a probe waits for an answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A registered spoke.
+pub struct Spoke {
+    pub name: String,
+    /// The Secret that registers it.
+    pub secret: String,
+    /// What the Secret held (its `kubeconfig`), to tell a rotation from a
+    /// resync.
+    pub fingerprint: String,
+    pub client: Client,
+    state: std::sync::Mutex<Reachability>,
+    /// Child kind → its cache here.
+    caches: std::sync::Mutex<BTreeMap<Gvk, KindCache>>,
+    pub(super) stop: CancellationToken,
+}
+
+/// Whether the spoke answers, since when, and why not.
+#[derive(Debug, Clone)]
+struct Reachability {
+    reachable: bool,
+    since: String,
+    why: String,
+}
+
+/// One child kind's watch in a spoke.
+struct KindCache {
+    /// Discovery's answer; `None` until it came.
+    kind: Option<Resolved>,
+    store: Option<Store<DynamicObject>>,
+    /// The first list is in (or discovery said the kind is not served).
+    listed: bool,
+    /// Why the kind cannot be watched here (not served, refused).
+    error: Option<String>,
+    stop: CancellationToken,
+}
+
+/// How the spoke looks to one rule's pass.
+pub(super) enum Readiness {
+    Ready,
+    /// It answers; some of the rule's kinds are still being listed.
+    Listing,
+    Unreachable(String),
+}
+
+impl Spoke {
+    pub(super) fn new(name: String, secret: String, fingerprint: String, client: Client) -> Spoke {
+        Spoke {
+            name,
+            secret,
+            fingerprint,
+            client,
+            state: std::sync::Mutex::new(Reachability {
+                reachable: false,
+                since: crate::clock::now_rfc3339(),
+                why: "not probed yet".into(),
+            }),
+            caches: std::sync::Mutex::default(),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Starts the probe and the watches of the kinds rules place in spokes.
+    pub(super) fn start(self: &Arc<Spoke>, clusters: &Arc<Clusters>) {
+        tokio::spawn(probe(self.clone(), clusters.clone()));
+        tokio::spawn(follow_kinds(self.clone(), clusters.clone()));
+    }
+
+    pub(super) fn reachable(&self) -> bool {
+        lock(&self.state).reachable
+    }
+
+    /// How the spoke stands for a rule placing `kinds` here.
+    pub(super) fn readiness(&self, kinds: &BTreeSet<Gvk>) -> Readiness {
+        let state = lock(&self.state).clone();
+        if !state.reachable {
+            return Readiness::Unreachable(state.why);
+        }
+        let caches = lock(&self.caches);
+        for gvk in kinds {
+            match caches.get(gvk) {
+                Some(KindCache {
+                    error: Some(why), ..
+                }) => return Readiness::Unreachable(why.clone()),
+                Some(c) if c.listed => {}
+                _ => return Readiness::Listing,
+            }
+        }
+        Readiness::Ready
+    }
+
+    /// `/status` → `clusters.<name>`.
+    pub(super) fn status_json(&self) -> Value {
+        let state = lock(&self.state).clone();
+        let kinds: Vec<String> = lock(&self.caches).keys().map(ToString::to_string).collect();
+        let mut out = serde_json::json!({
+            "reachable": state.reachable,
+            "kinds": kinds,
+            "since": state.since,
+            "secret": self.secret,
+        });
+        if !state.reachable {
+            out["reason"] = Value::String(state.why);
+        }
+        out
+    }
+
+    /// The kind of `group`/`kind` as this spoke serves it.
+    pub(super) fn kind(&self, group: &str, kind: &str) -> Option<Resolved> {
+        lock(&self.caches)
+            .values()
+            .filter_map(|c| c.kind.as_ref())
+            .find(|k| k.gvk.group == group && k.gvk.kind == kind)
+            .cloned()
+    }
+
+    /// This spoke's objects of `rule` for the parent `uid`, each with the
+    /// annotation that places it here (what the planner keys it by).
+    pub(super) fn observed(&self, rule: &str, uid: &str, out: &mut Vec<Value>) {
+        let caches = lock(&self.caches);
+        for store in caches.values().filter_map(|c| c.store.as_ref()) {
+            for obj in store.state() {
+                let labels = obj.metadata.labels.as_ref();
+                let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+                if label(LABEL_RULE) != Some(rule) || label(LABEL_PARENT_UID) != Some(uid) {
+                    continue;
+                }
+                let Ok(mut value) = serde_json::to_value(obj.as_ref()) else {
+                    continue;
+                };
+                if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove("managedFields");
+                    let annotations = meta
+                        .entry("annotations")
+                        .or_insert_with(|| Value::Object(Default::default()));
+                    if let Some(a) = annotations.as_object_mut() {
+                        a.insert(LABEL_CLUSTER.into(), Value::String(self.name.clone()));
+                    }
+                }
+                out.push(value);
+            }
+        }
+    }
+
+    /// Records an answer (or its absence); whether reachability changed.
+    fn set_reachable(&self, reachable: bool, why: String) -> bool {
+        let mut state = lock(&self.state);
+        state.why = why;
+        if state.reachable == reachable {
+            return false;
+        }
+        state.reachable = reachable;
+        state.since = crate::clock::now_rfc3339();
+        true
+    }
+}
+
+/// Asks `/readyz` every [`PROBE_EVERY`]; a change of reachability wakes
+/// the rules placing children in spokes.
+async fn probe(spoke: Arc<Spoke>, clusters: Arc<Clusters>) {
+    loop {
+        let answer = tokio::time::timeout(PROBE_TIMEOUT, readyz(spoke.client.clone())).await;
+        let (reachable, why) = match answer {
+            Ok(Ok(())) => (true, String::new()),
+            Ok(Err(why)) => (false, why),
+            Err(_) => (false, format!("no answer within {PROBE_TIMEOUT:?}")),
+        };
+        if spoke.set_reachable(reachable, why.clone()) {
+            if reachable {
+                info!(cluster = %spoke.name, "cluster answers");
+            } else {
+                warn!(cluster = %spoke.name, "cluster unreachable: {why}");
+            }
+            clusters.report(&spoke.name, reachable);
+            clusters.bump();
+        }
+        tokio::select! {
+            _ = spoke.stop.cancelled() => return,
+            _ = tokio::time::sleep(PROBE_EVERY) => {}
+        }
+    }
+}
+
+/// `/readyz` answered; a 403 counts as an answer (the server was reached).
+async fn readyz(client: Client) -> Result<(), String> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match client.request_text(request).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code < 500 && status.code != 429 => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Keeps one watch per kind rules place in spokes: started when a rule
+/// set places a kind here, stopped when none does any more.
+async fn follow_kinds(spoke: Arc<Spoke>, clusters: Arc<Clusters>) {
+    let mut kinds = clusters.kinds.subscribe();
+    loop {
+        let wanted = kinds.borrow_and_update().clone();
+        {
+            let mut caches = lock(&spoke.caches);
+            caches.retain(|gvk, cache| {
+                let keep = wanted.contains(gvk);
+                if !keep {
+                    cache.stop.cancel();
+                }
+                keep
+            });
+            for gvk in &wanted {
+                if caches.contains_key(gvk) {
+                    continue;
+                }
+                let stop = spoke.stop.child_token();
+                caches.insert(
+                    gvk.clone(),
+                    KindCache {
+                        kind: None,
+                        store: None,
+                        listed: false,
+                        error: None,
+                        stop: stop.clone(),
+                    },
+                );
+                tokio::spawn(watch_kind(
+                    spoke.clone(),
+                    clusters.clone(),
+                    gvk.clone(),
+                    stop,
+                ));
+            }
+        }
+        tokio::select! {
+            _ = spoke.stop.cancelled() => return,
+            changed = kinds.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Discovery of `gvk` in the spoke (retried until the spoke answers),
+/// then its label-selected watch feeding the cache; each event wakes the
+/// parent its labels name.
+async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: CancellationToken) {
+    let kind = loop {
+        match discovery::resolve(&spoke.client, &gvk).await {
+            Ok(kind) => break kind,
+            Err(why) if spoke.reachable() => {
+                // It answers and does not serve the kind: children of it
+                // placed here fail to apply, saying so.
+                warn!(cluster = %spoke.name, "{why}");
+                spoke.update(&gvk, |c| {
+                    c.error = Some(why.to_string());
+                    c.listed = true;
+                });
+                clusters.bump();
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    };
+    let resource: kube::discovery::ApiResource =
+        AsRef::<kube::discovery::ApiResource>::as_ref(&kind.resource).clone();
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource);
+    let store = writer.as_reader();
+    spoke.update(&gvk, |c| {
+        c.kind = Some(kind.clone());
+        c.store = Some(store);
+        c.error = None;
+    });
+    let api = kind.api::<DynamicObject>(spoke.client.clone(), None);
+    let config = watcher::Config::default().labels(&format!("{LABEL_HUB}={}", clusters.hub));
+    let events = reflector::reflector(
+        writer,
+        watcher::watcher(api, config).backoff(WatchBackoff::default()),
+    );
+    let mut events = std::pin::pin!(events);
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            event = events.next() => event,
+        };
+        match event {
+            None => return,
+            Some(Err(err)) => {
+                warn!(cluster = %spoke.name, kind = %gvk, "watch failed, retrying: {err}")
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                spoke.update(&gvk, |c| c.listed = true);
+                clusters.bump();
+            }
+            Some(Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj))) => {
+                clusters.touched_object(&obj);
+            }
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+impl Spoke {
+    fn update(&self, gvk: &Gvk, change: impl FnOnce(&mut KindCache)) {
+        if let Some(cache) = lock(&self.caches).get_mut(gvk) {
+            change(cache);
+        }
+    }
+}
+
+/// The rule and parent uid a spoke object's labels name.
+pub(super) fn parent_of(obj: &DynamicObject) -> Option<(String, String)> {
+    let labels = obj.metadata.labels.as_ref()?;
+    labels.get(LABEL_CHILD)?;
+    Some((
+        labels.get(LABEL_RULE)?.clone(),
+        labels.get(LABEL_PARENT_UID)?.clone(),
+    ))
+}
