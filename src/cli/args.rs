@@ -288,7 +288,12 @@ pub enum Command {
         require_service_account: bool,
         /// This hub's name: the `trellis.dev/hub` label of its children in other
         /// clusters (spokes), so hubs sharing a spoke never touch each other's objects
-        #[arg(long, value_name = "NAME", default_value = "hub", env = "TRELLIS_CLUSTER_NAME")]
+        #[arg(
+            long,
+            value_name = "NAME",
+            default_value = "hub",
+            env = "TRELLIS_CLUSTER_NAME"
+        )]
         cluster_name: String,
         /// How often a running rule's ServiceAccount is checked again (tests shorten it)
         #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration, hide = true)]

@@ -64,7 +64,9 @@ pub async fn run(
         };
         match event {
             None => break,
-            Some(Err(err)) => warn!(namespace = %namespace, "cluster Secrets: watch failed, retrying: {err}"),
+            Some(Err(err)) => {
+                warn!(namespace = %namespace, "cluster Secrets: watch failed, retrying: {err}")
+            }
             Some(Ok(watcher::Event::Init)) => relisting = Some(BTreeSet::new()),
             Some(Ok(watcher::Event::InitApply(secret))) => {
                 if let Some(seen) = relisting.as_mut() {

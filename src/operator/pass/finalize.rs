@@ -234,7 +234,10 @@ pub(in crate::operator) async fn remove_children(
         }
     }
     if !held.is_empty() {
-        let note = format!("waiting to remove children in other clusters: {}", held.join("; "));
+        let note = format!(
+            "waiting to remove children in other clusters: {}",
+            held.join("; ")
+        );
         info!(rule = %rule.name, parent = %parent_key(parent), "{note}");
         ctx.warn(parent, crate::clusters::UNREACHABLE, note).await;
     }

@@ -1,0 +1,445 @@
+//! Children in other clusters, end to end with two real control planes: the
+//! shared test cluster is the hub, a private control plane
+//! (`support::faults::PrivateCluster`, `tests/cluster/cluster up`) is the
+//! spoke, registered by a Secret holding its kubeconfig. One parent keeps a
+//! ConfigMap at home and one in the spoke (`cluster: spec.region`).
+mod support;
+
+use std::net::SocketAddr;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use support::faults::{PrivateCluster, free_address, metric};
+use support::operator::{Operator, TestKind, WAIT, install_kind, rule_set};
+use support::{TestNamespace, eventually};
+
+const RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: placed
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: home
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-home" }}
+        data:
+          v: {{ spec.v }}
+    - id: remote
+      apiVersion: v1
+      kind: ConfigMap
+      cluster: spec.region
+      includeWhen: spec.remote | default(true)
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-remote" }}
+        data:
+          v: {{ spec.v }}
+  status:
+    fields:
+      - path: remoteV
+        from: remote
+        jsonPath: $.data.v
+"#;
+
+const SPOKE: &str = "spoke-1";
+
+/// The hub (the shared test cluster, the test's namespace) and the spoke
+/// (a private control plane with a namespace of the same name).
+struct Setup {
+    ns: TestNamespace,
+    spoke: PrivateCluster,
+    spoke_client: Client,
+    kind: TestKind,
+    _cleanup: support::operator::Cleanup,
+}
+
+async fn setup(name: &str) -> Setup {
+    support::faults::logs();
+    let ns = support::namespace().await;
+    let (kind, cleanup) = install_kind(&ns, "Placed").await;
+    let spoke = PrivateCluster::start(name).await;
+    let spoke_client = spoke.client().await;
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns.name()}})).expect("namespace");
+    Api::<Namespace>::all(spoke_client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace in the spoke");
+    Setup {
+        ns,
+        spoke,
+        spoke_client,
+        kind,
+        _cleanup: cleanup,
+    }
+}
+
+impl Setup {
+    fn start_operator(&self, hub_name: &str, metrics: SocketAddr) -> Operator {
+        let mut options = trellis::operator::Options::new(vec![], vec![self.ns.name().to_owned()]);
+        options.instance = "clusters".into();
+        options.operator_namespace = self.ns.name().to_owned();
+        options.cluster_name = hub_name.to_owned();
+        options.metrics_addr = Some(metrics);
+        Operator::spawn(options, rule_set(&[&self.kind.rule(RULE)]), &self.ns.client)
+    }
+
+    fn parents(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.ns.client.clone(), self.ns.name(), &self.kind.resource)
+    }
+
+    fn spoke_configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.spoke_client.clone(), self.ns.name())
+    }
+
+    fn home_configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.ns.client.clone(), self.ns.name())
+    }
+
+    /// Registers (or re-registers) the spoke with `kubeconfig`.
+    async fn register(&self, kubeconfig: &Kubeconfig) {
+        // JSON is YAML: what a kubeconfig Secret holds either way.
+        let text = serde_json::to_string(kubeconfig).expect("kubeconfig text");
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "spoke-1-kubeconfig", "labels": {"trellis.dev/cluster": SPOKE}},
+            "stringData": {"kubeconfig": text},
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(self.ns.client.clone(), self.ns.name())
+            .patch(
+                "spoke-1-kubeconfig",
+                &PatchParams::apply("clusters-test").force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .expect("cluster Secret");
+    }
+
+    async fn patch_spec(&self, name: &str, spec: Value) {
+        self.parents()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": spec})),
+            )
+            .await
+            .expect("patch parent");
+    }
+
+    async fn parent(&self, name: &str) -> DynamicObject {
+        self.parents().get(name).await.expect("parent")
+    }
+
+    async fn condition(&self, name: &str, type_: &str) -> Value {
+        let parent = self.parent(name).await;
+        parent.data["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == type_))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// A kubeconfig for `account` in the spoke (a ServiceAccount of the
+/// namespace, bound to cluster-admin): the spoke's server and CA from
+/// `admin`, a fresh token.
+async fn token_kubeconfig(
+    spoke: &Client,
+    admin: &Kubeconfig,
+    ns: &str,
+    account: &str,
+) -> Kubeconfig {
+    let accounts: Api<ServiceAccount> = Api::namespaced(spoke.clone(), ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).expect("sa");
+    let _ = accounts.create(&PostParams::default(), &sa).await;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-{account}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+    }))
+    .expect("binding");
+    let _ = Api::<ClusterRoleBinding>::all(spoke.clone())
+        .create(&PostParams::default(), &binding)
+        .await;
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": []}})).expect("token request");
+    let token = accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .expect("token")
+        .status
+        .expect("token status")
+        .token;
+    let mut config = admin.clone();
+    let users = &mut config.auth_infos;
+    users[0].auth_info = Some(serde_json::from_value(json!({"token": token})).expect("auth info"));
+    config
+}
+
+/// What the operator tells on `/status` about the spoke.
+async fn spoke_status(addr: SocketAddr) -> Value {
+    let body = support::http_get(addr, "/status").await.unwrap_or_default();
+    let status: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    status["clusters"][SPOKE].clone()
+}
+
+#[tokio::test]
+async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_rotation() {
+    let s = setup("clusters-spoke").await;
+    let metrics = free_address();
+    let account_a =
+        token_kubeconfig(&s.spoke_client, &s.spoke.kubeconfig, s.ns.name(), "hub-a").await;
+    s.register(&account_a).await;
+    let operator = s.start_operator("hub-a", metrics);
+
+    // Made in the spoke with the trellis labels, the parent's uid and this
+    // hub's name, no ownerReference; its data mapped back to the status.
+    let parent = DynamicObject::new("p", &s.kind.resource)
+        .within(s.ns.name())
+        .data(json!({"spec": {"region": SPOKE, "v": "1"}}));
+    s.parents()
+        .create(&PostParams::default(), &parent)
+        .await
+        .expect("create parent");
+    let uid = s.parent("p").await.uid().expect("uid");
+    let remote = eventually("the remote child made in the spoke", WAIT, || async {
+        s.spoke_configmaps()
+            .get("p-remote")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let labels = remote.labels();
+    assert_eq!(labels["trellis.dev/hub"], "hub-a");
+    assert_eq!(labels["trellis.dev/parent-uid"], uid);
+    assert_eq!(labels["trellis.dev/rule"], "placed");
+    assert_eq!(labels["trellis.dev/child"], "remote");
+    assert!(remote.owner_references().is_empty());
+    assert!(
+        s.home_configmaps()
+            .get_opt("p-remote")
+            .await
+            .expect("get")
+            .is_none(),
+        "not made at home"
+    );
+    eventually("status mapped back from the spoke", WAIT, || async {
+        let p = s.parent("p").await;
+        let synced = s.condition("p", "Synced").await;
+        match (&p.data["status"]["remoteV"], &synced["status"]) {
+            (Value::String(v), Value::String(st)) if v == "1" && st == "True" => Ok(()),
+            _ => Err(format!("{:#}", p.data["status"])),
+        }
+    })
+    .await;
+    assert!(
+        s.parent("p")
+            .await
+            .finalizers()
+            .iter()
+            .any(|f| f == trellis::operator::FINALIZER),
+        "the parent carries the cleanup finalizer"
+    );
+    let status = spoke_status(metrics).await;
+    assert_eq!(status["reachable"], true, "{status}");
+    assert_eq!(status["kinds"], json!(["v1/ConfigMap"]), "{status}");
+    assert_eq!(
+        metric(
+            &metrics.to_string(),
+            "trellis_cluster_reachable",
+            &["cluster=\"spoke-1\""]
+        )
+        .await,
+        1.0
+    );
+
+    // Drift in the spoke is restored there.
+    s.spoke_configmaps()
+        .patch(
+            "p-remote",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"v": "tampered"}})),
+        )
+        .await
+        .expect("tamper");
+    eventually("drift restored in the spoke", WAIT, || async {
+        let cm = s
+            .spoke_configmaps()
+            .get("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        match cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(String::as_str)
+        {
+            Some("1") => Ok(()),
+            other => Err(format!("v = {other:?}")),
+        }
+    })
+    .await;
+
+    // Pruned there when no longer rendered, and made again.
+    s.patch_spec("p", json!({"remote": false})).await;
+    eventually("pruned in the spoke", WAIT, || async {
+        match s.spoke_configmaps().get_opt("p-remote").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    s.patch_spec("p", json!({"remote": true})).await;
+    let remote = eventually("made again in the spoke", WAIT, || async {
+        s.spoke_configmaps()
+            .get("p-remote")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let remote_uid = remote.uid().expect("uid");
+
+    // The spoke's API server stops: its child is held back (ClusterUnreachable,
+    // naming it), the home child still follows an edit.
+    s.spoke.kill("kube-apiserver", "KILL").await;
+    s.patch_spec("p", json!({"v": "2"})).await;
+    eventually("ClusterUnreachable on the parent", WAIT, || async {
+        let synced = s.condition("p", "Synced").await;
+        let message = synced["message"].as_str().unwrap_or_default();
+        if synced["reason"] == "ClusterUnreachable" && message.contains("\"spoke-1\"") {
+            Ok(())
+        } else {
+            Err(synced.to_string())
+        }
+    })
+    .await;
+    eventually("the home child follows the edit", WAIT, || async {
+        let cm = s
+            .home_configmaps()
+            .get("p-home")
+            .await
+            .map_err(|e| e.to_string())?;
+        match cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(String::as_str)
+        {
+            Some("2") => Ok(()),
+            other => Err(format!("v = {other:?}")),
+        }
+    })
+    .await;
+    let status = spoke_status(metrics).await;
+    assert_eq!(status["reachable"], false, "{status}");
+    assert_eq!(
+        metric(
+            &metrics.to_string(),
+            "trellis_cluster_reachable",
+            &["cluster=\"spoke-1\""]
+        )
+        .await,
+        0.0
+    );
+
+    // Back: it converges, on the same object (nothing was deleted there).
+    s.spoke.restart("kube-apiserver").await;
+    eventually(
+        "the spoke child converges once it answers",
+        WAIT,
+        || async {
+            let cm = s
+                .spoke_configmaps()
+                .get("p-remote")
+                .await
+                .map_err(|e| e.to_string())?;
+            let v = cm.data.as_ref().and_then(|d| d.get("v")).cloned();
+            let synced = s.condition("p", "Synced").await;
+            if v.as_deref() == Some("2") && synced["status"] == "True" {
+                Ok(cm)
+            } else {
+                Err(format!("v = {v:?}, Synced = {synced}"))
+            }
+        },
+    )
+    .await;
+    let after = s.spoke_configmaps().get("p-remote").await.expect("remote");
+    assert_eq!(
+        after.uid().as_deref(),
+        Some(remote_uid.as_str()),
+        "the same object"
+    );
+
+    // A new token in the Secret, the old account gone: writes go on
+    // with the new credentials, without a restart.
+    let account_b =
+        token_kubeconfig(&s.spoke_client, &s.spoke.kubeconfig, s.ns.name(), "hub-b").await;
+    s.register(&account_b).await;
+    eventually("the new credentials in use", WAIT, || async {
+        let status = spoke_status(metrics).await;
+        (status["reachable"] == true)
+            .then_some(())
+            .ok_or(status.to_string())
+    })
+    .await;
+    Api::<ServiceAccount>::namespaced(s.spoke_client.clone(), s.ns.name())
+        .delete("hub-a", &DeleteParams::default())
+        .await
+        .expect("delete the old account");
+    s.patch_spec("p", json!({"v": "3"})).await;
+    eventually("written with the rotated token", WAIT, || async {
+        let cm = s
+            .spoke_configmaps()
+            .get("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        match cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(String::as_str)
+        {
+            Some("3") => Ok(()),
+            other => Err(format!("v = {other:?}")),
+        }
+    })
+    .await;
+
+    // The parent deleted: its spoke child goes first, then the parent.
+    s.parents()
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete parent");
+    eventually("spoke child and parent gone", WAIT, || async {
+        let child = s
+            .spoke_configmaps()
+            .get_opt("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        let parent = s.parents().get_opt("p").await.map_err(|e| e.to_string())?;
+        match (child, parent) {
+            (None, None) => Ok(()),
+            (child, parent) => Err(format!(
+                "child there: {}, parent there: {}",
+                child.is_some(),
+                parent.is_some()
+            )),
+        }
+    })
+    .await;
+    operator.stop().await;
+}
