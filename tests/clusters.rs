@@ -396,10 +396,12 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
             .ok_or(status.to_string())
     })
     .await;
-    Api::<ServiceAccount>::namespaced(s.spoke_client.clone(), s.ns.name())
-        .delete("hub-a", &DeleteParams::default())
+    // The old account loses its rights (authorization is not cached, as
+    // a deleted account's token may be for seconds).
+    Api::<ClusterRoleBinding>::all(s.spoke_client.clone())
+        .delete(&format!("{}-hub-a", s.ns.name()), &DeleteParams::default())
         .await
-        .expect("delete the old account");
+        .expect("unbind the old account");
     s.patch_spec("p", json!({"v": "3"})).await;
     eventually("written with the rotated token", WAIT, || async {
         let cm = s
