@@ -59,11 +59,24 @@ const SPOKE: &str = "spoke-1";
 /// The hub (the shared test cluster, the test's namespace) and the spoke
 /// (a private control plane with a namespace of the same name).
 struct Setup {
-    ns: TestNamespace,
+    hub: Hub,
     spoke: PrivateCluster,
     spoke_client: Client,
-    kind: TestKind,
     _cleanup: support::operator::Cleanup,
+}
+
+/// One hub: its namespace (parents, the operator's own namespace, the
+/// cluster Secret) and the parent kind.
+struct Hub {
+    ns: TestNamespace,
+    kind: TestKind,
+}
+
+impl std::ops::Deref for Setup {
+    type Target = Hub;
+    fn deref(&self) -> &Hub {
+        &self.hub
+    }
 }
 
 async fn setup(name: &str) -> Setup {
@@ -79,10 +92,9 @@ async fn setup(name: &str) -> Setup {
         .await
         .expect("namespace in the spoke");
     Setup {
-        ns,
+        hub: Hub { ns, kind },
         spoke,
         spoke_client,
-        kind,
         _cleanup: cleanup,
     }
 }
@@ -97,16 +109,18 @@ impl Setup {
         Operator::spawn(options, rule_set(&[&self.kind.rule(RULE)]), &self.ns.client)
     }
 
-    fn parents(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.ns.client.clone(), self.ns.name(), &self.kind.resource)
-    }
-
     fn spoke_configmaps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.spoke_client.clone(), self.ns.name())
     }
 
     fn home_configmaps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.ns.client.clone(), self.ns.name())
+    }
+}
+
+impl Hub {
+    fn parents(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.ns.client.clone(), self.ns.name(), &self.kind.resource)
     }
 
     /// Registers (or re-registers) the spoke with `kubeconfig`.
@@ -444,4 +458,119 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
     })
     .await;
     operator.stop().await;
+}
+
+/// The remote child at a fixed place in the spoke, so that two hubs'
+/// parents render the same object.
+const SHARED_RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: placed
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: remote
+      apiVersion: v1
+      kind: ConfigMap
+      cluster: "'spoke-1'"
+      allowCrossNamespace: true
+      template: |
+        metadata:
+          name: shared-remote
+          namespace: shared
+        data:
+          v: {{ spec.v }}
+"#;
+
+#[tokio::test]
+async fn a_second_hub_on_the_same_spoke_never_touches_the_first_hubs_objects() {
+    let s = setup("clusters-two-hubs").await;
+    let shared: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "shared"}})).expect("namespace");
+    Api::<Namespace>::all(s.spoke_client.clone())
+        .create(&PostParams::default(), &shared)
+        .await
+        .expect("shared namespace in the spoke");
+    let other = support::namespace_for("clusters-hub-b").await;
+    let start = |ns: &TestNamespace, hub: &str| {
+        let mut options = trellis::operator::Options::new(vec![], vec![ns.name().to_owned()]);
+        options.instance = hub.to_owned();
+        options.operator_namespace = ns.name().to_owned();
+        options.cluster_name = hub.to_owned();
+        Operator::spawn(options, rule_set(&[&s.kind.rule(SHARED_RULE)]), &ns.client)
+    };
+    let hub_b_setup = Hub {
+        ns: other,
+        kind: s.kind.clone(),
+    };
+    s.register(&s.spoke.kubeconfig).await;
+    hub_b_setup.register(&s.spoke.kubeconfig).await;
+    let hub_a = start(&s.ns, "hub-a");
+    let hub_b = start(&hub_b_setup.ns, "hub-b");
+
+    let parent =
+        |v: &str| DynamicObject::new("p", &s.kind.resource).data(json!({"spec": {"v": v}}));
+    s.parents()
+        .create(&PostParams::default(), &parent("a").within(s.ns.name()))
+        .await
+        .expect("hub-a's parent");
+    let spoke_cms: Api<ConfigMap> = Api::namespaced(s.spoke_client.clone(), "shared");
+    eventually("hub-a's object in the spoke", WAIT, || async {
+        let cm = spoke_cms
+            .get("shared-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        (cm.labels().get("trellis.dev/hub").map(String::as_str) == Some("hub-a"))
+            .then_some(())
+            .ok_or(format!("{:?}", cm.labels()))
+    })
+    .await;
+
+    // hub-b renders the same object: refused, naming the other hub.
+    hub_b_setup
+        .parents()
+        .create(
+            &PostParams::default(),
+            &parent("b").within(hub_b_setup.ns.name()),
+        )
+        .await
+        .expect("hub-b's parent");
+    eventually("hub-b refuses to take hub-a's object", WAIT, || async {
+        let synced = hub_b_setup.condition("p", "Synced").await;
+        let message = synced["message"].as_str().unwrap_or_default();
+        (synced["status"] == "False" && message.contains("belongs to hub hub-a"))
+            .then_some(())
+            .ok_or(synced.to_string())
+    })
+    .await;
+    // hub-b's parent deleted: its finalizer goes without touching hub-a's object.
+    hub_b_setup
+        .parents()
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete hub-b's parent");
+    eventually("hub-b's parent gone", WAIT, || async {
+        match hub_b_setup.parents().get_opt("p").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let cm = spoke_cms
+        .get("shared-remote")
+        .await
+        .expect("hub-a's object stays");
+    assert_eq!(cm.labels()["trellis.dev/hub"], "hub-a");
+    assert_eq!(
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(String::as_str),
+        Some("a")
+    );
+    hub_b.stop().await;
+    hub_a.stop().await;
 }
