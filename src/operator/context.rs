@@ -363,13 +363,14 @@ impl RuleCtx {
     }
 
     /// The `Api` a child is written with: in its spoke, with the spoke's
-    /// credentials; at home, [`RuleCtx::api_for`] its kind.
-    pub(super) fn child_api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, Error> {
+    /// credentials; at home, [`RuleCtx::api_for`] its kind. `Err` says why
+    /// there is none.
+    pub(super) fn child_api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, String> {
         if key.cluster.is_some() {
-            return self.shared.clusters.api(key).map_err(Error::Plan);
+            return self.shared.clusters.api(key);
         }
         let Some(kind) = self.child_kind(&key.group, &key.kind) else {
-            return Err(Error::Plan(format!("{key}: kind not resolved")));
+            return Err(format!("{key}: kind not resolved"));
         };
         Ok(self.api_for(kind, key.namespace.as_deref()))
     }

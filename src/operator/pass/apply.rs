@@ -72,7 +72,7 @@ pub(in crate::operator) async fn apply_child(
     parent_uid: &str,
 ) -> Result<Applied, Error> {
     let fail = apply_failed(apply);
-    let api = ctx.child_api(&apply.key)?;
+    let api = ctx.child_api(&apply.key).map_err(Error::Plan)?;
     let adopt = ctx
         .rule()
         .children
