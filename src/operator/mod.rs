@@ -262,13 +262,12 @@ pub async fn run_with(
     crate::clusters::check_name(&options.cluster_name)
         .map_err(|why| anyhow::anyhow!("--cluster-name: {why}"))?;
     let clusters = clusters::Clusters::new(options.cluster_name.clone(), metrics.clone());
-    clusters.follow_rules(in_force_rx.clone(), shutdown.clone());
-    tokio::spawn(clusters::watch_secrets(
+    clusters.follow_rules(
         client.clone(),
         options.operator_namespace.clone(),
-        clusters.clone(),
+        in_force_rx.clone(),
         shutdown.clone(),
-    ));
+    );
     let migrations = crds::migration::Progress::default();
     let endpoint = webhook::spawn(
         client.clone(),

@@ -31,6 +31,7 @@
 //! |---|---|---|
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election and shard membership |
 //! | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps of staged rollouts |
+//! | `secrets` (when a rule has a `cluster:` child) | list, watch | the Secrets registering spokes |
 //!
 //! A rollout in progress may still run an older version of a rule, which
 //! may need kinds the version on disk dropped: the `_of` functions take any
@@ -513,7 +514,8 @@ fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
 ///   granting here keeps the role correct should that rule ever be relaxed.
 fn may_need_finalizer(rule: &CompiledRule) -> bool {
     let spec = &rule.rule.spec;
-    if spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() {
+    let in_spokes = rule.children.iter().any(|c| c.cluster.is_some());
+    if spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() || in_spokes {
         return true;
     }
     let parent_scope = spec

@@ -34,8 +34,6 @@ use crate::plan::ObjectKey;
 use crate::rules::{CompiledRule, RuleSet};
 use spoke::{Readiness, Spoke};
 
-pub use secrets::run as watch_secrets;
-
 /// A spoke object changed: the rule and parent uid its labels name.
 #[derive(Debug, Clone)]
 pub struct Touched {
@@ -74,20 +72,36 @@ impl Clusters {
     }
 
     /// Follows the rule set in force: the kinds its rules place in spokes
-    /// are the kinds every spoke watches.
+    /// are the kinds every spoke watches. The Secrets registering spokes
+    /// (in `namespace`, read with `client`) are watched from the first
+    /// rule set that places a child in a spoke: an operator whose rules
+    /// never do needs no access to Secrets.
     pub fn follow_rules(
         self: &Arc<Clusters>,
+        client: kube::Client,
+        namespace: String,
         mut in_force: watch::Receiver<Option<Arc<RuleSet>>>,
         shutdown: CancellationToken,
     ) {
         let clusters = self.clone();
         tokio::spawn(async move {
+            let mut secrets = Some((client, namespace));
             loop {
                 let kinds = in_force
                     .borrow_and_update()
                     .as_ref()
                     .map(|set| placed_kinds(set.rules.iter().map(|r| r.as_ref())))
                     .unwrap_or_default();
+                if !kinds.is_empty()
+                    && let Some((client, namespace)) = secrets.take()
+                {
+                    tokio::spawn(secrets::run(
+                        client,
+                        namespace,
+                        clusters.clone(),
+                        shutdown.clone(),
+                    ));
+                }
                 clusters.kinds.send_if_modified(|now| {
                     let changed = *now != kinds;
                     *now = kinds;
