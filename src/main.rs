@@ -47,12 +47,14 @@ fn main() -> ExitCode {
             operator_namespace,
             from_cluster,
             viewer,
+            cluster,
         } => cli::rbac(
             &rules,
             &name,
             cli::RbacRoles {
                 manage_crds,
                 viewer,
+                cluster,
             },
             &operator_namespace,
             from_cluster,

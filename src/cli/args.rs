@@ -393,6 +393,11 @@ pub enum Command {
         /// Print only the read-only ClusterRole `<name>-viewer` for `trellis tree` [default: off]
         #[arg(long)]
         viewer: bool,
+        /// Print only the ClusterRole `<name>-spoke-<NAME>` that the credentials of
+        /// spoke NAME need there (the children rules may place in it) [default: none:
+        /// the hub's roles]
+        #[arg(long, value_name = "NAME", conflicts_with = "viewer")]
+        cluster: Option<String>,
     },
     /// Print the JSON Schema of the rule format
     Schema,

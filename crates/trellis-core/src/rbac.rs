@@ -63,11 +63,13 @@ use crate::rules::{CompiledChild, CompiledRule, RuleSet};
 
 mod namespaced;
 mod role_refs;
+mod spoke;
 mod viewer;
 pub use namespaced::{namespaced_role, namespaced_role_of, revision_permissions};
 #[cfg(test)]
 use role_refs::RoleRef;
 use role_refs::{BindingKind, bind_grants, role_refs};
+pub use spoke::spoke_role;
 pub use viewer::{viewer_role, viewer_role_name};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";

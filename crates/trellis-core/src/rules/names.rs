@@ -15,6 +15,16 @@ pub(crate) fn check_cluster_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The text of a string literal that is the whole expression (a
+/// `cluster:` naming one cluster, `"'eu-1'"`).
+pub(crate) fn quoted_constant(src: &str) -> Option<&str> {
+    let src = src.trim();
+    ['\'', '"'].into_iter().find_map(|q| {
+        let inner = src.strip_prefix(q)?.strip_suffix(q)?;
+        (!inner.contains(q)).then_some(inner)
+    })
+}
+
 /// A DNS-1123 label (a namespace, a plural): lowercase letters, digits and
 /// '-', at most 63 characters, neither starting nor ending with '-'.
 pub(super) fn is_dns_label(s: &str) -> bool {

@@ -28,7 +28,7 @@ pub(super) fn compile(
     src: &str,
     reads: Option<&mut Calls>,
 ) -> Option<ExprId> {
-    if let Some(constant) = quoted(src)
+    if let Some(constant) = crate::rules::names::quoted_constant(src)
         && let Err(why) = crate::rules::names::check_cluster_name(constant)
     {
         ck.error(place.field, why);
@@ -54,13 +54,4 @@ pub(super) fn compile(
             None
         }
     }
-}
-
-/// The text of a string literal that is the whole expression.
-fn quoted(src: &str) -> Option<&str> {
-    let src = src.trim();
-    ['\'', '"'].into_iter().find_map(|q| {
-        let inner = src.strip_prefix(q)?.strip_suffix(q)?;
-        (!inner.contains(q)).then_some(inner)
-    })
 }
