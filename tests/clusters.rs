@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
@@ -151,6 +152,18 @@ impl Hub {
             )
             .await
             .expect("patch parent");
+    }
+
+    /// Events about the parent `name`.
+    async fn events_about(&self, name: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.ns.client.clone(), self.ns.name())
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect()
     }
 
     async fn parent(&self, name: &str) -> DynamicObject {
@@ -435,11 +448,48 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
     })
     .await;
 
-    // The parent deleted: its spoke child goes first, then the parent.
+    // The parent deleted while the spoke does not answer: it waits for
+    // the spoke, saying so; once the spoke answers, its child goes first,
+    // then the parent.
+    s.spoke.kill("kube-apiserver", "KILL").await;
+    eventually("the spoke seen unreachable", WAIT, || async {
+        let status = spoke_status(metrics).await;
+        (status["reachable"] == false)
+            .then_some(())
+            .ok_or(status.to_string())
+    })
+    .await;
     s.parents()
         .delete("p", &DeleteParams::default())
         .await
         .expect("delete parent");
+    eventually(
+        "a Warning that the finalizer waits for the spoke",
+        WAIT,
+        || async {
+            let events = s.events_about("p").await;
+            events
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("ClusterUnreachable")
+                        && e.note.as_deref().is_some_and(|n| n.contains("spoke-1"))
+                })
+                .map(|_| ())
+                .ok_or(format!(
+                    "{:?}",
+                    events
+                        .iter()
+                        .map(|e| (&e.reason, &e.note))
+                        .collect::<Vec<_>>()
+                ))
+        },
+    )
+    .await;
+    assert!(
+        s.parents().get_opt("p").await.expect("get").is_some(),
+        "the parent waits for its spoke child"
+    );
+    s.spoke.restart("kube-apiserver").await;
     eventually("spoke child and parent gone", WAIT, || async {
         let child = s
             .spoke_configmaps()

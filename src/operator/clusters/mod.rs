@@ -153,6 +153,20 @@ impl Clusters {
             .any(|s| matches!(s.readiness(&kinds), Readiness::Listing))
     }
 
+    /// The spokes (by name) where a kind `rule` places there was never
+    /// listed: what they hold of the rule is unknown.
+    pub fn never_listed(&self, rule: &CompiledRule) -> Vec<String> {
+        let kinds = placed_kinds([rule]);
+        if kinds.is_empty() {
+            return Vec::new();
+        }
+        lock(&self.spokes)
+            .iter()
+            .filter(|(_, s)| !s.ever_listed(&kinds))
+            .map(|(name, _)| format!("cluster \"{name}\""))
+            .collect()
+    }
+
     /// The objects of `rule` for the parent `uid` in every spoke, placed
     /// by the `trellis.dev/cluster` annotation.
     pub fn observed(&self, rule: &str, uid: &str) -> Vec<Value> {

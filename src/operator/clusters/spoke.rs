@@ -120,6 +120,16 @@ impl Spoke {
         Readiness::Ready
     }
 
+    /// Whether every one of `kinds` has been listed here at least once
+    /// (or is known not to be served): the caches tell what the spoke
+    /// holds, if perhaps stale.
+    pub(super) fn ever_listed(&self, kinds: &BTreeSet<Gvk>) -> bool {
+        let caches = lock(&self.caches);
+        kinds
+            .iter()
+            .all(|gvk| caches.get(gvk).is_some_and(|c| c.listed))
+    }
+
     /// `/status` → `clusters.<name>`.
     pub(super) fn status_json(&self) -> Value {
         let state = lock(&self.state).clone();

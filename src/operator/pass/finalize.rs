@@ -137,6 +137,18 @@ pub(in crate::operator) async fn remove_children(
     let rule = &ctx.rule();
     // Contributions to objects the rule does not own go first.
     let released = super::patch_writes::release_parent(ctx, rule, uid).await?;
+    // A spoke never listed (unreachable since the operator started) may
+    // hold children of this parent that no cache shows: wait for it.
+    let unlisted = ctx.shared.clusters.never_listed(rule);
+    if !unlisted.is_empty() {
+        let note = format!(
+            "waiting to remove children in other clusters: {} not listed yet (unreachable?)",
+            unlisted.join(", ")
+        );
+        info!(rule = %rule.name, parent = %parent_key(parent), "{note}");
+        ctx.warn(parent, crate::clusters::UNREACHABLE, note).await;
+        return Ok(Removal::Waiting(Duration::from_secs(2)));
+    }
     let mut observed = ctx.observed(uid);
     if observed.is_empty() {
         // The cache may not have seen a child created moments ago, or may
