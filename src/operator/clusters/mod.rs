@@ -34,10 +34,10 @@ use crate::plan::ObjectKey;
 use crate::rules::{CompiledRule, RuleSet};
 use spoke::{Readiness, Spoke};
 
-/// A spoke object changed: the rule and parent uid its labels name.
+/// A spoke object changed: the parent uid its label names (uids are
+/// unique: each rule looks it up among its own parents).
 #[derive(Debug, Clone)]
 pub struct Touched {
-    pub rule: String,
     pub uid: String,
 }
 
@@ -236,10 +236,10 @@ impl Clusters {
         self.metrics.cluster_reachable.remove(&label);
     }
 
-    fn touched_object(&self, obj: &DynamicObject) {
-        if let Some((rule, uid)) = spoke::parent_of(obj) {
-            let _ = self.touched.send(Touched { rule, uid });
-        }
+    fn touched_uid(&self, uid: &str) {
+        let _ = self.touched.send(Touched {
+            uid: uid.to_owned(),
+        });
     }
 }
 

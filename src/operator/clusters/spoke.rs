@@ -12,18 +12,18 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Client;
-use kube::api::DynamicObject;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Clusters;
 use crate::kinds::Gvk;
-use crate::labels::{LABEL_CHILD, LABEL_CLUSTER, LABEL_HUB, LABEL_PARENT_UID, LABEL_RULE};
+use crate::labels::{LABEL_CLUSTER, LABEL_HUB, LABEL_RULE};
 use crate::operator::lock;
-use crate::operator::retry::WatchBackoff;
+use crate::operator::watches::cached_child_watch;
+use crate::operator::watches::compact::{ByParent, CompactObject};
 use crate::operator::watches::discovery::{self, Resolved};
 
 /// How often a spoke's `/readyz` is asked.
@@ -54,11 +54,13 @@ struct Reachability {
     why: String,
 }
 
-/// One child kind's watch in a spoke.
+/// One child kind's watch in a spoke: the hub's own child cache
+/// (`watches::cached_child_watch`), with its index by parent uid.
 struct KindCache {
     /// Discovery's answer; `None` until it came.
     kind: Option<Resolved>,
-    store: Option<Store<DynamicObject>>,
+    store: Option<Store<CompactObject>>,
+    by_parent: Arc<ByParent>,
     /// The first list is in (or discovery said the kind is not served).
     listed: bool,
     /// Why the kind cannot be watched here (not served, refused).
@@ -155,22 +157,32 @@ impl Spoke {
             .cloned()
     }
 
-    /// This spoke's objects of `rule` for the parent `uid`, each with the
-    /// annotation that places it here (what the planner keys it by).
+    /// This spoke's objects of `rule` for the parent `uid` (looked up by
+    /// the caches' index, not a scan), each with the annotation that
+    /// places it here (what the planner keys it by).
     pub(super) fn observed(&self, rule: &str, uid: &str, out: &mut Vec<Value>) {
         let caches = lock(&self.caches);
-        for store in caches.values().filter_map(|c| c.store.as_ref()) {
-            for obj in store.state() {
-                let labels = obj.metadata.labels.as_ref();
-                let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-                if label(LABEL_RULE) != Some(rule) || label(LABEL_PARENT_UID) != Some(uid) {
-                    continue;
+        for cache in caches.values() {
+            let (Some(store), Some(kind)) = (&cache.store, &cache.kind) else {
+                continue;
+            };
+            for (namespace, name) in cache.by_parent.of(uid) {
+                let mut at = ObjectRef::new_with(&name, kind.resource.clone());
+                if let Some(ns) = namespace {
+                    at = at.within(&ns);
                 }
-                let Ok(mut value) = serde_json::to_value(obj.as_ref()) else {
+                let Some(obj) = store.get(&at).filter(|o| o.parent_uid() == Some(uid)) else {
                     continue;
                 };
+                let mut value = obj.to_value();
+                if value
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(LABEL_RULE))
+                    != Some(&Value::String(rule.to_owned()))
+                {
+                    continue;
+                }
                 if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-                    meta.remove("managedFields");
                     let annotations = meta
                         .entry("annotations")
                         .or_insert_with(|| Value::Object(Default::default()));
@@ -259,6 +271,7 @@ async fn follow_kinds(spoke: Arc<Spoke>, clusters: Arc<Clusters>) {
                     KindCache {
                         kind: None,
                         store: None,
+                        by_parent: Arc::default(),
                         listed: false,
                         error: None,
                         stop: stop.clone(),
@@ -280,8 +293,8 @@ async fn follow_kinds(spoke: Arc<Spoke>, clusters: Arc<Clusters>) {
 }
 
 /// Discovery of `gvk` in the spoke (retried until the spoke answers),
-/// then its label-selected watch feeding the cache; each event wakes the
-/// parent its labels name.
+/// then the hub's own child watch over it, label-selected by this hub's
+/// name, feeding the cache; each event wakes the parent its uid names.
 async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: CancellationToken) {
     let kind = loop {
         match discovery::resolve(&spoke.client, &gvk).await {
@@ -303,22 +316,28 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
     };
-    let resource: kube::discovery::ApiResource =
-        AsRef::<kube::discovery::ApiResource>::as_ref(&kind.resource).clone();
-    let writer = reflector::store::Writer::<DynamicObject>::new(resource);
-    let store = writer.as_reader();
+    let by_parent = Arc::new(ByParent::default());
+    // Relists are seen as `InitDone` below; nothing else listens.
+    let (relisted, _) = tokio::sync::mpsc::unbounded_channel();
+    let watch = cached_child_watch(
+        &spoke.client,
+        &kind,
+        &[],
+        format!("{LABEL_HUB}={}", clusters.hub),
+        None,
+        relisted,
+        {
+            let by_parent = by_parent.clone();
+            move |event: &watcher::Event<CompactObject>| by_parent.observe(event)
+        },
+    );
     spoke.update(&gvk, |c| {
         c.kind = Some(kind.clone());
-        c.store = Some(store);
+        c.store = Some(watch.store.clone());
+        c.by_parent = by_parent.clone();
         c.error = None;
     });
-    let api = kind.api::<DynamicObject>(spoke.client.clone(), None);
-    let config = watcher::Config::default().labels(&format!("{LABEL_HUB}={}", clusters.hub));
-    let events = reflector::reflector(
-        writer,
-        watcher::watcher(api, config).backoff(WatchBackoff::default()),
-    );
-    let mut events = std::pin::pin!(events);
+    let mut events = std::pin::pin!(watch.stream);
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => return,
@@ -334,7 +353,9 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
                 clusters.bump();
             }
             Some(Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj))) => {
-                clusters.touched_object(&obj);
+                if let Some(uid) = obj.parent_uid() {
+                    clusters.touched_uid(uid);
+                }
             }
             Some(Ok(_)) => {}
         }
@@ -347,14 +368,4 @@ impl Spoke {
             change(cache);
         }
     }
-}
-
-/// The rule and parent uid a spoke object's labels name.
-pub(super) fn parent_of(obj: &DynamicObject) -> Option<(String, String)> {
-    let labels = obj.metadata.labels.as_ref()?;
-    labels.get(LABEL_CHILD)?;
-    Some((
-        labels.get(LABEL_RULE)?.clone(),
-        labels.get(LABEL_PARENT_UID)?.clone(),
-    ))
 }

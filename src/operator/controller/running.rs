@@ -101,6 +101,7 @@ pub(super) async fn run_controller(
         parents.clone(),
         parent_kind.resource.clone(),
     );
+    let spoke_parents = parents_by_uid.clone();
     let (controller, child_stores) = watch_children(
         controller,
         &rule,
@@ -144,7 +145,7 @@ pub(super) async fn run_controller(
     });
     let mut controller = controller
         .reconcile_on(triggers::recovered(ctx.clone()))
-        .reconcile_on(triggers::spoke_children(ctx.clone()));
+        .reconcile_on(triggers::spoke_children(ctx.clone(), spoke_parents));
     if let Some(shards) = &shared.shards {
         controller =
             controller.reconcile_on(triggers::opened_parents(ctx.clone(), shards.writable()));
@@ -251,9 +252,10 @@ fn watch_parents(
     // Only a namespaced parent can have children without its controller
     // ownerReference (in another namespace, or cluster-scoped): the
     // mapper finds those by uid.
-    let unowned_children = kinds.parent.namespaced
+    let unowned_children = (kinds.parent.namespaced
         && (rule.children.iter().any(|c| c.spec.allow_cross_namespace)
-            || kinds.children.iter().any(|k| !k.namespaced));
+            || kinds.children.iter().any(|k| !k.namespaced)))
+        || rule.children.iter().any(|c| c.cluster.is_some());
     let parents_by_uid = unowned_children.then(|| Arc::new(ByUid::default()));
     let (parents, stream) = cached_watch(
         &shared.client,

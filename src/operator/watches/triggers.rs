@@ -139,35 +139,39 @@ async fn serving(client: Client) -> bool {
     }
 }
 
-/// The parents whose children in a spoke changed (by the rule and parent
-/// uid the objects' labels name).
+/// The parents whose children in a spoke changed, by the parent uid the
+/// objects' label names, looked up in `by_uid` (kept for every rule with
+/// spoke children: a uid of another rule's parent is not found there).
 pub(in crate::operator) fn spoke_children(
     ctx: Arc<RuleCtx>,
+    by_uid: Option<Arc<ByUid>>,
 ) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
     let touched = ctx.shared.clusters.touched();
-    futures::stream::unfold((touched, ctx), |(mut touched, ctx)| async move {
-        loop {
-            let t = match touched.recv().await {
-                Ok(t) => t,
-                // Missed events: the pass of every parent reads the caches
-                // as they are, so waking them all loses nothing.
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    ctx.shared.clusters.bump();
+    let resource = ctx.kinds.parent.resource.clone();
+    let clusters = ctx.shared.clusters.clone();
+    futures::stream::unfold(touched, move |mut touched| {
+        let (by_uid, resource, clusters) = (by_uid.clone(), resource.clone(), clusters.clone());
+        async move {
+            loop {
+                let t = match touched.recv().await {
+                    Ok(t) => t,
+                    // Missed events: every parent's pass reads the caches
+                    // as they are, so waking them all loses nothing.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        clusters.bump();
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                };
+                let Some((namespace, name)) = by_uid.as_ref().and_then(|i| i.get(&t.uid)) else {
                     continue;
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-            };
-            if t.rule != ctx.rule().name {
-                continue;
-            }
-            let parent = ctx
-                .parents
-                .state()
-                .into_iter()
-                .find(|p| p.object.metadata.uid.as_deref() == Some(t.uid.as_str()));
-            if let Some(p) = parent {
-                let at = ObjectRef::from_obj_with(p.as_ref(), ctx.kinds.parent.resource.clone());
-                return Some((at, (touched, ctx)));
+                };
+                let at = ObjectRef::new_with(&name, resource.clone());
+                let at = match namespace {
+                    Some(ns) => at.within(&ns),
+                    None => at,
+                };
+                return Some((at, touched));
             }
         }
     })
