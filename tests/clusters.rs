@@ -238,6 +238,7 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
     let parent = DynamicObject::new("p", &s.kind.resource)
         .within(s.ns.name())
         .data(json!({"spec": {"region": SPOKE, "v": "1"}}));
+    let started = std::time::Instant::now();
     s.parents()
         .create(&PostParams::default(), &parent)
         .await
@@ -250,6 +251,10 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
             .map_err(|e| e.to_string())
     })
     .await;
+    eprintln!(
+        "[clusters] spoke child made {:?} after the parent",
+        started.elapsed()
+    );
     let labels = remote.labels();
     assert_eq!(labels["trellis.dev/hub"], "hub-a");
     assert_eq!(labels["trellis.dev/parent-uid"], uid);
@@ -343,6 +348,7 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
     // The spoke's API server stops: its child is held back (ClusterUnreachable,
     // naming it), the home child still follows an edit.
     s.spoke.kill("kube-apiserver", "KILL").await;
+    let killed = std::time::Instant::now();
     s.patch_spec("p", json!({"v": "2"})).await;
     eventually("ClusterUnreachable on the parent", WAIT, || async {
         let synced = s.condition("p", "Synced").await;
@@ -354,6 +360,10 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
         }
     })
     .await;
+    eprintln!(
+        "[clusters] ClusterUnreachable {:?} after the kill",
+        killed.elapsed()
+    );
     eventually("the home child follows the edit", WAIT, || async {
         let cm = s
             .home_configmaps()
@@ -385,6 +395,7 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
 
     // Back: it converges, on the same object (nothing was deleted there).
     s.spoke.restart("kube-apiserver").await;
+    let back = std::time::Instant::now();
     eventually(
         "the spoke child converges once it answers",
         WAIT,
@@ -404,6 +415,10 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
         },
     )
     .await;
+    eprintln!(
+        "[clusters] converged {:?} after the spoke's API server was healthy again",
+        back.elapsed()
+    );
     let after = s.spoke_configmaps().get("p-remote").await.expect("remote");
     assert_eq!(
         after.uid().as_deref(),
