@@ -136,6 +136,10 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// The help of `cluster_reachable`.
+const REACHABLE: &str =
+    "1 while a spoke registered by a trellis.dev/cluster Secret answers, 0 while it does not";
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("trellis");
@@ -276,12 +280,7 @@ impl Default for Metrics {
                 "ConversionReviews answered by the /convert webhook, by result (ok, failed)",
                 Family::<OutcomeLabel, Counter>::default(),
             ),
-            cluster_reachable: registered(
-                r,
-                "cluster_reachable",
-                "1 while a spoke registered by a trellis.dev/cluster Secret answers, 0 while it does not",
-                Family::<ClusterLabel, Gauge>::default(),
-            ),
+            cluster_reachable: registered(r, "cluster_reachable", REACHABLE, Family::default()),
             registry,
         };
         metrics.reload_ok.set(1);

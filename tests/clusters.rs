@@ -233,6 +233,16 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
     s.register(&account_a).await;
     let operator = s.start_operator("hub-a", metrics);
 
+    let remote_uid = made_drift_prune(&s, metrics).await;
+    outage(&s, metrics, &remote_uid).await;
+    rotation(&s, metrics).await;
+    deleted_while_down(&s, metrics).await;
+    operator.stop().await;
+}
+
+/// A child made in the spoke, its status mapped back, drift restored and
+/// prune there; the uid of the object made again.
+async fn made_drift_prune(s: &Setup, metrics: SocketAddr) -> String {
     // Made in the spoke with the trellis labels, the parent's uid and this
     // hub's name, no ownerReference; its data mapped back to the status.
     let parent = DynamicObject::new("p", &s.kind.resource)
@@ -343,8 +353,11 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
             .map_err(|e| e.to_string())
     })
     .await;
-    let remote_uid = remote.uid().expect("uid");
+    remote.uid().expect("uid")
+}
 
+/// The spoke's API server killed, then back.
+async fn outage(s: &Setup, metrics: SocketAddr, remote_uid: &str) {
     // The spoke's API server stops: its child is held back (ClusterUnreachable,
     // naming it), the home child still follows an edit.
     s.spoke.kill("kube-apiserver", "KILL").await;
@@ -420,12 +433,11 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
         back.elapsed()
     );
     let after = s.spoke_configmaps().get("p-remote").await.expect("remote");
-    assert_eq!(
-        after.uid().as_deref(),
-        Some(remote_uid.as_str()),
-        "the same object"
-    );
+    assert_eq!(after.uid().as_deref(), Some(remote_uid), "the same object");
+}
 
+/// A new token in the Secret.
+async fn rotation(s: &Setup, metrics: SocketAddr) {
     // A new token in the Secret, the old account gone: writes go on
     // with the new credentials, without a restart.
     let account_b =
@@ -462,7 +474,10 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
         }
     })
     .await;
+}
 
+/// The parent deleted while the spoke is down, then up.
+async fn deleted_while_down(s: &Setup, metrics: SocketAddr) {
     // The parent deleted while the spoke does not answer: it waits for
     // the spoke, saying so; once the spoke answers, its child goes first,
     // then the parent.
@@ -522,7 +537,6 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
         }
     })
     .await;
-    operator.stop().await;
 }
 
 /// The remote child at a fixed place in the spoke, so that two hubs'

@@ -222,6 +222,23 @@ fn serve_status(
     tokio::spawn(crate::telemetry::serve(listener, obs, shutdown));
 }
 
+/// The settings that can be wrong together, checked before anything
+/// starts; the shards' settings, under `--shards`.
+fn checked_settings(options: &Options) -> anyhow::Result<Option<leader::Settings>> {
+    if let Some(settings) = &options.leader_election {
+        settings.validate().map_err(|e| anyhow::anyhow!(e))?;
+    }
+    crate::clusters::check_name(&options.cluster_name)
+        .map_err(|why| anyhow::anyhow!("--cluster-name: {why}"))?;
+    Ok(match (&options.leader_election, options.shards) {
+        (Some(settings), true) => Some(settings.clone()),
+        (None, true) => {
+            anyhow::bail!("--shards needs --leader-elect: the leader assigns the buckets")
+        }
+        (_, false) => None,
+    })
+}
+
 /// Like [`run`], with a loaded rule set and a client (used by tests).
 pub async fn run_with(
     options: Options,
@@ -239,16 +256,7 @@ pub async fn run_with(
             instance: Some(options.instance.clone()),
         },
     );
-    if let Some(settings) = &options.leader_election {
-        settings.validate().map_err(|e| anyhow::anyhow!(e))?;
-    }
-    let shard_settings = match (&options.leader_election, options.shards) {
-        (Some(settings), true) => Some(settings.clone()),
-        (None, true) => {
-            anyhow::bail!("--shards needs --leader-elect: the leader assigns the buckets")
-        }
-        (_, false) => None,
-    };
+    let shard_settings = checked_settings(&options)?;
     // Bound before anything starts: an address in use is a startup error.
     let listener = match options.metrics_addr {
         Some(addr) => Some(crate::telemetry::bind(addr).await?),
@@ -259,12 +267,10 @@ pub async fn run_with(
         None => leader::Gate::open(),
     };
     let (in_force, in_force_rx) = watch::channel(None);
-    crate::clusters::check_name(&options.cluster_name)
-        .map_err(|why| anyhow::anyhow!("--cluster-name: {why}"))?;
-    let clusters = clusters::Clusters::new(options.cluster_name.clone(), metrics.clone());
-    clusters.follow_rules(
-        client.clone(),
-        options.operator_namespace.clone(),
+    let clusters = clusters::Clusters::start(
+        options.cluster_name.clone(),
+        metrics.clone(),
+        (client.clone(), options.operator_namespace.clone()),
         in_force_rx.clone(),
         shutdown.clone(),
     );

@@ -359,14 +359,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             ..base
         };
     }
-    // A child in a spoke has no ownerReference: only the finalizer takes
-    // it away, even while it is held back (its spoke unreachable).
-    let in_spokes = rule.children.iter().any(|c| c.cluster.is_some());
-    if rule.rule.spec.deletion.is_some()
-        || !rule.patches.is_empty()
-        || rule.retains_children()
-        || in_spokes
-    {
+    if needs_cleanup(rule) {
         plan.needs_finalizer = true;
     }
     if !plan.errors.is_empty() && plan.failure_reason.is_none() {
@@ -396,6 +389,17 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         }
     }
     plan
+}
+
+/// Whether every parent of the rule needs the cleanup finalizer, whatever
+/// it renders: ordered deletion, patches and retained children are undone
+/// behind it, and a child in a spoke has no ownerReference (only the
+/// finalizer takes it away, even while its spoke is unreachable).
+fn needs_cleanup(rule: &CompiledRule) -> bool {
+    rule.rule.spec.deletion.is_some()
+        || !rule.patches.is_empty()
+        || rule.retains_children()
+        || rule.children.iter().any(|c| c.cluster.is_some())
 }
 
 /// The parent's new status, and its failed fields and conditions as errors

@@ -71,6 +71,21 @@ impl Clusters {
         })
     }
 
+    /// [`Clusters::new`], following the rule set in force
+    /// ([`Clusters::follow_rules`]; `secrets`: the client and namespace of
+    /// the Secrets registering spokes).
+    pub fn start(
+        hub: String,
+        metrics: Arc<crate::telemetry::Metrics>,
+        secrets: (kube::Client, String),
+        in_force: watch::Receiver<Option<Arc<RuleSet>>>,
+        shutdown: CancellationToken,
+    ) -> Arc<Clusters> {
+        let clusters = Clusters::new(hub, metrics);
+        clusters.follow_rules(secrets.0, secrets.1, in_force, shutdown);
+        clusters
+    }
+
     /// Follows the rule set in force: the kinds its rules place in spokes
     /// are the kinds every spoke watches. The Secrets registering spokes
     /// (in `namespace`, read with `client`) are watched from the first
