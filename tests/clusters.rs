@@ -73,6 +73,45 @@ struct Hub {
     kind: TestKind,
 }
 
+impl Drop for Hub {
+    /// Takes trellis's finalizer off every parent left in the hub's
+    /// namespace: a test that failed midway would otherwise leave parents,
+    /// and their CRD, undeletable once the operator is gone, holding up the
+    /// shared cluster's CRD finalizer for every test.
+    fn drop(&mut self) {
+        let (namespace, resource) = (self.ns.name().to_owned(), self.kind.resource.clone());
+        let kubeconfig = support::cluster().kubeconfig.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let config = kube::Config::from_custom_kubeconfig(
+                    kubeconfig,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .ok()?;
+                let client = Client::try_from(config).ok()?;
+                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
+                for parent in api.list(&Default::default()).await.ok()?.items {
+                    let patch = json!({"metadata": {"finalizers": null}});
+                    let _ = api
+                        .patch(
+                            &parent.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await;
+                }
+                Some(())
+            })
+        })
+        .join();
+    }
+}
+
 impl std::ops::Deref for Setup {
     type Target = Hub;
     fn deref(&self) -> &Hub {
@@ -650,6 +689,26 @@ async fn a_second_hub_on_the_same_spoke_never_touches_the_first_hubs_objects() {
             .map(String::as_str),
         Some("a")
     );
+    // hub-a's own parent deleted: its object in the spoke goes with it.
+    s.parents()
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete hub-a's parent");
+    eventually("hub-a's object and parent gone", WAIT, || async {
+        let child = spoke_cms
+            .get_opt("shared-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        let parent = s.parents().get_opt("p").await.map_err(|e| e.to_string())?;
+        (child.is_none() && parent.is_none())
+            .then_some(())
+            .ok_or(format!(
+                "child {}, parent {}",
+                child.is_some(),
+                parent.is_some()
+            ))
+    })
+    .await;
     hub_b.stop().await;
     hub_a.stop().await;
 }
