@@ -712,3 +712,83 @@ async fn a_second_hub_on_the_same_spoke_never_touches_the_first_hubs_objects() {
     hub_b.stop().await;
     hub_a.stop().await;
 }
+
+#[tokio::test]
+async fn a_child_kind_only_the_spoke_serves_is_made_there() {
+    let s = setup("clusters-spoke-kind").await;
+    // Installed in the spoke only: the hub does not serve it.
+    let widget = s.kind.sibling("Widget");
+    widget.install(&s.spoke_client).await;
+    let rule = s.kind.rule(&format!(
+        r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: widgets
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: widget
+      apiVersion: {}
+      kind: Widget
+      cluster: "'spoke-1'"
+      template: |
+        metadata:
+          name: {{{{ parent.metadata.name ~ "-widget" }}}}
+        spec:
+          size: 3
+"#,
+        widget.api_version()
+    ));
+    s.register(&s.spoke.kubeconfig).await;
+    let mut options = trellis::operator::Options::new(vec![], vec![s.ns.name().to_owned()]);
+    options.operator_namespace = s.ns.name().to_owned();
+    let operator = Operator::spawn(options, rule_set(&[&rule]), &s.ns.client);
+    let parent = DynamicObject::new("w", &s.kind.resource)
+        .within(s.ns.name())
+        .data(json!({"spec": {}}));
+    s.parents()
+        .create(&PostParams::default(), &parent)
+        .await
+        .expect("create parent");
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(s.spoke_client.clone(), s.ns.name(), &widget.resource);
+    eventually(
+        "the widget made in the spoke, the parent Synced",
+        WAIT,
+        || async {
+            let made = widgets
+                .get_opt("w-widget")
+                .await
+                .map_err(|e| e.to_string())?;
+            let synced = s.condition("w", "Synced").await;
+            match made {
+                Some(w) if w.data["spec"]["size"] == 3 && synced["status"] == "True" => Ok(()),
+                other => Err(format!("{:?}, Synced {synced}", other.map(|w| w.data))),
+            }
+        },
+    )
+    .await;
+    s.parents()
+        .delete("w", &DeleteParams::default())
+        .await
+        .expect("delete parent");
+    eventually("the widget and the parent gone", WAIT, || async {
+        let made = widgets
+            .get_opt("w-widget")
+            .await
+            .map_err(|e| e.to_string())?;
+        let parent = s.parents().get_opt("w").await.map_err(|e| e.to_string())?;
+        (made.is_none() && parent.is_none())
+            .then_some(())
+            .ok_or(format!(
+                "widget {}, parent {}",
+                made.is_some(),
+                parent.is_some()
+            ))
+    })
+    .await;
+    operator.stop().await;
+}
