@@ -346,10 +346,23 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
         match event {
             None => return,
             Some(Err(err)) => {
-                warn!(cluster = %spoke.name, kind = %gvk, "watch failed, retrying: {err}")
+                warn!(cluster = %spoke.name, kind = %gvk, "watch failed, retrying: {err}");
+                // A first list the spoke refuses (its account may not list
+                // the kind) would otherwise hold every pass back as still
+                // listing: its children are held back as unreachable,
+                // saying why. Later errors (a relist) leave the cache as it
+                // is; whether the spoke answers is the probe's to say.
+                let why = format!("cannot watch {gvk} there: {err}");
+                let first = |c: &KindCache| c.error.is_none() && !c.listed;
+                if spoke.update_if(&gvk, first, |c| c.error = Some(why)) {
+                    clusters.bump();
+                }
             }
             Some(Ok(watcher::Event::InitDone)) => {
-                spoke.update(&gvk, |c| c.listed = true);
+                spoke.update(&gvk, |c| {
+                    c.listed = true;
+                    c.error = None;
+                });
                 clusters.bump();
             }
             Some(Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj))) => {
@@ -364,8 +377,22 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
 
 impl Spoke {
     fn update(&self, gvk: &Gvk, change: impl FnOnce(&mut KindCache)) {
-        if let Some(cache) = lock(&self.caches).get_mut(gvk) {
-            change(cache);
+        self.update_if(gvk, |_| true, change);
+    }
+
+    /// Changes the cache of `gvk` when `when` holds; whether it did.
+    fn update_if(
+        &self,
+        gvk: &Gvk,
+        when: impl FnOnce(&KindCache) -> bool,
+        change: impl FnOnce(&mut KindCache),
+    ) -> bool {
+        match lock(&self.caches).get_mut(gvk) {
+            Some(cache) if when(cache) => {
+                change(cache);
+                true
+            }
+            _ => false,
         }
     }
 }
