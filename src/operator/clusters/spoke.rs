@@ -49,6 +49,9 @@ pub struct Spoke {
 /// Whether the spoke answers, since when, and why not.
 #[derive(Debug, Clone)]
 struct Reachability {
+    /// The first probe has come back (answer or not): until then, the
+    /// spoke counts as still being listed, not as unreachable.
+    probed: bool,
     reachable: bool,
     since: String,
     why: String,
@@ -84,6 +87,7 @@ impl Spoke {
             fingerprint,
             client,
             state: std::sync::Mutex::new(Reachability {
+                probed: false,
                 reachable: false,
                 since: crate::clock::now_rfc3339(),
                 why: "not probed yet".into(),
@@ -106,6 +110,9 @@ impl Spoke {
     /// How the spoke stands for a rule placing `kinds` here.
     pub(super) fn readiness(&self, kinds: &BTreeSet<Gvk>) -> Readiness {
         let state = lock(&self.state).clone();
+        if !state.probed {
+            return Readiness::Listing;
+        }
         if !state.reachable {
             return Readiness::Unreachable(state.why);
         }
@@ -199,7 +206,9 @@ impl Spoke {
     fn set_reachable(&self, reachable: bool, why: String) -> bool {
         let mut state = lock(&self.state);
         state.why = why;
-        if state.reachable == reachable {
+        let first = !state.probed;
+        state.probed = true;
+        if state.reachable == reachable && !first {
             return false;
         }
         state.reachable = reachable;
