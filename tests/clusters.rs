@@ -274,7 +274,8 @@ async fn children_in_a_spoke_follow_their_parent_through_an_outage_and_a_token_r
 
     let remote_uid = made_drift_prune(&s, metrics).await;
     outage(&s, metrics, &remote_uid).await;
-    rotation(&s, metrics).await;
+    let account_b = rotation(&s, metrics).await;
+    unregistered(&s, &account_b).await;
     deleted_while_down(&s, metrics).await;
     operator.stop().await;
 }
@@ -476,7 +477,7 @@ async fn outage(s: &Setup, metrics: SocketAddr, remote_uid: &str) {
 }
 
 /// A new token in the Secret.
-async fn rotation(s: &Setup, metrics: SocketAddr) {
+async fn rotation(s: &Setup, metrics: SocketAddr) -> Kubeconfig {
     // A new token in the Secret, the old account gone: writes go on
     // with the new credentials, without a restart.
     let account_b =
@@ -511,6 +512,59 @@ async fn rotation(s: &Setup, metrics: SocketAddr) {
             Some("3") => Ok(()),
             other => Err(format!("v = {other:?}")),
         }
+    })
+    .await;
+    account_b
+}
+
+/// The Secret removed: the spoke is unknown, its child held back and kept
+/// (nothing deleted there); registered again, it converges.
+async fn unregistered(s: &Setup, kubeconfig: &Kubeconfig) {
+    Api::<Secret>::namespaced(s.ns.client.clone(), s.ns.name())
+        .delete("spoke-1-kubeconfig", &DeleteParams::default())
+        .await
+        .expect("delete the cluster Secret");
+    s.patch_spec("p", json!({"v": "4"})).await;
+    eventually("ClusterUnknown on the parent", WAIT, || async {
+        let synced = s.condition("p", "Synced").await;
+        (synced["reason"] == "ClusterUnknown")
+            .then_some(())
+            .ok_or(synced.to_string())
+    })
+    .await;
+    let home = s.home_configmaps().get("p-home").await.expect("home child");
+    assert_eq!(
+        home.data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(String::as_str),
+        Some("4")
+    );
+    let remote = s
+        .spoke_configmaps()
+        .get("p-remote")
+        .await
+        .expect("kept in the spoke");
+    assert_eq!(
+        remote
+            .data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(String::as_str),
+        Some("3")
+    );
+    s.register(kubeconfig).await;
+    eventually("converged once registered again", WAIT, || async {
+        let cm = s
+            .spoke_configmaps()
+            .get("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        let synced = s.condition("p", "Synced").await;
+        let v = cm.data.as_ref().and_then(|d| d.get("v")).cloned();
+        (v.as_deref() == Some("4") && synced["status"] == "True")
+            .then_some(())
+            .ok_or(format!("v = {v:?}, Synced = {synced}"))
     })
     .await;
 }
