@@ -63,6 +63,7 @@ fn main() {
         observed: &observed,
         now: NOW,
         scope_of: &trellis::kinds::scope,
+        clusters: &trellis::clusters::Clusters::offline(),
     };
     let sample = plan::plan(&rule, &input);
     assert!(

@@ -14,9 +14,9 @@
 //! `trellis::plan` is `trellis_core::plan`.
 
 pub use trellis_core::{
-    clock, conform, conversion, crd, drift, field_path, graph, json_path, kinds, labels, manifests,
-    offline, ownership, pass, plan, rbac, related_watches, render, rollout, rules, shard, status,
-    status_patch, yaml,
+    clock, clusters, conform, conversion, crd, drift, field_path, graph, json_path, kinds, labels,
+    manifests, offline, ownership, pass, plan, rbac, related_watches, render, rollout, rules,
+    shard, status, status_patch, yaml,
 };
 
 pub mod cli;

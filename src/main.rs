@@ -51,12 +51,14 @@ fn main() -> ExitCode {
             operator_namespace,
             from_cluster,
             viewer,
+            cluster,
         } => cli::rbac(
             &rules,
             &name,
             cli::RbacRoles {
                 manage_crds,
                 viewer,
+                cluster,
             },
             &operator_namespace,
             from_cluster,
@@ -124,6 +126,7 @@ fn run_operator(command: Command) -> ExitCode {
         manage_crds,
         operator_namespace,
         require_service_account,
+        cluster_name,
         service_account_recheck,
         limits,
         leader,
@@ -159,6 +162,7 @@ fn run_operator(command: Command) -> ExitCode {
             webhook,
             require_service_account,
             account_recheck: service_account_recheck,
+            cluster_name,
             limits: limits.limits(),
             instance: std::env::var("POD_NAME")
                 .or_else(|_| std::env::var("HOSTNAME"))

@@ -82,6 +82,13 @@ pub struct Metrics {
     pub rollout_state: Family<PhaseLabel, Gauge>,
     /// ConversionReviews answered by this replica, by result (ok, failed).
     pub conversion_reviews: Family<OutcomeLabel, Counter>,
+    /// 1 while a registered spoke answers, 0 while it does not.
+    pub cluster_reachable: Family<ClusterLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabel {
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,6 +135,10 @@ pub struct ApiErrorLabel {
 pub struct KindLabel {
     pub kind: String,
 }
+
+/// The help of `cluster_reachable`.
+const REACHABLE: &str =
+    "1 while a spoke registered by a trellis.dev/cluster Secret answers, 0 while it does not";
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -269,6 +280,7 @@ impl Default for Metrics {
                 "ConversionReviews answered by the /convert webhook, by result (ok, failed)",
                 Family::<OutcomeLabel, Counter>::default(),
             ),
+            cluster_reachable: registered(r, "cluster_reachable", REACHABLE, Family::default()),
             registry,
         };
         metrics.reload_ok.set(1);

@@ -493,6 +493,7 @@ fn sample_parents_never_render_the_same_child() {
             observed: &none,
             now: "2026-12-01T00:00:00Z",
             scope_of: &trellis::kinds::scope,
+            clusters: &trellis::clusters::Clusters::offline(),
         };
         // With nothing observed, children waiting on others or on related
         // objects are pending: what renders is checked.

@@ -206,6 +206,7 @@ pub fn plan_once(rule: &CompiledRule, parent: &Value, observed: &Observed) -> Pl
         observed,
         now: "2026-12-01T00:00:00Z",
         scope_of: &scope,
+        clusters: &trellis::clusters::Clusters::offline(),
     };
     plan::plan(rule, &input)
 }

@@ -286,6 +286,15 @@ pub enum Command {
         /// no rule acts with the operator's own rights [default: off]
         #[arg(long, env = "TRELLIS_REQUIRE_SERVICE_ACCOUNT")]
         require_service_account: bool,
+        /// This hub's name: the `trellis.dev/hub` label of its children in other
+        /// clusters (spokes), so hubs sharing a spoke never touch each other's objects
+        #[arg(
+            long,
+            value_name = "NAME",
+            default_value = "hub",
+            env = "TRELLIS_CLUSTER_NAME"
+        )]
+        cluster_name: String,
         /// How often a running rule's ServiceAccount is checked again (tests shorten it)
         #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration, hide = true)]
         service_account_recheck: std::time::Duration,
@@ -392,6 +401,11 @@ pub enum Command {
         /// Print only the read-only ClusterRole `<name>-viewer` for `trellis tree` [default: off]
         #[arg(long)]
         viewer: bool,
+        /// Print only the ClusterRole `<name>-spoke-<NAME>` that the credentials of
+        /// spoke NAME need there (the children rules may place in it) [default: none:
+        /// the hub's roles]
+        #[arg(long, value_name = "NAME", conflicts_with = "viewer")]
+        cluster: Option<String>,
     },
     /// Print the JSON Schema of the rule format
     Schema,

@@ -25,6 +25,8 @@ pub struct RbacRoles {
     pub manage_crds: bool,
     /// Only the read-only role `trellis tree` needs (`--viewer`).
     pub viewer: bool,
+    /// Only what the credentials of this spoke need there (`--cluster`).
+    pub cluster: Option<String>,
 }
 
 pub fn rbac(
@@ -37,6 +39,7 @@ pub fn rbac(
     let RbacRoles {
         manage_crds,
         viewer,
+        cluster,
     } = roles;
     let set = match load(dirs, Limits::default()) {
         Ok(set) => set,
@@ -70,7 +73,13 @@ pub fn rbac(
     // One document per role: the operator's ClusterRole, one ClusterRole
     // per rule with `serviceAccountName`, then the operator's Role.
     let mut documents = Vec::new();
-    let roles = if viewer {
+    let roles = if let Some(cluster) = &cluster {
+        if let Err(why) = crate::clusters::check_name(cluster) {
+            stderr!("error: --cluster: {why}");
+            return ExitCode::from(2);
+        }
+        vec![crate::rbac::spoke_role(&versions, name, cluster)]
+    } else if viewer {
         vec![crate::rbac::viewer_role(&versions, name)]
     } else {
         crate::rbac::all_roles(&versions, name, operator_namespace, manage_crds)

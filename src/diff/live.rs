@@ -495,6 +495,7 @@ async fn plan_with_reads(
                 observed: &observed,
                 now: &now,
                 scope_of: &scope_of,
+                clusters: &crate::clusters::Clusters::offline(),
             },
         );
         let new: Vec<&RelatedRead> = pass

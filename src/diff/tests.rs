@@ -8,6 +8,7 @@ fn key(name: &str) -> ObjectKey {
         kind: "ConfigMap".into(),
         namespace: Some("ns".into()),
         name: name.into(),
+        cluster: None,
     }
 }
 

@@ -335,8 +335,13 @@ impl RuleCtx {
         }
     }
 
-    /// An object of this rule's child caches by key, whatever parent it is for.
+    /// An object of this rule's child caches by key, whatever parent it is
+    /// for. A spoke's caches hold only this rule's objects of this hub:
+    /// anyone else's there is found by the create-only apply's refusal.
     pub(super) fn cached_child(&self, key: &ObjectKey) -> Option<Value> {
+        if key.cluster.is_some() {
+            return None;
+        }
         let cache = self
             .children
             .iter()
@@ -355,6 +360,19 @@ impl RuleCtx {
     /// operator's own.
     pub(super) fn api_for(&self, kind: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
         kind.api(self.writer.clone(), namespace)
+    }
+
+    /// The `Api` a child is written with: in its spoke, with the spoke's
+    /// credentials; at home, [`RuleCtx::api_for`] its kind. `Err` says why
+    /// there is none.
+    pub(super) fn child_api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, String> {
+        if key.cluster.is_some() {
+            return self.shared.clusters.api(key);
+        }
+        let Some(kind) = self.child_kind(&key.group, &key.kind) else {
+            return Err(format!("{key}: kind not resolved"));
+        };
+        Ok(self.api_for(kind, key.namespace.as_deref()))
     }
 
     /// A child write refused to the rule's account, named as such (see
@@ -406,6 +424,10 @@ impl RuleCtx {
                     out.push(obj.to_value());
                 }
             }
+        }
+        let rule = self.rule();
+        if rule.children.iter().any(|c| c.cluster.is_some()) {
+            out.extend(self.shared.clusters.observed(&rule.name, uid));
         }
         out
     }

@@ -32,6 +32,7 @@
 //! `home` (the operator's namespace), `crds` (`--manage-crds`), `requests`
 //! (the counting client), `retry` (backoff).
 
+pub mod clusters;
 mod context;
 mod controller;
 pub mod crds;
@@ -114,6 +115,8 @@ pub struct Shared {
     pub rollouts: Arc<std::sync::Mutex<BTreeMap<String, serde_json::Value>>>,
     /// Render limits, for versions rebuilt from their ConfigMaps.
     pub limits: Limits,
+    /// The spokes children may be placed in (`cluster:`).
+    pub clusters: Arc<clusters::Clusters>,
 }
 
 impl Shared {
@@ -241,6 +244,7 @@ fn serve_status(
         shared.shards.clone(),
         shared.migrations.clone(),
     );
+    let clusters = shared.clusters.clone();
     let obs = Arc::new(crate::telemetry::Observability {
         metrics: shared.metrics.clone(),
         snapshot: Box::new(move || crate::telemetry::Snapshot {
@@ -250,9 +254,27 @@ fn serve_status(
             rollouts: lock(&rollouts).clone(),
             migrations: lock(&migrations).clone(),
             shard: shard.as_ref().map(|s| s.status_json()),
+            clusters: clusters.status_json(),
         }),
     });
     tokio::spawn(crate::telemetry::serve(listener, obs, shutdown));
+}
+
+/// The settings that can be wrong together, checked before anything
+/// starts; the shards' settings, under `--shards`.
+fn checked_settings(options: &Options) -> anyhow::Result<Option<leader::Settings>> {
+    if let Some(settings) = &options.leader_election {
+        settings.validate().map_err(|e| anyhow::anyhow!(e))?;
+    }
+    crate::clusters::check_name(&options.cluster_name)
+        .map_err(|why| anyhow::anyhow!("--cluster-name: {why}"))?;
+    Ok(match (&options.leader_election, options.shards) {
+        (Some(settings), true) => Some(settings.clone()),
+        (None, true) => {
+            anyhow::bail!("--shards needs --leader-elect: the leader assigns the buckets")
+        }
+        (_, false) => None,
+    })
 }
 
 /// Like [`run`], with a loaded rule set and a client (used by tests).
@@ -272,16 +294,7 @@ pub async fn run_with(
             instance: Some(options.instance.clone()),
         },
     );
-    if let Some(settings) = &options.leader_election {
-        settings.validate().map_err(|e| anyhow::anyhow!(e))?;
-    }
-    let shard_settings = match (&options.leader_election, options.shards) {
-        (Some(settings), true) => Some(settings.clone()),
-        (None, true) => {
-            anyhow::bail!("--shards needs --leader-elect: the leader assigns the buckets")
-        }
-        (_, false) => None,
-    };
+    let shard_settings = checked_settings(&options)?;
     // Bound before anything starts: an address in use is a startup error.
     let listener = match options.metrics_addr {
         Some(addr) => Some(crate::telemetry::bind(addr).await?),
@@ -292,6 +305,13 @@ pub async fn run_with(
         None => leader::Gate::open(),
     };
     let (in_force, in_force_rx) = watch::channel(None);
+    let clusters = clusters::Clusters::start(
+        options.cluster_name.clone(),
+        metrics.clone(),
+        (client.clone(), options.operator_namespace.clone()),
+        in_force_rx.clone(),
+        shutdown.clone(),
+    );
     let migrations = crds::migration::Progress::default();
     // Stopped last, after a drain: see `webhook::DRAIN`.
     let webhook_shutdown = CancellationToken::new();
@@ -335,6 +355,7 @@ pub async fn run_with(
         operator_namespace: options.operator_namespace.clone(),
         identities: identity::Identities::new(client.clone(), options.operator_namespace.clone()),
         account_recheck: options.account_recheck,
+        clusters,
     });
     let leader_status = Arc::new(std::sync::Mutex::new(LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {

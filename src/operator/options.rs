@@ -41,6 +41,9 @@ pub struct Options {
     pub account_recheck: Duration,
     /// The conversion webhook (started once a rule has `versions:`).
     pub webhook: webhook::Settings,
+    /// `--cluster-name`: this hub's name, the `trellis.dev/hub` label of
+    /// its children in other clusters.
+    pub cluster_name: String,
 }
 
 impl Options {
@@ -62,6 +65,7 @@ impl Options {
             require_service_account: false,
             account_recheck: Duration::from_secs(600),
             webhook: webhook::Settings::new("default"),
+            cluster_name: crate::clusters::DEFAULT_HUB.into(),
         }
     }
 }

@@ -108,6 +108,8 @@ pub struct Snapshot {
     pub migrations: BTreeMap<String, serde_json::Value>,
     /// `shard` under `--shards`: member, generation, buckets, members.
     pub shard: Option<serde_json::Value>,
+    /// `clusters`: each registered spoke (reachable, kinds, since).
+    pub clusters: serde_json::Value,
 }
 
 /// What the endpoints read: the metrics, and a way to take a [`Snapshot`]
@@ -156,6 +158,7 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     if let Some(shard) = now.shard {
         out["shard"] = shard;
     }
+    out["clusters"] = now.clusters;
     axum::Json(out)
 }
 

@@ -25,6 +25,15 @@ pub const RETAIN: &str = "retain";
 /// On `recreate` children: the hash of the rendering the object came from.
 pub const ANNOTATION_RENDER_HASH: &str = "trellis.dev/render-hash";
 
+/// On a child in another cluster (a spoke): the `--cluster-name` of the
+/// hub that keeps it, so two hubs sharing a spoke never take each
+/// other's objects.
+pub const LABEL_HUB: &str = "trellis.dev/hub";
+/// On a Secret in the operator's namespace: the name of the spoke whose
+/// kubeconfig it holds. On an object of `render --observed`: the cluster
+/// it was read from.
+pub const LABEL_CLUSTER: &str = "trellis.dev/cluster";
+
 /// How many buckets parents are cut into.
 pub const BUCKETS: usize = 256;
 

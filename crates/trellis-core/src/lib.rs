@@ -12,6 +12,7 @@
 //! [`offline`] decides.
 
 pub mod clock;
+pub mod clusters;
 pub mod conform;
 pub mod conversion;
 pub mod crd;

@@ -165,6 +165,12 @@ pub fn foreign_owner(existing: &Value, desired: &Value, adopt: bool) -> Option<S
             owner["name"].as_str().unwrap_or_default()
         ));
     }
+    // Another hub's object in a shared spoke is never taken, adopt or not.
+    if let Some(other) = label(existing, crate::labels::LABEL_HUB)
+        && Some(&other) != label(desired, crate::labels::LABEL_HUB).as_ref()
+    {
+        return Some(format!("hub {other}"));
+    }
     match (
         label(existing, LABEL_PARENT_UID),
         label(existing, LABEL_RULE),
@@ -200,6 +206,25 @@ mod tests {
 
     fn keys(path: &str) -> Vec<String> {
         parse_path(path).unwrap()
+    }
+
+    #[test]
+    fn another_hubs_object_is_foreign_even_to_adopt() {
+        let obj = |hub: &str, uid: &str| {
+            json!({"metadata": {"labels": {
+                "trellis.dev/hub": hub, "trellis.dev/parent-uid": uid, "trellis.dev/rule": "app"}}})
+        };
+        let desired = obj("hub-a", "u1");
+        assert_eq!(foreign_owner(&obj("hub-a", "u1"), &desired, false), None);
+        assert_eq!(
+            foreign_owner(&obj("hub-b", "u1"), &desired, true).as_deref(),
+            Some("hub hub-b")
+        );
+        let unlabelled = json!({"metadata": {"labels": {"trellis.dev/hub": "hub-b"}}});
+        assert_eq!(
+            foreign_owner(&unlabelled, &desired, true).as_deref(),
+            Some("hub hub-b")
+        );
     }
 
     #[test]

@@ -204,6 +204,9 @@ pub struct Input<'a> {
     /// Every kind's scope: discovery's on a live cluster; offline, the
     /// rule's `scope:` hints, then the built-in table (`plan::offline_input`).
     pub scope_of: ScopeOf<'a>,
+    /// This hub's name and the spokes children may be placed in (offline:
+    /// [`crate::clusters::Clusters::offline`]).
+    pub clusters: &'a crate::clusters::Clusters,
 }
 
 /// The pass for a parent the operator could not decode (`why`): no child is
@@ -319,11 +322,11 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
                 }
                 outcome.insert(i, Outcome::Excluded);
             }
-            ChildResult::Pending(reason) => {
+            ChildResult::Pending { reason, message } => {
                 plan.pending.push(Pending {
                     id: id.clone(),
                     reason,
-                    message: None,
+                    message,
                 });
                 outcome.insert(i, Outcome::Pending);
             }
@@ -356,7 +359,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             ..base
         };
     }
-    if rule.rule.spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() {
+    if needs_cleanup(rule) {
         plan.needs_finalizer = true;
     }
     if !plan.errors.is_empty() && plan.failure_reason.is_none() {
@@ -386,6 +389,17 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
         }
     }
     plan
+}
+
+/// Whether every parent of the rule needs the cleanup finalizer, whatever
+/// it renders: ordered deletion, patches and retained children are undone
+/// behind it, and a child in a spoke has no ownerReference (only the
+/// finalizer takes it away, even while its spoke is unreachable).
+fn needs_cleanup(rule: &CompiledRule) -> bool {
+    rule.rule.spec.deletion.is_some()
+        || !rule.patches.is_empty()
+        || rule.retains_children()
+        || rule.children.iter().any(|c| c.cluster.is_some())
 }
 
 /// The parent's new status, and its failed fields and conditions as errors
@@ -458,7 +472,7 @@ fn plan_prune(
     desired_keys: &BTreeMap<ObjectKey, bool>,
     plan: &mut Plan,
 ) {
-    let (retain, delete) = prune(rule, observed, outcome, desired_keys)
+    let (retain, delete) = prune(rule, input, observed, outcome, desired_keys)
         .into_iter()
         .partition(|d| {
             let obj = input.observed.objects.get(&d.key);
@@ -482,9 +496,12 @@ pub fn retained(obj: &Value) -> bool {
 }
 
 /// The observed objects no child rendered in this pass; a pending child
-/// keeps what it has.
+/// keeps what it has, and nothing is taken from a spoke that cannot be
+/// reached (or is no longer registered): its objects as last seen may be
+/// stale, and it is not there to ask.
 fn prune(
     rule: &CompiledRule,
+    input: &Input,
     observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>,
     outcome: &BTreeMap<usize, Outcome>,
     desired_keys: &BTreeMap<ObjectKey, bool>,
@@ -494,7 +511,10 @@ fn prune(
         let index = rule.children.iter().position(|c| &c.spec.id == id);
         let keep_all = matches!(index.and_then(|i| outcome.get(&i)), Some(Outcome::Pending));
         for (key, obj) in objects {
-            if keep_all || desired_keys.contains_key(key) {
+            if keep_all
+                || desired_keys.contains_key(key)
+                || input.clusters.hold(key.cluster.as_deref()).is_some()
+            {
                 continue;
             }
             delete.push(Delete {

@@ -31,6 +31,7 @@
 //! |---|---|---|
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election and shard membership |
 //! | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps of staged rollouts |
+//! | `secrets` (when a rule has a `cluster:` child) | list, watch | the Secrets registering spokes |
 //!
 //! A rollout in progress may still run an older version of a rule, which
 //! may need kinds the version on disk dropped: the `_of` functions take any
@@ -62,11 +63,13 @@ use crate::rules::{CompiledChild, CompiledRule, RuleSet};
 
 mod namespaced;
 mod role_refs;
+mod spoke;
 mod viewer;
 pub use namespaced::{namespaced_role, namespaced_role_of, revision_permissions};
 #[cfg(test)]
 use role_refs::RoleRef;
 use role_refs::{BindingKind, bind_grants, role_refs};
+pub use spoke::spoke_role;
 pub use viewer::{viewer_role, viewer_role_name};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
@@ -513,7 +516,8 @@ fn account_grants(rule: &CompiledRule, grants: &mut Grants) {
 ///   granting here keeps the role correct should that rule ever be relaxed.
 fn may_need_finalizer(rule: &CompiledRule) -> bool {
     let spec = &rule.rule.spec;
-    if spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() {
+    let in_spokes = rule.children.iter().any(|c| c.cluster.is_some());
+    if spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children() || in_spokes {
         return true;
     }
     let parent_scope = spec

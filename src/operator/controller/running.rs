@@ -101,6 +101,7 @@ pub(super) async fn run_controller(
         parents.clone(),
         parent_kind.resource.clone(),
     );
+    let spoke_parents = parents_by_uid.clone();
     let (controller, child_stores) = watch_children(
         controller,
         &rule,
@@ -142,7 +143,9 @@ pub(super) async fn run_controller(
         patches: Default::default(),
         versions,
     });
-    let mut controller = controller.reconcile_on(triggers::recovered(ctx.clone()));
+    let mut controller = controller
+        .reconcile_on(triggers::recovered(ctx.clone()))
+        .reconcile_on(triggers::spoke_children(ctx.clone(), spoke_parents));
     if let Some(shards) = &shared.shards {
         controller =
             controller.reconcile_on(triggers::opened_parents(ctx.clone(), shards.writable()));
@@ -249,9 +252,10 @@ fn watch_parents(
     // Only a namespaced parent can have children without its controller
     // ownerReference (in another namespace, or cluster-scoped): the
     // mapper finds those by uid.
-    let unowned_children = kinds.parent.namespaced
+    let unowned_children = (kinds.parent.namespaced
         && (rule.children.iter().any(|c| c.spec.allow_cross_namespace)
-            || kinds.children.iter().any(|k| !k.namespaced));
+            || kinds.children.iter().any(|k| !k.namespaced)))
+        || rule.children.iter().any(|c| c.cluster.is_some());
     let parents_by_uid = unowned_children.then(|| Arc::new(ByUid::default()));
     let (parents, stream) = cached_watch(
         &shared.client,
@@ -346,7 +350,10 @@ fn every_parent_at_once(
     let lifted = ctx;
     // Taking over as leader likewise: every parent, at once.
     let leading = shared.gate.became_leader();
-    futures::stream::select(futures::stream::select(reloaded, relisted), leading).map(move |()| {
+    // A spoke registered, gone, answering again or listed.
+    let spokes = triggers::spokes_changed(lifted.clone());
+    let all = futures::stream::select(futures::stream::select(reloaded, relisted), leading);
+    futures::stream::select(all, spokes).map(move |()| {
         lifted.failures.release_all();
         lifted.report_backoff();
     })

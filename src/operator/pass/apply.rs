@@ -72,10 +72,7 @@ pub(in crate::operator) async fn apply_child(
     parent_uid: &str,
 ) -> Result<Applied, Error> {
     let fail = apply_failed(apply);
-    let Some(kind) = ctx.child_kind(&apply.key.group, &apply.key.kind) else {
-        return Err(Error::Plan(format!("{}: kind not resolved", apply.key)));
-    };
-    let api = ctx.api_for(kind, apply.key.namespace.as_deref());
+    let api = ctx.child_api(&apply.key).map_err(Error::Plan)?;
     let adopt = ctx
         .rule()
         .children

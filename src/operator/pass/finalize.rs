@@ -137,6 +137,18 @@ pub(in crate::operator) async fn remove_children(
     let rule = &ctx.rule();
     // Contributions to objects the rule does not own go first.
     let released = super::patch_writes::release_parent(ctx, rule, uid).await?;
+    // A spoke never listed (unreachable since the operator started) may
+    // hold children of this parent that no cache shows: wait for it.
+    let unlisted = ctx.shared.clusters.never_listed(rule);
+    if !unlisted.is_empty() {
+        let note = format!(
+            "waiting to remove children in other clusters: {} not listed yet (unreachable?)",
+            unlisted.join(", ")
+        );
+        info!(rule = %rule.name, parent = %parent_key(parent), "{note}");
+        ctx.warn(parent, crate::clusters::UNREACHABLE, note).await;
+        return Ok(Removal::Waiting(Duration::from_secs(2)));
+    }
     let mut observed = ctx.observed(uid);
     if observed.is_empty() {
         // The cache may not have seen a child created moments ago, or may
@@ -169,17 +181,24 @@ pub(in crate::operator) async fn remove_children(
     } else {
         observed.iter().collect()
     };
+    let clusters = ctx.shared.clusters.view(rule);
+    let mut held = Vec::new();
     for obj in wave {
         if obj.pointer("/metadata/deletionTimestamp").is_some() {
             continue;
         }
-        let Some(key) = ObjectKey::of(obj) else {
+        let Some(key) = ObjectKey::placed(obj) else {
             continue;
         };
-        let Some(kind) = ctx.child_kind(&key.group, &key.kind) else {
+        // Never in a spoke that does not answer (or is no longer
+        // registered): the parent waits, saying so.
+        if let Some(why) = clusters.hold(key.cluster.as_deref()) {
+            held.push(format!("{key}: {}", why.message));
+            continue;
+        }
+        let Ok(api) = ctx.child_api(&key) else {
             continue;
         };
-        let api = ctx.api_for(kind, key.namespace.as_deref());
         // A retained child is released (kept, with nothing of trellis's
         // left), in its turn, instead of deleted.
         let retained = crate::plan::retained(obj)
@@ -225,6 +244,14 @@ pub(in crate::operator) async fn remove_children(
                 }));
             }
         }
+    }
+    if !held.is_empty() {
+        let note = format!(
+            "waiting to remove children in other clusters: {}",
+            held.join("; ")
+        );
+        info!(rule = %rule.name, parent = %parent_key(parent), "{note}");
+        ctx.warn(parent, crate::clusters::UNREACHABLE, note).await;
     }
     // Watches on the children wake us as they go; poll as a safety net.
     Ok(Removal::Waiting(Duration::from_secs(2)))

@@ -110,6 +110,12 @@ pub async fn reconcile(
     {
         return Ok(skip(Action::await_change()));
     }
+    // Spokes still being listed (at start, after a Secret rotation): the
+    // pass would hold their children back as unreachable, or re-create
+    // what exists. Their listing wakes every parent of the rule.
+    if ctx.shared.clusters.settling(&ctx.rule()) {
+        return Ok(skip(Action::await_change()));
+    }
     let _permit = tokio::select! {
         permit = ctx.shared.permits.acquire() => permit,
         _ = ctx.stop.cancelled() => return Ok(skip(Action::await_change())),
@@ -226,6 +232,7 @@ impl Pass<'_> {
                 observed: &self.observed,
                 now: &self.now,
                 scope_of: &scope_of,
+                clusters: &self.ctx.shared.clusters.view(self.rule),
             },
         )
     }
@@ -356,10 +363,9 @@ impl Pass<'_> {
     async fn prune(&mut self, plan: &Plan) -> Result<(), Error> {
         let (ctx, rule, key, uid) = (self.ctx, self.rule, self.key, self.uid);
         for delete in &plan.delete {
-            let Some(kind) = ctx.child_kind(&delete.key.group, &delete.key.kind) else {
+            let Ok(api) = ctx.child_api(&delete.key) else {
                 continue;
             };
-            let api = ctx.api_for(kind, delete.key.namespace.as_deref());
             let params = DeleteParams {
                 preconditions: delete.uid.clone().map(|uid| Preconditions {
                     uid: Some(uid),
@@ -489,6 +495,7 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
             observed: &observed,
             now: &now,
             scope_of: &scope_of,
+            clusters: &crate::clusters::Clusters::offline(),
         },
         why,
     );

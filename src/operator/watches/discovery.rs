@@ -107,6 +107,14 @@ pub async fn resolve(client: &Client, gvk: &Gvk) -> Result<Resolved, NotServed> 
     }
 }
 
+/// Whether every child of `gvk` has `cluster:` (it may live in a spoke).
+fn placed_elsewhere(rule: &CompiledRule, gvk: &Gvk) -> bool {
+    rule.children
+        .iter()
+        .filter(|c| &c.gvk == gvk)
+        .all(|c| c.cluster.is_some())
+}
+
 /// Resolves the parent, every child kind and every related kind of a rule.
 pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKinds, NotServed> {
     let parent = resolve(client, &rule.parent).await?;
@@ -115,7 +123,13 @@ pub async fn resolve_rule(client: &Client, rule: &CompiledRule) -> Result<RuleKi
         if children.iter().any(|c| c.gvk == child.gvk) {
             continue;
         }
-        children.push(resolve(client, &child.gvk).await?);
+        match resolve(client, &child.gvk).await {
+            Ok(kind) => children.push(kind),
+            // A kind only the spokes serve: not watched here, and a parent
+            // that places such a child at home fails to apply it.
+            Err(_) if placed_elsewhere(rule, &child.gvk) => {}
+            Err(not_served) => return Err(not_served),
+        }
     }
     let mut related: Vec<Resolved> = Vec::new();
     let mut unserved_related: Vec<NotServed> = Vec::new();

@@ -1,6 +1,7 @@
 //! What wakes a rule's parents besides their own events: a child's event
 //! (mapped to its parent), the API server serving again after an outage,
-//! and, under `--shards`, a bucket becoming this replica's to write.
+//! under `--shards`, a bucket becoming this replica's to write, and a
+//! child in another cluster changing, or that cluster's state.
 
 use std::sync::Arc;
 
@@ -136,4 +137,58 @@ async fn serving(client: Client) -> bool {
         Err(kube::Error::Api(status)) => status.code < 500 && status.code != 429,
         Err(_) => false,
     }
+}
+
+/// The parents whose children in a spoke changed, by the parent uid the
+/// objects' label names, looked up in `by_uid` (kept for every rule with
+/// spoke children: a uid of another rule's parent is not found there).
+pub(in crate::operator) fn spoke_children(
+    ctx: Arc<RuleCtx>,
+    by_uid: Option<Arc<ByUid>>,
+) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
+    let touched = ctx.shared.clusters.touched();
+    let resource = ctx.kinds.parent.resource.clone();
+    let clusters = ctx.shared.clusters.clone();
+    futures::stream::unfold(touched, move |mut touched| {
+        let (by_uid, resource, clusters) = (by_uid.clone(), resource.clone(), clusters.clone());
+        async move {
+            loop {
+                let t = match touched.recv().await {
+                    Ok(t) => t,
+                    // Missed events: every parent's pass reads the caches
+                    // as they are, so waking them all loses nothing.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        clusters.bump();
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                };
+                let Some((namespace, name)) = by_uid.as_ref().and_then(|i| i.get(&t.uid)) else {
+                    continue;
+                };
+                let at = ObjectRef::new_with(&name, resource.clone());
+                let at = match namespace {
+                    Some(ns) => at.within(&ns),
+                    None => at,
+                };
+                return Some((at, touched));
+            }
+        }
+    })
+}
+
+/// Once per change of the spokes (registered, gone, answering or not,
+/// listed), for a rule that places children in spokes.
+pub(in crate::operator) fn spokes_changed(
+    ctx: Arc<RuleCtx>,
+) -> impl futures::Stream<Item = ()> + Send {
+    let changed = ctx.shared.clusters.changed();
+    futures::stream::unfold((changed, ctx), |(mut changed, ctx)| async move {
+        loop {
+            changed.changed().await.ok()?;
+            if ctx.rule().children.iter().any(|c| c.cluster.is_some()) {
+                return Some(((), (changed, ctx)));
+            }
+        }
+    })
 }

@@ -179,6 +179,7 @@ fn render_sample(rule: &CompiledRule, parent: &Value, cx: &Context) -> Result<Sa
         observed: &observed,
         now: NOW,
         scope_of: &scope_of,
+        clusters: &crate::clusters::Clusters::offline(),
     };
     render_children(rule, &input)
 }

@@ -35,6 +35,7 @@ fn plan_with(rule: &CompiledRule, parent: &Value, observed: &[Value]) -> Plan {
             observed: &observed,
             now: "2026-12-05T00:00:00Z",
             scope_of: &crate::kinds::scope,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     )
 }

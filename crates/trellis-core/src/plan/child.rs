@@ -46,7 +46,12 @@ pub(super) type Item = (minijinja::Value, usize);
 /// [`plan_entry`] for one patch.
 pub(super) enum ChildResult<T = Apply> {
     Excluded,
-    Pending(String),
+    /// Held back: a sentence for a dependency; a reason and a message
+    /// naming the cluster for a child whose cluster cannot be reached.
+    Pending {
+        reason: String,
+        message: Option<String>,
+    },
     /// Each object with the `forEach` item it was rendered from, which its
     /// `readyWhen` sees too.
     Rendered(Vec<(T, Option<Item>)>),
@@ -64,8 +69,72 @@ pub(super) fn plan_child(
     input: &Input,
     outcome: &BTreeMap<usize, Outcome>,
 ) -> Result<ChildResult, RenderError> {
-    let finish = |object, what: &str| finish_object(rule, child, object, info, input, what);
-    plan_entry(rule, child, "child", base, outcome, &|| None, &finish)
+    // `cluster:` after `includeWhen` (an excluded child is nowhere), before
+    // its dependencies: a child whose cluster cannot be reached says so.
+    let cluster = match plan_entry_included(rule, child, "child", base)? {
+        false => return Ok(ChildResult::Excluded),
+        true => child_cluster(rule, child, base)?,
+    };
+    if let Some(held) = input.clusters.hold(cluster.as_deref()) {
+        return Ok(ChildResult::Pending {
+            reason: held.reason.to_owned(),
+            message: Some(held.message),
+        });
+    }
+    let finish = |object, what: &str| {
+        finish_object(rule, child, object, info, input, cluster.as_deref(), what)
+    };
+    plan_included(rule, child, "child", base, outcome, &|| None, &finish)
+}
+
+/// Whether the entry's `includeWhen` (if any) holds.
+fn plan_entry_included(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    noun: &str,
+    base: &minijinja::Value,
+) -> Result<bool, RenderError> {
+    let Some(expr) = child.include_when else {
+        return Ok(true);
+    };
+    let id = &child.spec.id;
+    rule.engine
+        .eval_bool(expr, base, &format!("includeWhen of {noun} \"{id}\""))
+}
+
+/// The spoke a child is placed in for this parent (`None`: the hub), from
+/// its `cluster:` expression.
+fn child_cluster(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    base: &minijinja::Value,
+) -> Result<Option<String>, RenderError> {
+    let Some(expr) = child.cluster else {
+        return Ok(None);
+    };
+    let what = format!("cluster of child \"{}\"", child.spec.id);
+    let value = rule.engine.eval(expr, base, &what)?;
+    let fail = |message: String| RenderError {
+        what: what.clone(),
+        message,
+    };
+    let Some(name) = value.as_str() else {
+        return Err(fail(format!(
+            "must be a cluster name (a string), not {}",
+            value.kind()
+        )));
+    };
+    crate::clusters::placement(name).map_err(fail)
+}
+
+impl<T> ChildResult<T> {
+    /// Held back by a dependency (`why`, a sentence).
+    fn waiting(why: String) -> ChildResult<T> {
+        ChildResult::Pending {
+            reason: why,
+            message: None,
+        }
+    }
 }
 
 /// [`plan_child`] for a child or a patch (`noun`): `waiting` names what
@@ -80,20 +149,31 @@ pub(super) fn plan_entry<T>(
     waiting: &dyn Fn() -> Option<String>,
     finish: &dyn Fn(serde_json::Value, &str) -> Result<T, RenderError>,
 ) -> Result<ChildResult<T>, RenderError> {
-    let id = &child.spec.id;
-    let engine = &rule.engine;
-    if let Some(expr) = child.include_when
-        && !engine.eval_bool(expr, base, &format!("includeWhen of {noun} \"{id}\""))?
-    {
+    if !plan_entry_included(rule, child, noun, base)? {
         return Ok(ChildResult::Excluded);
     }
+    plan_included(rule, child, noun, base, outcome, waiting, finish)
+}
+
+/// [`plan_entry`] past its `includeWhen`.
+fn plan_included<T>(
+    rule: &CompiledRule,
+    child: &CompiledChild,
+    noun: &str,
+    base: &minijinja::Value,
+    outcome: &BTreeMap<usize, Outcome>,
+    waiting: &dyn Fn() -> Option<String>,
+    finish: &dyn Fn(serde_json::Value, &str) -> Result<T, RenderError>,
+) -> Result<ChildResult<T>, RenderError> {
+    let id = &child.spec.id;
+    let engine = &rule.engine;
     for &d in &child.depends_on {
         if let Some(why) = waiting_for(outcome.get(&d), "child", &rule.children[d].spec.id) {
-            return Ok(ChildResult::Pending(why));
+            return Ok(ChildResult::waiting(why));
         }
     }
     if let Some(why) = waiting() {
-        return Ok(ChildResult::Pending(why));
+        return Ok(ChildResult::waiting(why));
     }
     let items: Vec<Option<Item>> = match &child.for_each {
         None => vec![None],

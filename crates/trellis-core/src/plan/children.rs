@@ -79,16 +79,31 @@ impl Children {
 
     /// The child `id` rendered `keys` in this pass, in item order: a
     /// `forEach` child's list becomes the observed objects of those keys, in
-    /// that order. Whether anything changed (never for a child without
-    /// `forEach`).
+    /// that order. A child without `forEach` reads as the object it
+    /// rendered when that one is observed (a child moved to another
+    /// cluster under the same name has two objects until the old one is
+    /// pruned). Whether anything changed.
     pub(super) fn rendered<'k>(
         &mut self,
         id: &str,
         keys: impl IntoIterator<Item = &'k ObjectKey>,
     ) -> bool {
-        let Some(entry) = self.by_id.get_mut(id).filter(|e| e.for_each) else {
+        let Some(entry) = self.by_id.get_mut(id) else {
             return false;
         };
+        if !entry.for_each {
+            let Some(key) = keys.into_iter().next() else {
+                return false;
+            };
+            return match entry.objects.iter().position(|(k, _)| k == key) {
+                Some(at) if at > 0 => {
+                    let seen = entry.objects.remove(at);
+                    entry.objects.insert(0, seen);
+                    true
+                }
+                _ => false,
+            };
+        }
         let mut by_key: BTreeMap<ObjectKey, Seen> =
             std::mem::take(&mut entry.objects).into_iter().collect();
         entry.objects = keys

@@ -9,13 +9,17 @@ use crate::render::RenderError;
 use crate::rules::CompiledChild;
 use crate::rules::model::DeletionPolicy;
 
-/// Enforces kind, name, namespace rules, labels and ownerReference.
+/// Enforces kind, name, namespace rules, labels and ownerReference. A child
+/// placed in a spoke (`cluster`) gets no ownerReference (none can point
+/// across clusters) but the hub's name as `trellis.dev/hub`: the cleanup
+/// finalizer on the parent deletes it, and no other hub takes it.
 pub(super) fn finish_object(
     rule: &CompiledRule,
     child: &CompiledChild,
     object: Value,
     info: &ParentInfo,
     input: &Input,
+    cluster: Option<&str>,
     what: &str,
 ) -> Result<Apply, RenderError> {
     let fail = |message: String| RenderError {
@@ -67,9 +71,13 @@ pub(super) fn finish_object(
     if child.spec.deletion_policy == DeletionPolicy::Retain {
         labels.insert(LABEL_DELETION_POLICY.into(), json!(RETAIN));
     }
+    if cluster.is_some() {
+        labels.insert(crate::labels::LABEL_HUB.into(), json!(input.clusters.hub));
+    }
 
-    // Kubernetes allows an owner in the same namespace, or a cluster-scoped owner.
-    let owned = info.namespace.is_none() || info.namespace == namespace;
+    // Kubernetes allows an owner in the same namespace, or a cluster-scoped
+    // owner, in the same cluster.
+    let owned = cluster.is_none() && (info.namespace.is_none() || info.namespace == namespace);
     if owned {
         let refs = meta
             .entry("ownerReferences")
@@ -99,6 +107,7 @@ pub(super) fn finish_object(
         kind: child.gvk.kind.clone(),
         namespace,
         name,
+        cluster: cluster.map(str::to_owned),
     };
     // The hash of the content, without the revision that rendered it
     // (labelled below): a rule edit that leaves this child's rendering as it

@@ -23,6 +23,9 @@ pub struct ObjectKey {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
+    /// The spoke the object lives in; `None`: the hub.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 impl ObjectKey {
@@ -37,7 +40,22 @@ impl ObjectKey {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             name: obj.pointer("/metadata/name")?.as_str()?.to_owned(),
+            cluster: None,
         })
+    }
+
+    /// Key of an observed object, placed in the cluster its
+    /// `trellis.dev/cluster` annotation names (`render --observed`, and
+    /// the operator's spoke caches); none, or `local`: the hub.
+    pub fn placed(obj: &Value) -> Option<ObjectKey> {
+        let mut key = ObjectKey::of(obj)?;
+        key.cluster = obj
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(crate::labels::LABEL_CLUSTER))
+            .and_then(Value::as_str)
+            .filter(|c| *c != crate::clusters::LOCAL)
+            .map(str::to_owned);
+        Some(key)
     }
 }
 
@@ -48,8 +66,12 @@ impl std::fmt::Display for ObjectKey {
             write!(f, ".{}", self.group)?;
         }
         match &self.namespace {
-            Some(ns) => write!(f, " {ns}/{}", self.name),
-            None => write!(f, " {}", self.name),
+            Some(ns) => write!(f, " {ns}/{}", self.name)?,
+            None => write!(f, " {}", self.name)?,
+        }
+        match &self.cluster {
+            Some(cluster) => write!(f, " in cluster {cluster}"),
+            None => Ok(()),
         }
     }
 }
@@ -99,7 +121,7 @@ impl Observed {
         Observed {
             objects: objects
                 .into_iter()
-                .filter_map(|o| ObjectKey::of(&o).map(|k| (k, o)))
+                .filter_map(|o| ObjectKey::placed(&o).map(|k| (k, o)))
                 .collect(),
             related: None,
         }

@@ -85,6 +85,7 @@ pub fn label_observed(
                 observed: &labelled,
                 now,
                 scope_of,
+                clusters: &crate::clusters::Clusters::offline(),
             },
         );
         let mut changed = false;
@@ -96,7 +97,7 @@ pub fn label_observed(
             if has_label {
                 continue;
             }
-            let Some(key) = ObjectKey::of(obj) else {
+            let Some(key) = ObjectKey::placed(obj) else {
                 continue;
             };
             // The namespace counts when the file gives one: a related
@@ -106,6 +107,7 @@ pub fn label_observed(
                 a.key.group == key.group
                     && a.key.kind == key.kind
                     && a.key.name == key.name
+                    && a.key.cluster == key.cluster
                     && (key.namespace.is_none() || key.namespace == a.key.namespace)
             }) else {
                 continue;

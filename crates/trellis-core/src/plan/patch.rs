@@ -175,11 +175,11 @@ pub(super) fn plan_patches(
                 out.outcome.insert(i, Outcome::Excluded);
                 continue;
             }
-            Ok(ChildResult::Pending(reason)) => {
+            Ok(ChildResult::Pending { reason, message }) => {
                 out.pending.push(Pending {
                     id: id.clone(),
                     reason,
-                    message: None,
+                    message,
                 });
                 out.outcome.insert(i, Outcome::Pending);
                 out.holding = true;
@@ -444,6 +444,7 @@ fn finish_patch(
         kind: patch.gvk.kind.clone(),
         namespace,
         name,
+        cluster: None,
     };
     Ok((obj, key))
 }

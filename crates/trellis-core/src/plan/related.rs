@@ -97,6 +97,9 @@ impl Unreadable {
     pub const KIND_NOT_SERVED: &'static str = "RelatedKindNotServed";
     pub const OUT_OF_SCOPE: &'static str = "RelatedOutOfScope";
     pub const UNDECODABLE: &'static str = "RelatedUndecodable";
+    /// A related entry placed in a spoke, which the operator does not
+    /// read yet.
+    pub const CLUSTER_NOT_READ: &'static str = "RelatedClusterNotRead";
 }
 
 /// How one entry came out.
@@ -356,6 +359,11 @@ pub(super) fn resolve(
             );
             continue;
         }
+        let cluster = related_cluster(rule, entry, ctx)?;
+        if let Some(why) = cluster_unreadable(input, cluster.as_deref()) {
+            states.push(RelatedState::Unreadable(why));
+            continue;
+        }
         let namespace = namespace_of(rule, entry, ctx, info, input)?;
         let target = match &entry.name {
             Some(t) => {
@@ -380,7 +388,7 @@ pub(super) fn resolve(
             namespace,
             target,
         };
-        let found = match lookup(input, entry, &read) {
+        let found = match lookup(input, entry, &read, cluster) {
             Ok(found) => found,
             Err(why) => {
                 states.push(RelatedState::Unreadable(why));
@@ -460,6 +468,7 @@ fn lookup(
     input: &Input,
     entry: &CompiledRelated,
     read: &RelatedRead,
+    cluster: Option<String>,
 ) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
     if let Some(source) = &input.observed.related {
         return source.find(&entry.gvk, read);
@@ -471,6 +480,7 @@ fn lookup(
                 kind: entry.gvk.kind.clone(),
                 namespace: read.namespace.clone(),
                 name: name.clone(),
+                cluster,
             };
             input
                 .observed
@@ -487,6 +497,7 @@ fn lookup(
             .filter(|(k, o)| {
                 k.group == entry.gvk.group
                     && k.kind == entry.gvk.kind
+                    && k.cluster == cluster
                     && read.covers(
                         k.namespace.as_deref(),
                         &k.name,
@@ -495,6 +506,49 @@ fn lookup(
             })
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect(),
+    })
+}
+
+/// The spoke a related entry reads from for this parent (`None`: the hub).
+fn related_cluster(
+    rule: &CompiledRule,
+    entry: &CompiledRelated,
+    ctx: &minijinja::Value,
+) -> Result<Option<String>, RelatedFailure> {
+    let Some(expr) = entry.cluster else {
+        return Ok(None);
+    };
+    let what = format!("cluster of related \"{}\"", entry.spec.id);
+    let fail = |error: RenderError| RelatedFailure {
+        reason: FailureReason::RenderError,
+        error,
+    };
+    let value = rule.engine.eval(expr, ctx, &what).map_err(fail)?;
+    let name = value.as_str().ok_or_else(|| RenderError {
+        what: what.clone(),
+        message: format!("must be a cluster name (a string), not {}", value.kind()),
+    });
+    crate::clusters::placement(name.map_err(fail)?)
+        .map_err(|message| fail(RenderError { what, message }))
+}
+
+/// Why a related entry in `cluster` cannot be read in this pass: a spoke
+/// that cannot be reached or is unknown; or, running, any spoke at all
+/// (the operator does not watch related kinds in spokes yet; offline, the
+/// observed objects placed there are read).
+fn cluster_unreadable(input: &Input, cluster: Option<&str>) -> Option<Unreadable> {
+    let name = cluster?;
+    if let Some(held) = input.clusters.hold(Some(name)) {
+        return Some(Unreadable {
+            reason: held.reason,
+            message: held.message,
+        });
+    }
+    input.observed.related.as_ref().map(|_| Unreadable {
+        reason: Unreadable::CLUSTER_NOT_READ,
+        message: format!(
+            "related objects are not read from other clusters yet (cluster \"{name}\")"
+        ),
     })
 }
 

@@ -110,7 +110,9 @@ pub fn render_children(rule: &CompiledRule, input: &Input) -> Result<Sample, Vec
                 Sampled::Excluded
             }
             // Not reached: every dependency reads as ready.
-            Ok(ChildResult::Pending(why)) => Sampled::Failed(why),
+            Ok(ChildResult::Pending { reason, message }) => {
+                Sampled::Failed(message.unwrap_or(reason))
+            }
             Err(err) => Sampled::Failed(err.to_string()),
         };
         out.push((i, sampled));

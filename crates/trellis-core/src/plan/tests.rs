@@ -32,6 +32,7 @@ fn run(rule: &CompiledRule, parent: &Value, observed: Vec<Value>) -> Plan {
             observed: &Observed::from_objects(observed),
             now: NOW,
             scope_of: &kinds::scope,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     )
 }
@@ -431,6 +432,7 @@ fn selector_and_namespaces_decide_which_parents_match() {
     assert!(!parent_matches(&r, &p));
 }
 
+mod clusters;
 mod contract;
 mod excluded;
 mod for_each;

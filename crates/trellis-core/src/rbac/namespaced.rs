@@ -30,6 +30,13 @@ pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) 
     for rule in rules {
         revision_grants(rule, &mut grants);
     }
+    if rules
+        .iter()
+        .any(|r| r.children.iter().any(|c| c.cluster.is_some()))
+    {
+        // The Secrets registering spokes (`trellis.dev/cluster`), watched.
+        grants.allow("", "secrets", &[List, Watch]);
+    }
     if rules.iter().any(|r| !r.versions.is_empty()) {
         // The webhook's Secret: GET and UPDATE could name it, CREATE cannot
         // (the name is in the body); it holds nothing but its certificates.

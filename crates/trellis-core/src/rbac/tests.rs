@@ -717,3 +717,32 @@ fn rbac_for_manage_crds_grants_create_and_patch_on_the_generated_crds_by_name() 
         ]
     );
 }
+
+#[test]
+fn a_rule_with_spoke_children_watches_the_cluster_secrets_and_keeps_a_finalizer() {
+    let set = |child_extra: &str| {
+        let text = app_rule("Deployment", "").replace(
+            "      template: 'metadata: {name: x}'\n",
+            &format!("{child_extra}      template: 'metadata: {{name: x}}'\n"),
+        );
+        crate::rules::testing::load_texts(&[("rule.yaml", &text)])
+    };
+    let plain = set("");
+    assert!(verbs(&namespaced_role(&plain, "trellis", "ops"), "", "secrets").is_empty());
+    let placed = set("      cluster: spec.region\n");
+    assert_eq!(
+        verbs(&namespaced_role(&placed, "trellis", "ops"), "", "secrets"),
+        ["list", "watch"],
+        "the Secrets registering spokes, in the operator's namespace only"
+    );
+    assert!(verbs(&cluster_role(&placed, "trellis"), "", "secrets").is_empty());
+    assert_eq!(
+        verbs(
+            &cluster_role(&placed, "trellis"),
+            "demo.trellis.dev",
+            "apps"
+        ),
+        ["get", "list", "watch", "update", "patch"],
+        "the cleanup finalizer takes spoke children away"
+    );
+}

@@ -21,6 +21,7 @@ use crate::render::{self, Engine, EngineBuilder, ExprId, Limits, TemplateId, Tem
 use crate::yaml::LineIndex;
 
 mod checker;
+mod cluster;
 mod entry;
 mod for_each;
 mod hand_off;
@@ -153,6 +154,8 @@ pub struct CompiledChild {
     pub reads_vars: VarReads,
     /// `handOff`, each path as keys ([`crate::ownership::parse_path`]).
     pub hand_off: Vec<Vec<String>>,
+    /// `cluster:`, the expression naming the cluster it lives in.
+    pub cluster: Option<ExprId>,
 }
 
 #[derive(Debug)]

@@ -15,7 +15,7 @@ mod compile;
 pub mod crd;
 pub mod load;
 pub mod model;
-mod names;
+pub(crate) mod names;
 pub mod revision;
 pub mod rollout;
 

@@ -239,6 +239,11 @@ pub struct ChildSpec {
     /// for them, and drift detection ignores them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hand_off: Vec<String>,
+    /// Expression naming the cluster the child lives in: a spoke registered
+    /// by a Secret labelled `trellis.dev/cluster: <name>`; absent, or
+    /// `local`, is the cluster of the parent (the hub).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// What becomes of a child when its parent goes or it is no longer rendered.
@@ -328,6 +333,7 @@ impl PatchSpec {
             scope: self.scope,
             deletion_policy: DeletionPolicy::Delete,
             hand_off: Vec::new(),
+            cluster: None,
         }
     }
 }
@@ -362,6 +368,10 @@ pub struct RelatedSpec {
     /// A `selector:` entry reads every namespace.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all_namespaces: bool,
+    /// Expression naming the cluster read from (as a child's `cluster:`);
+    /// absent, or `local`, is the hub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// Resource (plural) name, when kubectl-style pluralisation of `kind` is wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plural: Option<String>,

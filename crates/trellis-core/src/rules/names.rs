@@ -3,6 +3,28 @@
 //! a rule's names with these, and so does the generation of its CRD
 //! (plural, short names, categories): one definition of each.
 
+/// Whether `name` may name a cluster (a spoke's Secret label, a
+/// `--cluster-name`, a `cluster:` value): a DNS-1123 label.
+pub(crate) fn check_cluster_name(name: &str) -> Result<(), String> {
+    if is_dns_label(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a cluster name (a DNS-1123 label: lowercase letters, digits, '-', at most 63)"
+        ))
+    }
+}
+
+/// The text of a string literal that is the whole expression (a
+/// `cluster:` naming one cluster, `"'eu-1'"`).
+pub(crate) fn quoted_constant(src: &str) -> Option<&str> {
+    let src = src.trim();
+    ['\'', '"'].into_iter().find_map(|q| {
+        let inner = src.strip_prefix(q)?.strip_suffix(q)?;
+        (!inner.contains(q)).then_some(inner)
+    })
+}
+
 /// A DNS-1123 label (a namespace, a plural): lowercase letters, digits and
 /// '-', at most 63 characters, neither starting nor ending with '-'.
 pub(super) fn is_dns_label(s: &str) -> bool {

@@ -325,3 +325,48 @@ fn octal_warnings_cover_flow_style_and_name_their_line() {
         "{d:?}"
     );
 }
+
+#[test]
+fn cluster_expressions_are_checked_with_file_line_and_field() {
+    let child = |cluster: &str| {
+        diagnostics(&format!(
+            "{HEAD}      cluster: {cluster}\n      template: |\n        metadata: {{name: x}}\n"
+        ))
+    };
+    let d = child("\"'EU_1'\"");
+    assert!(
+        d.iter().any(|m| m.contains("rule.yaml:13")
+            && m.contains("spec.children[0].cluster")
+            && m.contains("`EU_1` is not a cluster name")),
+        "{d:?}"
+    );
+    let d = child("\"spec.region ~\"");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("spec.children[0].cluster") && m.contains("expression syntax")),
+        "{d:?}"
+    );
+    let d = child("\"children.nope.data.x\"");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("spec.children[0].cluster") && m.contains("children.nope")),
+        "{d:?}"
+    );
+    let d = child("\"item\"");
+    assert!(
+        d.iter()
+            .any(|m| m.contains("spec.children[0].cluster") && m.contains("`item`")),
+        "{d:?}"
+    );
+    assert!(child("\"spec.region | default('local')\"").is_empty());
+
+    let related = "  related:\n    - id: r\n      apiVersion: v1\n      kind: ConfigMap\n      name: x\n      cluster: \"related.r.data.c\"\n";
+    let d = diagnostics(&format!(
+        "{HEAD}      template: |\n        metadata: {{name: x}}\n{related}"
+    ));
+    assert!(
+        d.iter()
+            .any(|m| m.contains("spec.related[0].cluster") && m.contains("`related`")),
+        "{d:?}"
+    );
+}

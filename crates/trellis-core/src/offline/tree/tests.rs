@@ -33,6 +33,7 @@ fn tree(rule: &CompiledRule, parent: &Value, observed: Vec<Value>) -> Tree {
             observed: &observed,
             now: "2026-12-05T00:00:00Z",
             scope_of: &kinds::scope,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     );
     build(rule, parent, &observed, &plan, None)
@@ -57,6 +58,7 @@ fn applied(rule: &CompiledRule, parent: &Value, id: &str) -> Vec<Value> {
             observed: &observed,
             now: "2026-12-05T00:00:00Z",
             scope_of: &kinds::scope,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     );
     plan.apply

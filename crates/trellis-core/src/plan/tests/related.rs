@@ -262,6 +262,7 @@ fn with_a_related_source_reads_come_from_it_not_from_the_observed_objects() {
             observed: &observed,
             now: NOW,
             scope_of: &kinds::scope,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     );
     assert!(p.errors.is_empty(), "{:?}", p.errors);
@@ -308,6 +309,7 @@ fn plan_with_source(r: &CompiledRule, source: Cannot) -> Plan {
             observed: &observed,
             now: NOW,
             scope_of: &kinds::scope,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     )
 }

@@ -76,6 +76,7 @@ fn run_cluster_parent(rule: &CompiledRule, parent: &Value, observed: Vec<Value>)
             observed: &Observed::from_objects(observed),
             now: NOW,
             scope_of: &scope_of,
+            clusters: &crate::clusters::Clusters::offline(),
         },
     )
 }

@@ -149,6 +149,15 @@ impl Entry<'_, '_> {
             role.names(for_each, true),
         );
 
+        let cluster = child.cluster.as_ref().and_then(|src| {
+            let place = super::cluster::Place {
+                field: &format!("{at}.cluster"),
+                what: &format!("a {noun}'s cluster"),
+                allowed: &role.names(false, false),
+                known,
+            };
+            super::cluster::compile(ck, builder, &place, src, Some(&mut reads))
+        });
         let deps = dependencies(ck, spec, role, i, &at, child, &reads);
         let hand_off = super::hand_off::compile(ck, &at, child);
         Some(CompiledChild {
@@ -163,6 +172,7 @@ impl Entry<'_, '_> {
             depends_on_patches: deps.patches,
             reads_vars: VarReads::of(&reads),
             hand_off,
+            cluster,
         })
     }
 }

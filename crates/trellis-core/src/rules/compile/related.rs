@@ -36,6 +36,8 @@ pub struct CompiledRelated {
     pub namespace: Option<TemplateId>,
     pub selector: Option<CompiledSelector>,
     pub ready_when: Option<ExprId>,
+    /// `cluster:`, the expression naming the cluster read from.
+    pub cluster: Option<ExprId>,
 }
 
 #[derive(Debug, Default)]
@@ -236,7 +238,17 @@ pub(super) fn compile_related(
                 }
             }
         });
+        let cluster = r.cluster.as_ref().and_then(|src| {
+            let place = super::cluster::Place {
+                field: &format!("{at}.cluster"),
+                what: "a related entry's cluster",
+                allowed: &parent_only(),
+                known,
+            };
+            super::cluster::compile(ck, builder, &place, src, None)
+        });
         out.push(CompiledRelated {
+            cluster,
             spec: r.clone(),
             gvk: Gvk::new(&r.api_version, &r.kind),
             name,
