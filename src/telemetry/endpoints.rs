@@ -104,6 +104,9 @@ pub struct Snapshot {
     pub migrations: BTreeMap<String, serde_json::Value>,
     /// `shard` under `--shards`: member, generation, buckets, members.
     pub shard: Option<serde_json::Value>,
+    /// Rule → the parents its cache holds (`rules.<name>.parents`:
+    /// `{full, stub}`).
+    pub parents: BTreeMap<String, serde_json::Value>,
 }
 
 /// What the endpoints read: the metrics, and a way to take a [`Snapshot`]
@@ -111,6 +114,8 @@ pub struct Snapshot {
 pub struct Observability {
     pub metrics: Arc<Metrics>,
     pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
+    /// Brings the gauges counted on demand up to date, before a scrape.
+    pub refresh: Box<dyn Fn() + Send + Sync>,
 }
 
 fn state_json(state: &RuleState) -> serde_json::Value {
@@ -122,6 +127,7 @@ fn state_json(state: &RuleState) -> serde_json::Value {
 }
 
 async fn metrics(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
+    (obs.refresh)();
     (
         [(
             header::CONTENT_TYPE,
@@ -137,6 +143,11 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     for (rule, rollout) in now.rollouts {
         if let Some(entry) = out["rules"].get_mut(&rule) {
             entry["rollout"] = rollout;
+        }
+    }
+    for (rule, parents) in now.parents {
+        if let Some(entry) = out["rules"].get_mut(&rule) {
+            entry["parents"] = parents;
         }
     }
     for (rule, migration) in now.migrations {

@@ -15,6 +15,7 @@
 //! | each parent kind | get, list, watch | the operator watches parents |
 //! | `<parent>/status` (CRD parents) | patch | status is written through the subresource |
 //! | each parent kind, when it may carry the finalizer | patch, update | adding and removing `trellis.dev/cleanup` |
+//! | each parent kind | patch | `trellis run --shards`: the `trellis.dev/bucket` label, written once per parent (asked by the preflight only with `--shards`) |
 //! | each child kind | get, list, watch + per policy | children are cached; see [`child_verbs`] |
 //! | each related kind | get, list, watch | related objects are read from watch-backed caches |
 //! | each patch target kind | get, list, watch, patch | targets are cached, contributed to by server-side apply; never created or deleted |
@@ -234,6 +235,8 @@ fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Va
     operator_grants(&mut grants);
     for rule in rules {
         operator_rule_grants(rule, &mut grants);
+        let label = shard_label_permission(rule);
+        grants.allow(&label.group, &label.resource, &[Patch]);
         if manage_crds && rule.crd.is_some() {
             let crd = crate::rules::crd::name(&rule.rule);
             for verb in [Get, Create, Patch] {
@@ -322,6 +325,21 @@ pub fn rule_permissions(rule: &CompiledRule) -> Vec<Permission> {
     let mut grants = Grants::default();
     operator_rule_grants(rule, &mut grants);
     permissions(grants)
+}
+
+/// Under `trellis run --shards`: patching the rule's parents, for the
+/// `trellis.dev/bucket` label each replica selects its own parents by. In
+/// the operator's ClusterRole always (one role whether or not the operator
+/// runs with `--shards`); asked by the preflight only with `--shards`, so
+/// a role made before it stays enough without.
+pub fn shard_label_permission(rule: &CompiledRule) -> Permission {
+    Permission {
+        group: rule.parent.group.clone(),
+        resource: parent_resource(rule),
+        subresource: None,
+        verb: Patch.as_str(),
+        name: None,
+    }
 }
 
 /// What a rule's account must be allowed to read: get, list and watch on

@@ -273,6 +273,18 @@ async fn preflight(
         &shared.namespaces,
         &shared.operator_namespace,
     );
+    let mut checks = checks;
+    if shared.shards.is_some() {
+        // The bucket label each replica selects its own parents by.
+        checks.extend(access::checks(
+            vec![crate::rbac::shard_label_permission(rule)],
+            rule,
+            kinds,
+            namespaces,
+            &shared.namespaces,
+            &shared.operator_namespace,
+        ));
+    }
     let mut missing = Vec::new();
     for check in checks {
         let review = SelfSubjectAccessReview {

@@ -50,13 +50,18 @@ pub(in crate::operator) fn parent_of(
 }
 
 /// Under `--shards`: the parents of each bucket that becomes ready for a
-/// pass here, writable and its children listed (a bucket gained in a
-/// handover, or listed after it opened).
+/// pass here, writable and its parents and children listed (a bucket
+/// gained in a handover, or listed after it opened).
 pub(in crate::operator) fn opened_parents(
     ctx: Arc<RuleCtx>,
     writable: watch::Receiver<BucketSet>,
 ) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
-    let listed: Vec<_> = ctx.children.iter().map(|c| c.listed.clone()).collect();
+    let listed: Vec<_> = ctx
+        .children
+        .iter()
+        .map(|c| c.listed.clone())
+        .chain(std::iter::once(ctx.parents_listed.clone()))
+        .collect();
     let changes = futures::stream::select_all(
         std::iter::once(changes_of(writable)).chain(listed.into_iter().map(changes_of)),
     );

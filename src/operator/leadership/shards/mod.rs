@@ -17,7 +17,9 @@
 //!
 //! Files: this one holds [`Shards`], what the write path asks;
 //! `membership.rs` the loop that keeps it current (and, on the leader,
-//! publishes the assignment); `member_lease.rs` what a member Lease looks like.
+//! publishes the assignment); `member_lease.rs` what a member Lease looks like;
+//! `labeller.rs` the bucket label on parents, by which each replica lists
+//! only its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,7 @@ use crate::shard::handover::Handover;
 use crate::shard::{Bucket, BucketSet, bucket_of};
 use crate::telemetry::Metrics;
 
+pub mod labeller;
 mod member_lease;
 mod membership;
 
