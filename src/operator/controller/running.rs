@@ -119,10 +119,20 @@ pub(super) async fn run_controller(
     }
     let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
     let forget = on_parent_event(&related.caches, &parent_kind, &rules, &released_tx);
+    let (relisted_parents_tx, mut relisted_parents) = tokio::sync::mpsc::unbounded_channel();
+    let mut keep = triggers::after_relists(
+        parents.clone(),
+        parent_kind.resource.clone(),
+        |old, new| outside_status(old) != outside_status(new),
+        relisted_parents_tx,
+    );
+    let parent_stream = parent_stream
+        .inspect(forget)
+        .filter(move |event| std::future::ready(keep(event)));
     let controller = Controller::for_stream_with(
         own_errors(
             format!("{} {}", rule.name, parent_kind.gvk),
-            parent_stream.inspect(forget).applied_objects(),
+            parent_stream.applied_objects(),
         )
         .predicate_filter(
             outside_status,
@@ -131,6 +141,9 @@ pub(super) async fn run_controller(
         parents.clone(),
         parent_kind.resource.clone(),
     );
+    let controller = controller.reconcile_on(futures::stream::poll_fn(move |cx| {
+        relisted_parents.poll_recv(cx)
+    }));
     let (controller, child_stores) = watch_children(
         controller,
         &rule,
