@@ -44,6 +44,7 @@ fn main() -> ExitCode {
             rules,
             name,
             manage_crds,
+            shards,
             operator_namespace,
             from_cluster,
             viewer,
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
             &name,
             cli::RbacRoles {
                 manage_crds,
+                shards,
                 viewer,
             },
             &operator_namespace,

@@ -116,8 +116,13 @@ async fn rule_loop(
             report(
                 &mut last_state,
                 RuleState::Inactive(format!(
-                    "trellis may not {}; grant what `trellis rbac` prints",
-                    missing.join(", ")
+                    "trellis may not {}; grant what `trellis rbac{}` prints",
+                    missing.join(", "),
+                    if shared.shards.is_some() {
+                        " --shards"
+                    } else {
+                        ""
+                    }
                 )),
             );
             pause(&shared, &shutdown, Duration::from_secs(60)).await;
