@@ -43,6 +43,9 @@ pub const LABEL_MANAGER: &str = "trellis-bucket";
 /// How many label writes are in flight at once.
 const IN_FLIGHT: usize = 16;
 
+/// How long a label write the API server could not take waits to be sent again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A parent whose label is missing or wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToLabel {
@@ -93,13 +96,24 @@ pub async fn run(
         parents.namespaces.clone(),
         parents.selector.clone(),
         parents.gate.clone(),
-        found,
+        found.clone(),
     ));
     let incoming = futures::stream::poll_fn(move |cx| handed.poll_recv(cx));
     let writes = incoming
         .map(|parent| label(&parents.client, &parents.kind, parent))
         .buffer_unordered(IN_FLIGHT)
-        .for_each(|()| async {});
+        .for_each(|again| {
+            // The API server could not take it now: handed back later, as
+            // nothing else would bring the parent back before a relist.
+            if let Some(parent) = again {
+                let found = found.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(RETRY).await;
+                    let _ = found.send(parent);
+                });
+            }
+            async {}
+        });
     tokio::select! {
         () = writes => {}
         () = stop.cancelled() => {}
@@ -170,9 +184,11 @@ async fn watch_while_leading(
     }
 }
 
-/// One label write. A failure is logged; the watch that found the parent
-/// finds it again after its next relist, and a new leader lists them all.
-async fn label(client: &kube::Client, kind: &Resolved, parent: ToLabel) {
+/// One label write; the parent back when it is worth sending again (the
+/// API server was unavailable or busy). Any other refusal is logged: the
+/// watch that found the parent finds it again after its next relist, and a
+/// new leader lists them all.
+async fn label(client: &kube::Client, kind: &Resolved, parent: ToLabel) -> Option<ToLabel> {
     let api: kube::Api<DynamicObject> = kind.api(client.clone(), parent.namespace.as_deref());
     let bucket = bucket_of(&parent.uid).0.to_string();
     let patch = serde_json::json!({
@@ -182,17 +198,22 @@ async fn label(client: &kube::Client, kind: &Resolved, parent: ToLabel) {
         field_manager: Some(LABEL_MANAGER.to_owned()),
         ..PatchParams::default()
     };
-    match api
+    let result = api
         .patch(&parent.name, &params, &Patch::Merge(&patch))
-        .await
-    {
+        .await;
+    match result {
         Ok(_) => debug!(parent = %parent.name, bucket = %bucket, "labelled with its bucket"),
         // Gone, or made again under the same name: nothing to label here.
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(kube::Error::Api(e)) if e.code < 500 && e.code != 429 => {
+            warn!(parent = %parent.name, "could not label the parent with its bucket (no pass runs for it until it has one): {}", e.message)
+        }
         Err(err) => {
-            info!(parent = %parent.name, "could not label the parent with its bucket: {err}")
+            info!(parent = %parent.name, "could not label the parent with its bucket, trying again in {RETRY:?}: {err}");
+            return Some(parent);
         }
     }
+    None
 }
 
 #[cfg(test)]
