@@ -98,9 +98,25 @@ pub async fn run(
         parents.gate.clone(),
         found.clone(),
     ));
-    let incoming = futures::stream::poll_fn(move |cx| handed.poll_recv(cx));
+    // A parent handed over again while its write is queued or in flight
+    // (the leader's watch lists again on each new term, and a relist
+    // finds the parents not labelled yet) is written once.
+    let queued = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::<String>::new()));
+    let incoming = futures::stream::poll_fn(move |cx| handed.poll_recv(cx)).filter({
+        let queued = queued.clone();
+        move |parent| std::future::ready(crate::operator::lock(&queued).insert(parent.uid.clone()))
+    });
     let writes = incoming
-        .map(|parent| label(&parents.client, &parents.kind, parent))
+        .map(|parent| {
+            let queued = queued.clone();
+            let (client, kind) = (&parents.client, &parents.kind);
+            async move {
+                let uid = parent.uid.clone();
+                let again = label(client, kind, parent).await;
+                crate::operator::lock(&queued).remove(&uid);
+                again
+            }
+        })
         .buffer_unordered(IN_FLIGHT)
         .for_each(|again| {
             // The API server could not take it now: handed back later, as
