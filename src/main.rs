@@ -48,6 +48,7 @@ fn main() -> ExitCode {
             rules,
             name,
             manage_crds,
+            shards,
             operator_namespace,
             from_cluster,
             viewer,
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
             &name,
             cli::RbacRoles {
                 manage_crds,
+                shards,
                 viewer,
                 cluster,
             },

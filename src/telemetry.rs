@@ -58,6 +58,9 @@ pub struct Metrics {
     pub leader: Gauge,
     /// `--shards`: buckets whose parents this replica writes now.
     pub shard_buckets: Gauge,
+    /// Parents in each rule's cache, by form (`full`, `stub`): under
+    /// `--shards`, only this replica's buckets' (set at each scrape).
+    pub parents_cached: Family<FormLabel, Gauge>,
     /// `--shards`: the assignment generation this replica has applied.
     pub shard_generation: Gauge,
     /// `--shards`: live members of the ring, as this replica sees them.
@@ -89,6 +92,12 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabel {
     pub cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FormLabel {
+    pub rule: String,
+    pub form: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -201,6 +210,12 @@ impl Default for Metrics {
                 "shard_buckets",
                 "With --shards: the buckets (of 256) whose parents this replica writes now",
                 Gauge::default(),
+            ),
+            parents_cached: registered(
+                r,
+                "parents_cached",
+                "Parents held in the rule's cache, in full or as a stub; with --shards only this replica's buckets' parents are listed",
+                Family::<FormLabel, Gauge>::default(),
             ),
             shard_generation: registered(
                 r,

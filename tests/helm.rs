@@ -703,6 +703,7 @@ fn charts_regenerate_rewrites_exactly_the_committed_generated_files() {
         "deploy/monitoring",
         "charts",
         "examples/deploy",
+        "examples/deploy-shards",
         "examples/deploy-per-rule-accounts",
     ] {
         let to = copy.join(part);
@@ -731,6 +732,7 @@ fn charts_regenerate_rewrites_exactly_the_committed_generated_files() {
     for part in [
         "charts/trellis",
         "examples/deploy",
+        "examples/deploy-shards",
         "examples/deploy-per-rule-accounts",
     ] {
         assert_eq!(

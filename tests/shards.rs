@@ -5,7 +5,9 @@
 //! by the replica that owns the parent's bucket; a SIGKILLed replica's
 //! buckets are taken over once its member Lease has expired; a joining
 //! replica takes its share with no parent written twice; SIGTERM hands a
-//! replica's buckets over in seconds.
+//! replica's buckets over in seconds. Each replica lists only its own
+//! buckets' parents (by the `trellis.dev/bucket` label the leader writes
+//! once on each parent), through every one of those changes.
 //!
 //! Who wrote what is read from the API server's audit log, not from the
 //! replicas: each replica runs with a kubeconfig impersonating a user of its
@@ -219,6 +221,85 @@ async fn an_edit_of_every_parent_costs_one_child_write_each_sent_by_its_buckets_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_caches_only_its_buckets_parents_which_the_leader_labels_once() {
+    let ring = Ring::new("ring-own", &[]).await;
+    let (a, b, c) = (ring.start("a"), ring.start("b"), ring.start("c"));
+    let replicas = [&a, &b, &c];
+    let shards = settled(&replicas).await;
+    let leader = &shards[shards.iter().position(|s| s.leader).expect("a leader")];
+    let leader_name = replicas[shards.iter().position(|s| s.leader).unwrap()]
+        .name
+        .clone();
+    let mut names = parent_names(60);
+    let offset = audit::offset();
+    ring.create(&names, "one").await;
+    // A copied manifest: a bucket label that is some other uid's (unless,
+    // one time in 256, it happens to be right).
+    let copied = "copied".to_owned();
+    let mut obj = kube::api::DynamicObject::new(&copied, &ring.kind.resource)
+        .within(ring.ns.name())
+        .data(serde_json::json!({"spec": {"v": "one"}}));
+    obj.metadata.labels = Some([("trellis.dev/bucket".to_owned(), "7".to_owned())].into());
+    ring.kind
+        .api(&ring.ns)
+        .create(&Default::default(), &obj)
+        .await
+        .expect("create the copied parent");
+    names.push(copied.clone());
+    ring.converged(&names, "one").await;
+    let buckets = ring.buckets().await;
+
+    // Every parent carries its uid's bucket, and each replica holds
+    // exactly its buckets' parents.
+    let listed = ring
+        .kind
+        .api(&ring.ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list parents");
+    for p in &listed.items {
+        assert_eq!(
+            p.labels().get("trellis.dev/bucket"),
+            Some(&buckets[&p.name_any()].to_string()),
+            "{} labelled with its bucket",
+            p.name_any()
+        );
+    }
+    own_parents_cached(&replicas, &buckets).await;
+
+    // One label write per parent: the leader's for the unlabelled ones, the
+    // copied one's by the replica its wrong label sent it to; one child
+    // write each, by the owner.
+    tokio::time::sleep(QUIET).await;
+    let writes = settled_writes(offset, ring.ns.name()).await;
+    let labels = parent_writes(&writes, &ring.kind);
+    let owners = owners(&replicas, &shards);
+    let children = writes_by_parent(&writes, &ring.kind);
+    for name in &names {
+        let writers = labels.get(name).cloned().unwrap_or_default();
+        if *name == copied {
+            assert!(writers.len() <= 1, "{name} relabelled {writers:?}");
+        } else {
+            assert_eq!(writers, vec![leader_name.clone()], "{name}: label writes");
+        }
+        assert_eq!(
+            children.get(&(name.clone(), "child")),
+            Some(&vec![owners[&buckets[name]].clone()]),
+            "{name}: child written once, by its owner"
+        );
+    }
+    eprintln!(
+        "[shards] 61 parents labelled (leader {}: {} buckets), cached per replica: {:?}",
+        leader.member,
+        leader.buckets.len(),
+        shards
+            .iter()
+            .map(|s| buckets.values().filter(|b| s.buckets.contains(b)).count())
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
     let ring = Ring::new("ring-kill", FAST).await;
     let mut all = vec![ring.start("a"), ring.start("b"), ring.start("c")];
@@ -246,6 +327,7 @@ async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
     let took = started.elapsed();
     let survivors: Vec<&Replica> = all.iter().collect();
     let after = settled(&survivors).await;
+    own_parents_cached(&survivors, &buckets).await;
     let writes = settled_writes(offset, ring.ns.name()).await;
     assert_one_write_each(
         &writes,
@@ -290,15 +372,48 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     let buckets = ring.buckets().await;
     tokio::time::sleep(QUIET).await;
 
-    // The fourth joins while every parent is being edited.
+    // The fourth joins while every parent is being edited, and new parents
+    // are made (unlabelled) while buckets move.
     let offset = audit::offset();
     let d = ring.start("d");
+    let fresh: Vec<String> = (0..20).map(|i| format!("n{i:03}")).collect();
     ring.edit(&names, "two").await;
+    ring.create(&fresh, "one").await;
     ring.converged(&names, "two").await;
+    ring.converged(&fresh, "one").await;
     let replicas = [&a, &b, &c, &d];
     let four = settled(&replicas).await;
     let writes = settled_writes(offset, ring.ns.name()).await;
-    assert_one_write_each(&writes, &ring.kind, &names, &buckets, None);
+    let is_fresh = |w: &support::audit::Write| fresh.iter().any(|f| w.name.starts_with(f.as_str()));
+    let old: Vec<_> = writes.iter().filter(|w| !is_fresh(w)).cloned().collect();
+    assert_one_write_each(&old, &ring.kind, &names, &buckets, None);
+    // Each new parent: labelled once, its child written once, its status
+    // by that same replica only: reconciled by one replica, once.
+    let by_parent = writes_by_parent(&writes, &ring.kind);
+    let labels = parent_writes(&writes, &ring.kind);
+    for name in &fresh {
+        let child = by_parent
+            .get(&(name.clone(), "child"))
+            .cloned()
+            .unwrap_or_default();
+        let status = by_parent
+            .get(&(name.clone(), "status"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(child.len(), 1, "{name}: child written by {child:?}");
+        assert!(
+            !status.is_empty() && status.iter().all(|w| *w == child[0]),
+            "{name}: child by {child:?}, status by {status:?}"
+        );
+        assert_eq!(
+            labels.get(name).map(Vec::len),
+            Some(1),
+            "{name}: label writes {labels:?}"
+        );
+    }
+    let mut buckets = buckets;
+    buckets.extend(ring.buckets().await);
+    own_parents_cached(&replicas, &buckets).await;
     // Rendezvous hashing: a joining member takes buckets, the others gain none.
     for (old, new) in three.iter().zip(&four) {
         assert!(
@@ -318,6 +433,7 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     // Settled: the next edit is written by the four owners, d its share.
     let before = child_write_counts(&replicas).await;
     let offset = audit::offset();
+    let names: Vec<String> = names.into_iter().chain(fresh).collect();
     ring.edit(&names, "three").await;
     ring.converged(&names, "three").await;
     tokio::time::sleep(QUIET).await;
@@ -328,7 +444,7 @@ async fn a_joining_replica_takes_its_share_and_no_parent_is_written_twice() {
     let d_share = names.iter().filter(|n| owners[&buckets[*n]] == "d").count() as u64;
     assert_eq!(after[3] - before[3], d_share, "d wrote its share");
     eprintln!(
-        "[shards] a fourth replica joined mid-edit: {:?} buckets after, {d_share} of 40 parents now d's",
+        "[shards] a fourth replica joined mid-edit: {:?} buckets after, {d_share} of 60 parents now d's",
         four.iter().map(|s| s.buckets.len()).collect::<Vec<_>>()
     );
 }
@@ -357,6 +473,7 @@ async fn sigterm_hands_a_replicas_buckets_over_in_seconds() {
     let status = leaving.exited(Duration::from_secs(10)).await;
     let survivors: Vec<&Replica> = all.iter().collect();
     settled(&survivors).await;
+    own_parents_cached(&survivors, &buckets).await;
     let writes = settled_writes(offset, ring.ns.name()).await;
     // One write each; by a survivor, or by the leaving replica if the edit
     // reached it before it stopped.

@@ -21,7 +21,7 @@ impl Run {
         );
         let _ = writeln!(
             out,
-            "{:<17} {:>9} {:>7} {:>8} {:>5} {:>5} {:>7} {:>7} {:>7}  {:<24} {:<30} load before -> after",
+            "{:<17} {:>9} {:>7} {:>8} {:>5} {:>5} {:>7} {:>7} {:>7} {:>7}  {:<24} {:<30} load before -> after",
             "phase",
             "time",
             "child-w",
@@ -30,6 +30,7 @@ impl Run {
             "dup",
             "refused",
             "status",
+            "labels",
             "events",
             "child-w per replica",
             "CPU s per replica",
@@ -47,10 +48,11 @@ impl Run {
                 .map(|(_, c)| format!("{:.1}", c.cpu))
                 .collect();
             let status: u64 = p.done.iter().map(|(_, c)| c.status_writes(PLURAL)).sum();
+            let labels: u64 = p.done.iter().map(|(_, c)| c.label_writes(PLURAL)).sum();
             let events: u64 = p.done.iter().map(|(_, c)| c.event_writes()).sum();
             let _ = writeln!(
                 out,
-                "{:<17} {:>8.2}s {:>7} {:>8} {:>5} {:>5} {:>7} {:>7} {:>7}  {:<24} {:<30} {} -> {}",
+                "{:<17} {:>8.2}s {:>7} {:>8} {:>5} {:>5} {:>7} {:>7} {:>7} {:>7}  {:<24} {:<30} {} -> {}",
                 p.what,
                 p.took.as_secs_f64(),
                 p.operator_child_writes(),
@@ -61,6 +63,7 @@ impl Run {
                     .as_ref()
                     .map_or("-".to_owned(), |a| a.refused.to_string()),
                 status,
+                labels,
                 events,
                 per.join(" / "),
                 cpu.join(" / "),
@@ -109,7 +112,8 @@ impl Run {
             "(child-w: write requests on the ConfigMaps by the replicas' own counts; expected: one per changed child; \
              extra: child-w - expected; dup: writes the API server accepted beyond one per changed child (audit log); \
              refused: child writes it refused (a SIGKILLed replica's in flight: 504); status/events: writes on \
-             the parents' status and Events; a SIGKILLed replica's counts are its last read before the kill)"
+             the parents' status and Events; labels: writes on the parents themselves, the `trellis.dev/bucket` label \
+             written once per parent; a SIGKILLed replica's counts are its last read before the kill)"
         );
         for p in &self.problems {
             let _ = writeln!(out, "PROBLEM: {p}");

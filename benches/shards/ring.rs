@@ -50,9 +50,35 @@ impl Counters {
         self.requests.on(&["configmaps"]).writes()
     }
 
-    /// Write requests on the parents (their status).
+    /// Write requests on the parents' status.
     pub fn status_writes(&self, plural: &str) -> u64 {
-        self.requests.on(&[plural]).writes()
+        self.parent_writes(plural, true)
+    }
+
+    /// Write requests on the parents themselves (not their status): the
+    /// `trellis.dev/bucket` label, once per parent.
+    pub fn label_writes(&self, plural: &str) -> u64 {
+        self.parent_writes(plural, false)
+    }
+
+    /// Writes on `[group/]plural[/status]`, with or without `/status`.
+    fn parent_writes(&self, plural: &str, status: bool) -> u64 {
+        let on = |resource: &str| {
+            let parts: Vec<&str> = resource.split('/').collect();
+            parts
+                .iter()
+                .position(|p| *p == plural)
+                .is_some_and(|i| (parts.get(i + 1) == Some(&"status")) == status)
+        };
+        common::Requests(
+            self.requests
+                .0
+                .iter()
+                .filter(|(k, _)| on(&k.resource))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+        )
+        .writes()
     }
 
     pub fn event_writes(&self) -> u64 {

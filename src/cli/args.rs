@@ -383,6 +383,11 @@ pub enum Command {
         /// on the generated CRDs, by name) [default: off]
         #[arg(long)]
         manage_crds: bool,
+        /// Also grant what `trellis run --shards` needs (patch on each parent
+        /// kind, for the `trellis.dev/bucket` label written once on each
+        /// parent) [default: off]
+        #[arg(long)]
+        shards: bool,
         /// The namespace trellis runs in: the Role is printed there, and
         /// --from-cluster reads the revision ConfigMaps there
         #[arg(

@@ -23,6 +23,8 @@ use crate::yaml;
 pub struct RbacRoles {
     /// Also what `trellis run --manage-crds` needs.
     pub manage_crds: bool,
+    /// Also what `trellis run --shards` needs.
+    pub shards: bool,
     /// Only the read-only role `trellis tree` needs (`--viewer`).
     pub viewer: bool,
     /// Only what the credentials of this spoke need there (`--cluster`).
@@ -38,6 +40,7 @@ pub fn rbac(
 ) -> ExitCode {
     let RbacRoles {
         manage_crds,
+        shards,
         viewer,
         cluster,
     } = roles;
@@ -82,7 +85,7 @@ pub fn rbac(
     } else if viewer {
         vec![crate::rbac::viewer_role(&versions, name)]
     } else {
-        crate::rbac::all_roles(&versions, name, operator_namespace, manage_crds)
+        crate::rbac::all_roles_with(&versions, name, operator_namespace, manage_crds, shards)
     };
     for role in roles {
         match yaml::to_string(&role) {

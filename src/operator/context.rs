@@ -34,8 +34,10 @@ pub struct RuleCtx {
     pub shared: Arc<Shared>,
     /// Caches of child kinds, filtered to this rule by label.
     pub children: Vec<ChildCache>,
-    /// The parent cache.
+    /// The parent cache: under `--shards`, this replica's buckets' parents only.
     pub parents: Store<ParentObject>,
+    /// The buckets whose parents the parent cache holds in full.
+    pub parents_listed: watch::Receiver<crate::shard::BucketSet>,
     /// Parents that may have left the rule's scope, to release (see
     /// [`super::pass::released`]).
     pub released: super::pass::released::Sender,
@@ -515,12 +517,12 @@ impl RuleCtx {
         self.shared.check_parent_write(parent_uid)
     }
 
-    /// The buckets whose children every child cache holds (all without
-    /// `--shards`, once listed).
+    /// The buckets whose parents and children the caches hold (all
+    /// without `--shards`, once listed).
     pub(super) fn listed_buckets(&self) -> crate::shard::BucketSet {
         self.children
             .iter()
-            .fold(crate::shard::BucketSet::all(), |all, c| {
+            .fold(*self.parents_listed.borrow(), |all, c| {
                 all.intersection(&c.listed.borrow())
             })
     }

@@ -117,6 +117,40 @@ pub struct Shared {
     pub limits: Limits,
     /// The spokes children may be placed in (`cluster:`).
     pub clusters: Arc<clusters::Clusters>,
+    /// Each running rule's parent cache, counted for `/status` and
+    /// `trellis_parents_cached` when asked.
+    pub parent_caches: ParentCaches,
+}
+
+/// Rule → its parent cache.
+pub type ParentCaches = Arc<
+    std::sync::Mutex<
+        BTreeMap<String, kube::runtime::reflector::Store<watches::decode::ParentObject>>,
+    >,
+>;
+
+/// Rule → `{full, stub}`: the parents each rule's cache holds. Every parent
+/// is held in full; under `--shards` only this replica's buckets' are
+/// listed at all (a rule with `rollout:` aside), so none is a stub.
+fn parents_cached(
+    caches: &ParentCaches,
+    metrics: &crate::telemetry::Metrics,
+) -> BTreeMap<String, serde_json::Value> {
+    let mut out = BTreeMap::new();
+    for (rule, store) in lock(caches).iter() {
+        let full = store.state().len() as i64;
+        for (form, n) in [("full", full), ("stub", 0)] {
+            metrics
+                .parents_cached
+                .get_or_create(&crate::telemetry::FormLabel {
+                    rule: rule.clone(),
+                    form: form.to_owned(),
+                })
+                .set(n);
+        }
+        out.insert(rule.clone(), serde_json::json!({"full": full, "stub": 0}));
+    }
+    out
 }
 
 impl Shared {
@@ -245,6 +279,8 @@ fn serve_status(
         shared.migrations.clone(),
     );
     let clusters = shared.clusters.clone();
+    let (caches, metrics) = (shared.parent_caches.clone(), shared.metrics.clone());
+    let (counted, counted_metrics) = (caches.clone(), metrics.clone());
     let obs = Arc::new(crate::telemetry::Observability {
         metrics: shared.metrics.clone(),
         snapshot: Box::new(move || crate::telemetry::Snapshot {
@@ -255,6 +291,10 @@ fn serve_status(
             migrations: lock(&migrations).clone(),
             shard: shard.as_ref().map(|s| s.status_json()),
             clusters: clusters.status_json(),
+            parents: parents_cached(&caches, &metrics),
+        }),
+        refresh: Box::new(move || {
+            parents_cached(&counted, &counted_metrics);
         }),
     });
     tokio::spawn(crate::telemetry::serve(listener, obs, shutdown));
@@ -356,6 +396,7 @@ pub async fn run_with(
         identities: identity::Identities::new(client.clone(), options.operator_namespace.clone()),
         account_recheck: options.account_recheck,
         clusters,
+        parent_caches: Arc::default(),
     });
     let leader_status = Arc::new(std::sync::Mutex::new(LeaderStatus::default()));
     let elector = options.leader_election.clone().map(|settings| {

@@ -110,6 +110,9 @@ pub struct Snapshot {
     pub shard: Option<serde_json::Value>,
     /// `clusters`: each registered spoke (reachable, kinds, since).
     pub clusters: serde_json::Value,
+    /// Rule → the parents its cache holds (`rules.<name>.parents`:
+    /// `{full, stub}`).
+    pub parents: BTreeMap<String, serde_json::Value>,
 }
 
 /// What the endpoints read: the metrics, and a way to take a [`Snapshot`]
@@ -117,6 +120,8 @@ pub struct Snapshot {
 pub struct Observability {
     pub metrics: Arc<Metrics>,
     pub snapshot: Box<dyn Fn() -> Snapshot + Send + Sync>,
+    /// Brings the gauges counted on demand up to date, before a scrape.
+    pub refresh: Box<dyn Fn() + Send + Sync>,
 }
 
 fn state_json(state: &RuleState) -> serde_json::Value {
@@ -133,6 +138,7 @@ fn state_json(state: &RuleState) -> serde_json::Value {
 }
 
 async fn metrics(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
+    (obs.refresh)();
     (
         [(
             header::CONTENT_TYPE,
@@ -148,6 +154,11 @@ async fn status(State(obs): State<Arc<Observability>>) -> impl IntoResponse {
     for (rule, rollout) in now.rollouts {
         if let Some(entry) = out["rules"].get_mut(&rule) {
             entry["rollout"] = rollout;
+        }
+    }
+    for (rule, parents) in now.parents {
+        if let Some(entry) = out["rules"].get_mut(&rule) {
+            entry["parents"] = parents;
         }
     }
     for (rule, migration) in now.migrations {

@@ -355,3 +355,62 @@ pub async fn child_write_counts(replicas: &[&Replica]) -> Vec<u64> {
     }
     out
 }
+
+/// `/status` → `rules.app.parents`: (full, stub).
+pub async fn parents_cached(r: &Replica) -> Result<(u64, u64), String> {
+    let status = r.status().await?;
+    let parents = &status["rules"]["app"]["parents"];
+    match (parents["full"].as_u64(), parents["stub"].as_u64()) {
+        (Some(full), Some(stub)) => Ok((full, stub)),
+        _ => Err(format!("{}: no rules.app.parents: {status}", r.name)),
+    }
+}
+
+/// Waits until each replica's parent cache holds, in full, exactly the
+/// parents (of `buckets`: every parent there is) of the buckets it owns,
+/// and no stub; `/status` and `trellis_parents_cached` agree.
+pub async fn own_parents_cached(replicas: &[&Replica], buckets: &BTreeMap<String, u8>) {
+    support::eventually("each replica caches its own parents only", SETTLE, || async {
+        let mut wrong = Vec::new();
+        for r in replicas {
+            let s = shard(r).await.map_err(|e| vec![e])?;
+            let own = buckets.values().filter(|b| s.buckets.contains(b)).count() as u64;
+            let (full, stub) = parents_cached(r).await.map_err(|e| vec![e])?;
+            let addr = r.addr.to_string();
+            let metric = |form: &'static str| {
+                let addr = addr.clone();
+                async move {
+                    let label = format!("form=\"{form}\"");
+                    support::faults::metric(&addr, "trellis_parents_cached", &[&label]).await as u64
+                }
+            };
+            let (m_full, m_stub) = (metric("full").await, metric("stub").await);
+            if (full, stub, m_full, m_stub) != (own, 0, own, 0) {
+                wrong.push(format!(
+                    "{}: owns {} buckets, {own} of the {} parents; /status full {full} stub {stub}, metric full {m_full} stub {m_stub}",
+                    r.name,
+                    s.buckets.len(),
+                    buckets.len()
+                ));
+            }
+        }
+        if wrong.is_empty() { Ok(()) } else { Err(wrong) }
+    })
+    .await;
+}
+
+/// Writes to the parents themselves (not their status) in the audit log:
+/// parent name → the replicas that sent them (the bucket label).
+pub fn parent_writes(writes: &[Write], kind: &TestKind) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for w in writes.iter().filter(|w| {
+        w.user.starts_with("shard-replica-")
+            && w.resource == kind.plural
+            && w.subresource.is_empty()
+    }) {
+        out.entry(w.name.clone())
+            .or_default()
+            .push(w.user.trim_start_matches("shard-replica-").to_owned());
+    }
+    out
+}

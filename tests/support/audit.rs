@@ -1,6 +1,6 @@
 //! The API server's own record of who wrote what: its audit log (the shared
 //! control plane logs every create, update, patch and delete at level
-//! Metadata when it runs with the node, see tests/cluster). Processes that
+//! Metadata, see tests/cluster). Processes that
 //! share one address and one kubeconfig user are told apart by giving each
 //! a kubeconfig that impersonates a user of its own ([`impersonating_kubeconfig`]).
 
@@ -10,8 +10,22 @@ use std::path::{Path, PathBuf};
 use kube::config::Kubeconfig;
 use serde_json::Value;
 
+/// The local control plane's audit log: in its state directory, or beside
+/// the kubeconfig `TRELLIS_TEST_KUBECONFIG` names when that is one
+/// (`tests/cluster/cluster up DIR` writes DIR/kubeconfig).
 fn log_path() -> PathBuf {
-    super::node::state_dir().join("logs/audit.log")
+    let cluster = super::cluster();
+    let dir = cluster.dir.clone().or_else(|| {
+        let beside = cluster.kubeconfig_path.as_ref()?.parent()?.to_path_buf();
+        beside.join("logs/audit.log").is_file().then_some(beside)
+    });
+    match dir {
+        Some(dir) => dir.join("logs/audit.log"),
+        None => panic!(
+            "no audit log: {} is not a control plane of tests/cluster/cluster",
+            cluster.source
+        ),
+    }
 }
 
 /// A place in an audit log: what was written after it is read later, also

@@ -15,6 +15,7 @@
 //! | each parent kind | get, list, watch | the operator watches parents |
 //! | `<parent>/status` (CRD parents) | patch | status is written through the subresource |
 //! | each parent kind, when it may carry the finalizer | patch, update | adding and removing `trellis.dev/cleanup` |
+//! | each parent kind, with `--shards` | patch | `trellis run --shards`: the `trellis.dev/bucket` label, written once per parent |
 //! | each child kind | get, list, watch + per policy | children are cached; see [`child_verbs`] |
 //! | each related kind | get, list, watch | related objects are read from watch-backed caches |
 //! | each patch target kind | get, list, watch, patch | targets are cached, contributed to by server-side apply; never created or deleted |
@@ -196,7 +197,18 @@ pub fn cluster_roles(set: &RuleSet, name: &str, manage_crds: bool) -> Vec<Value>
 /// each grant is the union over the versions, one account role per rule
 /// name.
 pub fn cluster_roles_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Vec<Value> {
-    let mut roles = vec![cluster_role_of(rules, name, manage_crds)];
+    cluster_roles_with(rules, name, manage_crds, false)
+}
+
+/// [`cluster_roles_of`]; with `shards` (`trellis rbac --shards`) the
+/// operator's role may also patch every parent kind, for its bucket label.
+fn cluster_roles_with(
+    rules: &[&CompiledRule],
+    name: &str,
+    manage_crds: bool,
+    shards: bool,
+) -> Vec<Value> {
+    let mut roles = vec![cluster_role_of(rules, name, manage_crds, shards)];
     let mut names: Vec<&str> = Vec::new();
     for rule in rules {
         if rule.rule.spec.service_account_name.is_some() && !names.contains(&rule.name.as_str()) {
@@ -229,14 +241,18 @@ pub fn account_role_name(name: &str, rule: &str) -> String {
 /// For a rule with an account it holds only the operator's share (see
 /// [`cluster_roles`]).
 pub fn cluster_role_with(set: &RuleSet, name: &str, manage_crds: bool) -> Value {
-    cluster_role_of(&versions(set), name, manage_crds)
+    cluster_role_of(&versions(set), name, manage_crds, false)
 }
 
-fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool) -> Value {
+fn cluster_role_of(rules: &[&CompiledRule], name: &str, manage_crds: bool, shards: bool) -> Value {
     let mut grants = Grants::default();
     operator_grants(&mut grants);
     for rule in rules {
         operator_rule_grants(rule, &mut grants);
+        if shards {
+            let label = shard_label_permission(rule);
+            grants.allow(&label.group, &label.resource, &[Patch]);
+        }
         if manage_crds && rule.crd.is_some() {
             let crd = crate::rules::crd::name(&rule.rule);
             for verb in [Get, Create, Patch] {
@@ -269,7 +285,19 @@ pub fn all_roles(
     namespace: &str,
     manage_crds: bool,
 ) -> Vec<Value> {
-    let mut roles = cluster_roles_of(rules, name, manage_crds);
+    all_roles_with(rules, name, namespace, manage_crds, false)
+}
+
+/// [`all_roles`]; with `shards`, for `trellis run --shards` (see
+/// [`shard_label_permission`]).
+pub fn all_roles_with(
+    rules: &[&CompiledRule],
+    name: &str,
+    namespace: &str,
+    manage_crds: bool,
+    shards: bool,
+) -> Vec<Value> {
+    let mut roles = cluster_roles_with(rules, name, manage_crds, shards);
     roles.push(namespaced_role_of(rules, name, namespace));
     roles
 }
@@ -325,6 +353,19 @@ pub fn rule_permissions(rule: &CompiledRule) -> Vec<Permission> {
     let mut grants = Grants::default();
     operator_rule_grants(rule, &mut grants);
     permissions(grants)
+}
+
+/// Under `trellis run --shards`: patching the rule's parents, for the
+/// `trellis.dev/bucket` label each replica selects its own parents by
+/// (`trellis rbac --shards`; asked by the preflight only with `--shards`).
+pub fn shard_label_permission(rule: &CompiledRule) -> Permission {
+    Permission {
+        group: rule.parent.group.clone(),
+        resource: parent_resource(rule),
+        subresource: None,
+        verb: Patch.as_str(),
+        name: None,
+    }
 }
 
 /// What a rule's account must be allowed to read: get, list and watch on

@@ -22,9 +22,9 @@ use super::Clusters;
 use crate::kinds::Gvk;
 use crate::labels::{LABEL_CLUSTER, LABEL_HUB, LABEL_RULE};
 use crate::operator::lock;
-use crate::operator::watches::cached_child_watch;
 use crate::operator::watches::compact::{ByParent, CompactObject};
 use crate::operator::watches::discovery::{self, Resolved};
+use crate::operator::watches::{BucketScope, BucketWatch, cached_bucket_watch, trim};
 
 /// How often a spoke's `/readyz` is asked.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -58,7 +58,7 @@ struct Reachability {
 }
 
 /// One child kind's watch in a spoke: the hub's own child cache
-/// (`watches::cached_child_watch`), with its index by parent uid.
+/// (`watches::cached_bucket_watch`), with its index by parent uid.
 struct KindCache {
     /// Discovery's answer; `None` until it came.
     kind: Option<Resolved>,
@@ -328,12 +328,16 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
     let by_parent = Arc::new(ByParent::default());
     // Relists are seen as `InitDone` below; nothing else listens.
     let (relisted, _) = tokio::sync::mpsc::unbounded_channel();
-    let watch = cached_child_watch(
+    let resource = kind.resource.clone();
+    let watch: BucketWatch<CompactObject, _> = cached_bucket_watch(
         &spoke.client,
-        &kind,
-        &[],
-        format!("{LABEL_HUB}={}", clusters.hub),
-        None,
+        BucketScope {
+            kind: &kind,
+            namespaces: &[],
+            config: watcher::Config::default().labels(&format!("{LABEL_HUB}={}", clusters.hub)),
+            buckets: None,
+            trim: move || trim(&resource),
+        },
         relisted,
         {
             let by_parent = by_parent.clone();

@@ -116,8 +116,13 @@ async fn rule_loop(
             report(
                 &mut last_state,
                 RuleState::Inactive(format!(
-                    "trellis may not {}; grant what `trellis rbac` prints",
-                    missing.join(", ")
+                    "trellis may not {}; grant what `trellis rbac{}` prints",
+                    missing.join(", "),
+                    if shared.shards.is_some() {
+                        " --shards"
+                    } else {
+                        ""
+                    }
                 )),
             );
             pause(&shared, &shutdown, Duration::from_secs(60)).await;
@@ -273,6 +278,18 @@ async fn preflight(
         &shared.namespaces,
         &shared.operator_namespace,
     );
+    let mut checks = checks;
+    if shared.shards.is_some() {
+        // The bucket label each replica selects its own parents by.
+        checks.extend(access::checks(
+            vec![crate::rbac::shard_label_permission(rule)],
+            rule,
+            kinds,
+            namespaces,
+            &shared.namespaces,
+            &shared.operator_namespace,
+        ));
+    }
     let mut missing = Vec::new();
     for check in checks {
         let review = SelfSubjectAccessReview {

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::operator::Shared;
 use crate::operator::context::{self, ChildCache, RuleCtx};
+use crate::operator::leadership::shards::labeller;
 use crate::operator::pass::reconcile;
 use crate::operator::retry::{Failures, Outage};
 use crate::operator::rollout::versions::Versions;
@@ -32,9 +33,10 @@ use crate::operator::watches::compact::{ByParent, CompactObject};
 use crate::operator::watches::decode::ParentObject;
 use crate::operator::watches::discovery::RuleKinds;
 use crate::operator::watches::triggers;
-use crate::operator::watches::{self, cached_watch, own_errors, related, selector_string, trim};
+use crate::operator::watches::{self, own_errors, related, selector_string, trim};
 use crate::plan::LABEL_RULE;
 use crate::rules::CompiledRule;
+use crate::shard::BucketSet;
 
 /// One event of the parent watch.
 type ParentEvent = Result<watcher::Event<ParentObject>, watcher::Error>;
@@ -70,8 +72,36 @@ pub(super) async fn run_controller(
     let rule = rules.borrow().clone();
     let parent_kind = kinds.parent.clone();
     let (relisted_tx, relisted_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (parents, parent_stream, parents_by_uid) =
-        watch_parents(&rule, &kinds, &namespaces, &shared, relisted_tx.clone());
+    let (label_tx, label_rx) = tokio::sync::mpsc::unbounded_channel();
+    let ParentWatch {
+        store: parents,
+        stream: parent_stream,
+        by_uid: parents_by_uid,
+        listed: parents_listed,
+    } = watch_parents(
+        &rule,
+        &kinds,
+        &namespaces,
+        &shared,
+        relisted_tx.clone(),
+        label_tx.clone(),
+    );
+    let labeller = shared.shards.as_ref().map(|_| {
+        tokio::spawn(labeller::run(
+            labeller::Parents {
+                client: shared.client.clone(),
+                kind: kinds.parent.clone(),
+                namespaces: namespaces.clone(),
+                selector: rule.rule.spec.parent.selector.as_ref().map(selector_string),
+                gate: shared.gate.clone(),
+            },
+            label_tx,
+            label_rx,
+            stop.clone(),
+        ))
+    });
+    let restart = restart_when_parent_cut_changes(&rules, &shared, &stop);
+    crate::operator::lock(&shared.parent_caches).insert(rule.name.clone(), parents.clone());
     let related = related::Caches::start(
         &shared.client,
         &rule,
@@ -89,10 +119,20 @@ pub(super) async fn run_controller(
     }
     let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
     let forget = on_parent_event(&related.caches, &parent_kind, &rules, &released_tx);
+    let (relisted_parents_tx, mut relisted_parents) = tokio::sync::mpsc::unbounded_channel();
+    let mut keep = triggers::after_relists(
+        parents.clone(),
+        parent_kind.resource.clone(),
+        |old, new| outside_status(old) != outside_status(new),
+        relisted_parents_tx,
+    );
+    let parent_stream = parent_stream
+        .inspect(forget)
+        .filter(move |event| std::future::ready(keep(event)));
     let controller = Controller::for_stream_with(
         own_errors(
             format!("{} {}", rule.name, parent_kind.gvk),
-            parent_stream.inspect(forget).applied_objects(),
+            parent_stream.applied_objects(),
         )
         .predicate_filter(
             outside_status,
@@ -102,6 +142,9 @@ pub(super) async fn run_controller(
         parent_kind.resource.clone(),
     );
     let spoke_parents = parents_by_uid.clone();
+    let controller = controller.reconcile_on(futures::stream::poll_fn(move |cx| {
+        relisted_parents.poll_recv(cx)
+    }));
     let (controller, child_stores) = watch_children(
         controller,
         &rule,
@@ -134,6 +177,7 @@ pub(super) async fn run_controller(
         shared: shared.clone(),
         children: child_stores,
         parents: parents.clone(),
+        parents_listed,
         released: released_tx,
         failures: Failures::default(),
         outage: Outage::default(),
@@ -189,6 +233,11 @@ pub(super) async fn run_controller(
         () = unlisted_at_stop => debug!(rule = %rule.name, "stopped before the parents were listed"),
     }
     listing.abort();
+    if let Some(task) = labeller {
+        task.abort();
+    }
+    restart.abort();
+    forget_parent_cache(&shared, &rule.name);
     rollout_task.abort();
     released_task.abort();
 }
@@ -216,6 +265,20 @@ fn on_parent_event(
     }
 }
 
+/// A stopped rule's parent cache is no longer counted.
+fn forget_parent_cache(shared: &Shared, rule: &str) {
+    crate::operator::lock(&shared.parent_caches).remove(rule);
+    for form in ["full", "stub"] {
+        shared
+            .metrics
+            .parents_cached
+            .remove(&crate::telemetry::FormLabel {
+                rule: rule.to_owned(),
+                form: form.to_owned(),
+            });
+    }
+}
+
 /// One line on what a running rule watches.
 fn log_watching(rule: &CompiledRule, kinds: &RuleKinds, namespaces: &[String]) {
     info!(
@@ -228,20 +291,32 @@ fn log_watching(rule: &CompiledRule, kinds: &RuleKinds, namespaces: &[String]) {
     );
 }
 
-/// The parent watch: its store, its events, and (for a namespaced parent
-/// whose children may live elsewhere) the parents by uid, for the mapper of
-/// children without a controller ownerReference.
+/// The parent watch: its store, its events, the buckets it holds in full,
+/// and (for a namespaced parent whose children may live elsewhere) the
+/// parents by uid, for the mapper of children without a controller
+/// ownerReference.
+struct ParentWatch<S> {
+    store: Store<ParentObject>,
+    stream: S,
+    by_uid: Option<Arc<ByUid>>,
+    listed: watch::Receiver<BucketSet>,
+}
+
+/// Whether a replica under `--shards` lists only its own buckets' parents
+/// (by their bucket label): yes, but for a rule with `rollout:`, whose
+/// decisions (the leader's) count every parent.
+fn parents_cut(rule: &CompiledRule, shared: &Shared) -> bool {
+    shared.shards.is_some() && rule.rollout.is_none()
+}
+
 fn watch_parents(
     rule: &CompiledRule,
     kinds: &RuleKinds,
     namespaces: &[String],
     shared: &Shared,
     relisted: UnboundedSender<()>,
-) -> (
-    Store<ParentObject>,
-    impl Stream<Item = ParentEvent> + Send + 'static,
-    Option<Arc<ByUid>>,
-) {
+    label: labeller::Sender,
+) -> ParentWatch<impl Stream<Item = ParentEvent> + Send + 'static> {
     // Parents come as watch events, never as one LIST response: a list
     // decodes as a whole, so one parent too deep to decode would fail every
     // parent of the kind (see `decode`); events decode one by one.
@@ -257,27 +332,75 @@ fn watch_parents(
             || kinds.children.iter().any(|k| !k.namespaced)))
         || rule.children.iter().any(|c| c.cluster.is_some());
     let parents_by_uid = unowned_children.then(|| Arc::new(ByUid::default()));
-    let (parents, stream) = cached_watch(
+    let cut = parents_cut(rule, shared);
+    let buckets = shared
+        .shards
+        .as_ref()
+        .filter(|_| cut)
+        .map(|shards| shards.owned());
+    let resource = kinds.parent.resource.clone();
+    let watches::BucketWatch {
+        store,
+        stream,
+        listed,
+    } = watches::cached_bucket_watch(
         &shared.client,
-        &kinds.parent,
-        namespaces,
-        parent_config,
-        relisted,
-        {
-            let mut trim = trim(&kinds.parent.resource);
-            move |p: &mut ParentObject| trim(&mut p.object)
+        watches::BucketScope {
+            kind: &kinds.parent,
+            namespaces,
+            config: parent_config,
+            buckets,
+            trim: move || {
+                let mut trim = trim(&resource);
+                move |p: &mut ParentObject| trim(&mut p.object)
+            },
         },
+        relisted,
         {
             let index = parents_by_uid.clone();
             move |event: &watcher::Event<ParentObject>| {
                 if let Some(index) = &index {
                     index.observe(event);
                 }
+                // Selected by a label that is not its uid's bucket (a
+                // copied manifest): labelled again, then its owner's.
+                if cut
+                    && let watcher::Event::Apply(p) | watcher::Event::InitApply(p) = event
+                    && let Some(to) = labeller::mislabelled(&p.object.metadata)
+                {
+                    let _ = label.send(to);
+                }
             }
         },
     );
+    ParentWatch {
+        store,
+        stream,
+        by_uid: parents_by_uid,
+        listed,
+    }
+}
 
-    (parents, stream, parents_by_uid)
+/// Under `--shards`, a reload that adds or drops `rollout:` changes which
+/// parents this replica lists ([`parents_cut`]): the rule's watches start
+/// again.
+fn restart_when_parent_cut_changes(
+    rules: &watch::Receiver<Arc<CompiledRule>>,
+    shared: &Arc<Shared>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (mut rules, shared, stop) = (rules.clone(), shared.clone(), stop.clone());
+    tokio::spawn(async move {
+        let cut = parents_cut(&rules.borrow_and_update(), &shared);
+        while rules.changed().await.is_ok() {
+            let rule = rules.borrow_and_update().clone();
+            if parents_cut(&rule, &shared) != cut {
+                info!(rule = %rule.name, "restarting watches: rollout: added or removed changes which parents this replica lists");
+                stop.cancel();
+                return;
+            }
+        }
+    })
 }
 
 /// One watch per child kind, each feeding its cache and waking the parent
@@ -299,16 +422,20 @@ fn watch_children(
         let anywhere = watches::children_anywhere(rule, &kind.gvk);
         let scope: &[String] = if anywhere { &[] } else { namespaces };
         let by_parent = Arc::new(ByParent::default());
-        let watches::ChildWatch {
+        let resource = kind.resource.clone();
+        let watches::BucketWatch {
             store,
             stream,
             listed,
-        } = watches::cached_child_watch(
+        } = watches::cached_bucket_watch(
             &shared.client,
-            kind,
-            scope,
-            child_labels.clone(),
-            owned.clone(),
+            watches::BucketScope {
+                kind,
+                namespaces: scope,
+                config: watcher::Config::default().labels(&child_labels),
+                buckets: owned.clone(),
+                trim: move || trim(&resource),
+            },
             relisted.clone(),
             {
                 let by_parent = by_parent.clone();

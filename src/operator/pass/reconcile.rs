@@ -29,6 +29,9 @@ use crate::status_patch::mark_apply_error;
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// How soon a pass refused by a late member Lease renewal is tried again.
+const FENCED_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// [`reconcile`], counted and timed in the metrics.
 pub async fn reconcile_measured(
     parent: Arc<ParentObject>,
@@ -37,7 +40,20 @@ pub async fn reconcile_measured(
     let started = std::time::Instant::now();
     let rule = ctx.rule().name.clone();
     let skipped = AtomicBool::new(false);
+    let uid = parent.object.metadata.uid.clone().unwrap_or_default();
     let result = match reconcile(parent, ctx.clone(), &skipped).await {
+        // Under --shards, a parent of our bucket refused while our member
+        // Lease's renewal is late: tried again shortly (under load a slow
+        // renewal refused every pass of an edit, and nothing woke them).
+        Err(Error::NotLeader(_))
+            if ctx
+                .shared
+                .shards
+                .as_ref()
+                .is_some_and(|s| s.fenced_out(&uid)) =>
+        {
+            return Ok(Action::requeue(FENCED_RETRY));
+        }
         // A standby (or a leader that just lost the Lease) leaves the pass
         // to the leader, which reconciles every parent on taking over.
         Err(Error::NotLeader(_)) => return Ok(Action::await_change()),

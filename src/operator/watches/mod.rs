@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  watcher (label selector, one namespace or all) ──trim──▶ observe (indexes) ──▶ reflector store
-//!        │ child kinds under --shards: the selector follows the replica's buckets;
-//!        │ a new bucket set restarts the watch, whose fresh list replaces the store
+//!        │ parents and child kinds under --shards: the selector follows the replica's
+//!        │ buckets; a new bucket set restarts the watch, whose fresh list replaces the store
 //!        ▼
 //!  InitDone ──▶ `listed`: the buckets whose children the store now holds
 //! ```
@@ -88,7 +88,7 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 /// in apiVersion/kind, which list responses leave out of their items.
 pub(super) fn trim(
     resource: &kube::discovery::ApiResource,
-) -> impl FnMut(&mut CompactObject) + Send + 'static {
+) -> impl FnMut(&mut CompactObject) + Send + 'static + use<> {
     let types = kube::core::TypeMeta {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
@@ -100,33 +100,6 @@ pub(super) fn trim(
         }
         obj.types = Some(types.clone());
     }
-}
-
-/// A cache of one kind: a watch (one namespace, or all and filtered) feeding a store.
-pub(super) fn cached_watch<K>(
-    client: &Client,
-    kind: &Resolved,
-    namespaces: &[String],
-    config: watcher::Config,
-    relisted: tokio::sync::mpsc::UnboundedSender<()>,
-    trim: impl FnMut(&mut K) + Send + 'static,
-    observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
-) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Watched,
-{
-    let writer = Writer::new(kind.resource.clone());
-    let store = writer.as_reader();
-    let stream = observed_then_stored(
-        watch_stream(client, kind, namespaces, config, trim),
-        writer,
-        observe,
-    )
-    .inspect(relist_signal(relisted));
-    (store, stream)
 }
 
 /// Feeds each event to `observe` (an index of the store) before the store
@@ -224,52 +197,75 @@ pub(super) fn own_errors<K: Send + 'static>(
     })
 }
 
-/// A child kind's cache. With `buckets` (a replica under `--shards`) the
-/// watch selects only those buckets' children and follows the set as it
-/// changes; `listed` says which buckets the store holds in full, so a pass
-/// never plans a parent whose children are still being listed (it would
-/// re-create them). Without, `listed` is every bucket once the first list is in.
-pub(super) struct ChildWatch<S> {
-    pub store: Store<CompactObject>,
+/// A cache cut by bucket (a child kind's, and under `--shards` the
+/// parents'). With `buckets` (a replica under `--shards`) the watch selects
+/// only those buckets' objects and follows the set as it changes; `listed`
+/// says which buckets the store holds in full, so a pass never plans a
+/// parent whose children (or which parent) are still being listed (it
+/// would re-create them). Without, `listed` is every bucket once the first
+/// list is in.
+pub(super) struct BucketWatch<K: Watched, S> {
+    pub store: Store<K>,
     pub stream: S,
     pub listed: watch::Receiver<BucketSet>,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn cached_child_watch(
+/// What a [`BucketWatch`] watches: `config` (its own label selector, to
+/// which the buckets' is added), and `trim` made afresh for each watch a
+/// new bucket set starts.
+pub(super) struct BucketScope<'a, F> {
+    pub kind: &'a Resolved,
+    pub namespaces: &'a [String],
+    pub config: watcher::Config,
+    pub buckets: Option<watch::Receiver<BucketSet>>,
+    pub trim: F,
+}
+
+pub(super) fn cached_bucket_watch<K, F, T, O>(
     client: &Client,
-    kind: &Resolved,
-    namespaces: &[String],
-    labels: String,
-    buckets: Option<watch::Receiver<BucketSet>>,
+    scope: BucketScope<'_, F>,
     relisted: tokio::sync::mpsc::UnboundedSender<()>,
-    observe: impl FnMut(&watcher::Event<CompactObject>) + Send + 'static,
-) -> ChildWatch<
-    impl futures::Stream<Item = Result<watcher::Event<CompactObject>, watcher::Error>> + Send + 'static,
-> {
+    observe: O,
+) -> BucketWatch<
+    K,
+    impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+    + Send
+    + 'static
+    + use<K, F, T, O>,
+>
+where
+    K: Watched,
+    O: FnMut(&watcher::Event<K>) + Send + 'static,
+    F: Fn() -> T + Send + 'static,
+    T: FnMut(&mut K) + Send + 'static,
+{
+    let BucketScope {
+        kind,
+        namespaces,
+        config,
+        buckets,
+        trim,
+    } = scope;
     let writer = Writer::new(kind.resource.clone());
     let store = writer.as_reader();
     let (listed_tx, listed) = watch::channel(BucketSet::empty());
     // The set the running watch selects, read when its list completes.
     let selecting = Arc::new(Mutex::new(BucketSet::all()));
-    let source: EventStream<CompactObject> = match buckets {
-        None => watch_stream(
-            client,
-            kind,
-            namespaces,
-            watcher::Config::default().labels(&labels),
-            trim(&kind.resource),
-        )
-        .inspect(relist_signal(relisted))
-        .boxed(),
+    let source: EventStream<K> = match buckets {
+        None => watch_stream(client, kind, namespaces, config, trim())
+            .inspect(relist_signal(relisted))
+            .boxed(),
         Some(buckets) => following(
-            client.clone(),
-            kind.clone(),
-            namespaces.to_vec(),
-            labels,
+            Following {
+                client: client.clone(),
+                kind: kind.clone(),
+                namespaces: namespaces.to_vec(),
+                config,
+                trim,
+                selecting: selecting.clone(),
+                relisted,
+            },
             buckets,
-            selecting.clone(),
-            relisted,
         ),
     };
     let stream = observed_then_stored(source, writer, observe).inspect(move |event| {
@@ -277,40 +273,58 @@ pub(super) fn cached_child_watch(
             listed_tx.send_replace(*super::lock(&selecting));
         }
     });
-    ChildWatch {
+    BucketWatch {
         store,
         stream,
         listed,
     }
 }
 
+/// What [`following`] restarts its watch with.
+struct Following<F> {
+    client: Client,
+    kind: Resolved,
+    namespaces: Vec<String>,
+    config: watcher::Config,
+    trim: F,
+    selecting: Arc<Mutex<BucketSet>>,
+    relisted: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+/// `config` with `by_bucket` added to its label selector.
+fn with_buckets(config: &watcher::Config, by_bucket: &str) -> watcher::Config {
+    let mut config = config.clone();
+    config.label_selector = Some(match config.label_selector.as_deref() {
+        Some(own) if !own.is_empty() => format!("{own},{by_bucket}"),
+        _ => by_bucket.to_owned(),
+    });
+    config
+}
+
 /// A watch whose selector follows `buckets`: each new set starts a fresh
 /// watch (its list replaces the store's content); an empty set lists
 /// nothing. A relist that is not a switch (the server lost the watch) is
 /// signalled on `relisted` like any other watch's.
-fn following(
-    client: Client,
-    kind: Resolved,
-    namespaces: Vec<String>,
-    labels: String,
-    buckets: watch::Receiver<BucketSet>,
-    selecting: Arc<Mutex<BucketSet>>,
-    relisted: tokio::sync::mpsc::UnboundedSender<()>,
-) -> EventStream<CompactObject> {
-    let start = move |set: BucketSet| -> EventStream<CompactObject> {
-        *super::lock(&selecting) = set;
+fn following<K, F, T>(how: Following<F>, buckets: watch::Receiver<BucketSet>) -> EventStream<K>
+where
+    K: Watched,
+    F: Fn() -> T + Send + 'static,
+    T: FnMut(&mut K) + Send + 'static,
+{
+    let start = move |set: BucketSet| -> EventStream<K> {
+        *super::lock(&how.selecting) = set;
         match set.label_selector() {
             None => futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
                 .chain(futures::stream::pending())
                 .boxed(),
             Some(by_bucket) => watch_stream(
-                &client,
-                &kind,
-                &namespaces,
-                watcher::Config::default().labels(&format!("{labels},{by_bucket}")),
-                trim(&kind.resource),
+                &how.client,
+                &how.kind,
+                &how.namespaces,
+                with_buckets(&how.config, &by_bucket),
+                (how.trim)(),
             )
-            .inspect(relist_signal(relisted.clone()))
+            .inspect(relist_signal(how.relisted.clone()))
             .boxed(),
         }
     };

@@ -1,7 +1,8 @@
 //! What wakes a rule's parents besides their own events: a child's event
 //! (mapped to its parent), the API server serving again after an outage,
-//! under `--shards`, a bucket becoming this replica's to write, and a
-//! child in another cluster changing, or that cluster's state.
+//! a parent that changed while its watch listed again, under `--shards`, a
+//! bucket becoming this replica's to write, and a child in another cluster
+//! changing, or that cluster's state.
 
 use std::sync::Arc;
 
@@ -51,13 +52,18 @@ pub(in crate::operator) fn parent_of(
 }
 
 /// Under `--shards`: the parents of each bucket that becomes ready for a
-/// pass here, writable and its children listed (a bucket gained in a
-/// handover, or listed after it opened).
+/// pass here, writable and its parents and children listed (a bucket
+/// gained in a handover, or listed after it opened).
 pub(in crate::operator) fn opened_parents(
     ctx: Arc<RuleCtx>,
     writable: watch::Receiver<BucketSet>,
 ) -> impl futures::Stream<Item = ObjectRef<ParentObject>> + Send {
-    let listed: Vec<_> = ctx.children.iter().map(|c| c.listed.clone()).collect();
+    let listed: Vec<_> = ctx
+        .children
+        .iter()
+        .map(|c| c.listed.clone())
+        .chain(std::iter::once(ctx.parents_listed.clone()))
+        .collect();
     let changes = futures::stream::select_all(
         std::iter::once(changes_of(writable)).chain(listed.into_iter().map(changes_of)),
     );
@@ -87,6 +93,50 @@ pub(in crate::operator) fn opened_parents(
         };
         futures::stream::iter(parents)
     })
+}
+
+/// The parents a list after the first brings new or changed, woken once
+/// the list is in the store. A pass reads its parent from the store, and
+/// the store takes a list whole at its end: woken by the listed object
+/// itself, a pass would read the parent as it was before the list (an
+/// edit made while a watch switched buckets was lost so: the pass saw the
+/// old spec, and once the list was in nothing woke the parent again).
+/// So, once the store has been listed, a list's objects are kept from the
+/// controller (`keep` says no), compared with the store's, and those new or
+/// changed are handed to `woken` when the list is done. The first list
+/// goes to the controller as it comes: it runs nothing before the store is
+/// ready.
+pub(in crate::operator) fn after_relists(
+    store: kube::runtime::reflector::Store<ParentObject>,
+    resource: super::decode::SharedResource,
+    differs: impl Fn(&ParentObject, &ParentObject) -> bool + Send + 'static,
+    woken: tokio::sync::mpsc::UnboundedSender<ObjectRef<ParentObject>>,
+) -> impl FnMut(
+    &Result<kube::runtime::watcher::Event<ParentObject>, kube::runtime::watcher::Error>,
+) -> bool
++ Send
++ 'static {
+    use kube::runtime::watcher::Event;
+    let mut listed = false;
+    let mut changed: Vec<ObjectRef<ParentObject>> = Vec::new();
+    move |event| match event {
+        Ok(Event::InitApply(p)) if listed => {
+            let at = ObjectRef::from_obj_with(p, resource.clone());
+            if store.get(&at).is_none_or(|old| differs(&old, p)) {
+                changed.push(at);
+            }
+            false
+        }
+        Ok(Event::InitDone) => {
+            for at in changed.drain(..) {
+                let _ = woken.send(at);
+            }
+            changed.shrink_to_fit();
+            listed = true;
+            true
+        }
+        _ => true,
+    }
 }
 
 /// Yields once at once, then on every change of `rx`.
@@ -191,4 +241,71 @@ pub(in crate::operator) fn spokes_changed(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::WatchStreamExt;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+
+    fn parent(name: &str, v: &str) -> ParentObject {
+        ParentObject::from_json(&format!(
+            r#"{{"metadata":{{"name":"{name}","namespace":"a","uid":"{name}"}},"spec":{{"v":"{v}"}}}}"#
+        ))
+        .expect("decodes")
+    }
+
+    #[test]
+    fn a_relist_wakes_its_new_and_changed_parents_once_the_store_holds_them() {
+        let resource: super::super::decode::SharedResource =
+            kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+                .into();
+        let writer = Writer::<ParentObject>::new(resource.clone());
+        let store = writer.as_reader();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut keep = after_relists(
+            store.clone(),
+            resource,
+            |old, new| old.outside_status_text() != new.outside_status_text(),
+            tx,
+        );
+        let list = |items: Vec<ParentObject>| {
+            std::iter::once(Ok(Event::Init))
+                .chain(items.into_iter().map(|p| Ok(Event::InitApply(p))))
+                .chain(std::iter::once(Ok(Event::InitDone)))
+                .collect::<Vec<_>>()
+        };
+        let mut events = list(vec![parent("p1", "one"), parent("p2", "one")]);
+        events.extend(list(vec![
+            parent("p1", "one"),
+            parent("p2", "two"),
+            parent("p3", "one"),
+        ]));
+        let kept: Vec<String> = futures::executor::block_on(
+            futures::stream::iter(events)
+                .reflect(writer)
+                .filter(|e| future::ready(keep(e)))
+                .filter_map(|e| {
+                    future::ready(match e {
+                        Ok(Event::InitApply(p)) => p.object.metadata.name.clone(),
+                        Ok(Event::InitDone) => Some("done".to_owned()),
+                        _ => None,
+                    })
+                })
+                .collect(),
+        );
+        assert_eq!(
+            kept,
+            ["p1", "p2", "done", "done"],
+            "the first list goes to the controller, the second is held back"
+        );
+        let mut woken = Vec::new();
+        while let Ok(at) = rx.try_recv() {
+            woken.push(at.name);
+        }
+        assert_eq!(woken, ["p2", "p3"], "changed or new, not the unchanged p1");
+        assert_eq!(store.state().len(), 3);
+    }
 }

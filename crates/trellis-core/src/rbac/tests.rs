@@ -746,3 +746,25 @@ fn a_rule_with_spoke_children_watches_the_cluster_secrets_and_keeps_a_finalizer(
         "the cleanup finalizer takes spoke children away"
     );
 }
+
+#[test]
+fn shards_add_patch_on_each_parent_kind_and_nothing_else() {
+    let set = crate::rules::testing::load_texts(&[("rule.yaml", WEBAPP)]);
+    let rules: Vec<&CompiledRule> = set.rules.iter().map(|r| r.as_ref()).collect();
+    let plain = all_roles(&rules, "trellis", "ops", false);
+    let sharded = all_roles_with(&rules, "trellis", "ops", false, true);
+    assert_eq!(
+        verbs(&plain[0], "demo.trellis.dev", "webapps"),
+        ["get", "list", "watch"]
+    );
+    assert_eq!(
+        verbs(&sharded[0], "demo.trellis.dev", "webapps"),
+        ["get", "list", "watch", "patch"],
+        "the bucket label"
+    );
+    assert_eq!(plain[1], sharded[1], "the Role is the same");
+    assert_eq!(
+        shard_label_permission(rules[0]).to_string(),
+        "patch webapps.demo.trellis.dev"
+    );
+}

@@ -71,6 +71,12 @@ impl Gate {
         })
     }
 
+    /// Whether the gate is open, as it changes (the renew deadline aside:
+    /// for work that runs while leading, checked by `may_write` per write).
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.tx.subscribe()
+    }
+
     /// Yields each time the gate opens (not for the state it is in now):
     /// the trigger that re-reconciles every parent on becoming leader.
     pub fn became_leader(&self) -> impl Stream<Item = ()> + Send + 'static {

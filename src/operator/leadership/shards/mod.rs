@@ -17,7 +17,9 @@
 //!
 //! Files: this one holds [`Shards`], what the write path asks;
 //! `membership.rs` the loop that keeps it current (and, on the leader,
-//! publishes the assignment); `member_lease.rs` what a member Lease looks like.
+//! publishes the assignment); `member_lease.rs` what a member Lease looks like;
+//! `labeller.rs` the bucket label on parents, by which each replica lists
+//! only its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,7 @@ use crate::shard::handover::Handover;
 use crate::shard::{Bucket, BucketSet, bucket_of};
 use crate::telemetry::Metrics;
 
+pub mod labeller;
 mod member_lease;
 mod membership;
 
@@ -90,6 +93,15 @@ impl Shards {
     /// Whether a write for the parent with `uid` may go out now.
     pub fn may_write(&self, uid: &str) -> bool {
         self.fenced() && lock(&self.handover).writable().contains(bucket_of(uid))
+    }
+
+    /// Whether a write for the parent with `uid` is refused only because
+    /// our member Lease's renewal is late (its bucket is ours): the pass is
+    /// worth trying again shortly. Nothing else would wake it: the renewal
+    /// that lifts the fence may come before anyone looks at the fence, so
+    /// the buckets never show as closed meanwhile.
+    pub fn fenced_out(&self, uid: &str) -> bool {
+        !self.fenced() && lock(&self.handover).writable().contains(bucket_of(uid))
     }
 
     /// Starts a pass of the parent with `uid`; `None` when its bucket is
@@ -168,14 +180,17 @@ mod tests {
         }
         assert!(shards.begin(uid).is_none(), "fence not yet renewed");
         assert!(!shards.may_write(uid));
+        assert!(shards.fenced_out(uid), "ours, refused only by the fence");
         shards.fence_until.store(
             epoch_millis(SystemTime::now() + Duration::from_secs(60)),
             Ordering::Release,
         );
         assert!(shards.may_write(uid));
+        assert!(!shards.fenced_out(uid));
         let pass = shards.begin(uid).expect("writable and fenced");
         lock_handover(&shards).assign(&Assignment::new(2, vec!["b".to_owned()]));
         assert!(!shards.may_write(uid), "a lost bucket stops writes at once");
+        assert!(!shards.fenced_out(uid), "not ours: nothing to try again");
         assert_eq!(lock_handover(&shards).ack_due(), None, "a pass is running");
         drop(pass);
         assert_eq!(lock_handover(&shards).ack_due(), Some(2));
