@@ -24,6 +24,24 @@ fn sample_parents() -> Vec<PathBuf> {
     out
 }
 
+/// What the sample Team keeps on purpose when it goes (`deletionPolicy:
+/// retain`): released, it is nobody's, and a Team made again (the next run
+/// of this test on the same cluster) would be refused it as someone else's.
+fn delete_retained() {
+    let _ = kubectl(
+        &[
+            "delete",
+            "--ignore-not-found",
+            "--wait=false",
+            "-n",
+            "payments",
+            "persistentvolumeclaim",
+            "payments-shared-data",
+        ],
+        None,
+    );
+}
+
 /// Deletes the sample parents when the test ends, whatever its outcome:
 /// their Pods would otherwise hold the node's resources for the next tests.
 struct Samples;
@@ -42,6 +60,7 @@ impl Drop for Samples {
                 None,
             );
         }
+        delete_retained();
     }
 }
 
@@ -50,6 +69,8 @@ async fn every_sample_parent_that_can_be_ready_on_this_machine_ends_ready_on_the
     let _turn = DEPLOY.lock().await;
     let client = support::client().await;
     deploy(&client).await;
+    // A run before this one on the same cluster left the Team's claim.
+    delete_retained();
     // Every example CRD, as the quickstart installs them (deploy() installs three).
     for crd in std::fs::read_dir(repo().join("examples/crds")).expect("examples/crds") {
         let path = crd.expect("entry").path();
