@@ -41,21 +41,25 @@ pub mod identity;
 pub mod leadership;
 mod options;
 mod pass;
+mod reloading;
 mod requests;
 mod retry;
 pub mod rollout;
+mod shared;
 mod supervisor;
 pub mod watches;
 pub mod webhook;
 
 pub use options::Options;
+use reloading::{hold_breaking, load, reload_loop};
+use shared::parents_cached;
+pub use shared::{ParentCaches, RuleStates, Shared};
 
 // `trellis diff` and the CLI reach these by the names they had before the
 // operator had rooms.
 pub use rollout::versions;
 pub use watches::discovery;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,7 +73,6 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::render::Limits;
 use crate::rules::RuleSet;
 use leadership::{leader, shards};
 use pass::summary;
@@ -80,160 +83,6 @@ pub use crate::telemetry::{LeaderStatus, ReloadStatus, RuleState};
 pub const FINALIZER: &str = "trellis.dev/cleanup";
 /// Annotation that pauses reconciliation of one parent.
 pub use crate::pass::PAUSED_ANNOTATION;
-
-/// What every rule's controller shares.
-pub struct Shared {
-    pub client: Client,
-    pub recorder: summary::Publisher,
-    pub namespaces: Vec<String>,
-    /// Bounds reconciles in flight across all rules (FIFO, so fair).
-    pub permits: Semaphore,
-    /// Bumped whenever a CRD changes: waiting rules retry discovery.
-    pub crd_epoch: watch::Receiver<u64>,
-    /// What the last reload did, for logs, metrics and `/status`.
-    pub reload: Arc<std::sync::Mutex<ReloadStatus>>,
-    /// Each rule's state, for `/status`.
-    pub rule_states: Arc<std::sync::Mutex<RuleStates>>,
-    pub metrics: Arc<crate::telemetry::Metrics>,
-    /// Whether this replica may write (always, without leader election);
-    /// under `--shards`, whether it does the leader's cluster-wide duties.
-    pub gate: leader::Gate,
-    /// `--shards`: the buckets whose parents this replica writes.
-    pub shards: Option<Arc<shards::Shards>>,
-    /// The rule set in force: the CRD manager (`--manage-crds`) and the
-    /// conversion webhook follow it.
-    pub in_force: watch::Sender<Option<Arc<RuleSet>>>,
-    /// Each rule's storage migration (`rules.<name>.migration`).
-    pub migrations: crds::migration::Progress,
-    /// The operator's own namespace: revision ConfigMaps, rules' accounts.
-    pub operator_namespace: String,
-    /// The clients rules with `serviceAccountName` write their children with.
-    pub identities: identity::Identities,
-    /// How often a running rule's account is checked again.
-    pub account_recheck: Duration,
-    /// Each rule's rollout as `/status` shows it (`rules.<name>.rollout`).
-    pub rollouts: Arc<std::sync::Mutex<BTreeMap<String, serde_json::Value>>>,
-    /// Render limits, for versions rebuilt from their ConfigMaps.
-    pub limits: Limits,
-    /// The spokes children may be placed in (`cluster:`).
-    pub clusters: Arc<clusters::Clusters>,
-    /// Each running rule's parent cache, counted for `/status` and
-    /// `trellis_parents_cached` when asked.
-    pub parent_caches: ParentCaches,
-}
-
-/// Rule → its parent cache.
-pub type ParentCaches = Arc<
-    std::sync::Mutex<
-        BTreeMap<String, kube::runtime::reflector::Store<watches::decode::ParentObject>>,
-    >,
->;
-
-/// Rule → `{full, stub}`: the parents each rule's cache holds. Every parent
-/// is held in full; under `--shards` only this replica's buckets' are
-/// listed at all (a rule with `rollout:` aside), so none is a stub.
-fn parents_cached(
-    caches: &ParentCaches,
-    metrics: &crate::telemetry::Metrics,
-) -> BTreeMap<String, serde_json::Value> {
-    let mut out = BTreeMap::new();
-    for (rule, store) in lock(caches).iter() {
-        let full = store.state().len() as i64;
-        for (form, n) in [("full", full), ("stub", 0)] {
-            metrics
-                .parents_cached
-                .get_or_create(&crate::telemetry::FormLabel {
-                    rule: rule.clone(),
-                    form: form.to_owned(),
-                })
-                .set(n);
-        }
-        out.insert(rule.clone(), serde_json::json!({"full": full, "stub": 0}));
-    }
-    out
-}
-
-impl Shared {
-    /// Whether this replica may write for the parent with `parent_uid` now:
-    /// the leader, or under `--shards` the writer of the parent's bucket.
-    pub fn check_parent_write(&self, parent_uid: &str) -> Result<(), leader::NotLeader> {
-        match &self.shards {
-            None => self.gate.check(),
-            Some(shards) if shards.may_write(parent_uid) => Ok(()),
-            Some(_) => Err(leader::NotLeader),
-        }
-    }
-
-    /// Puts a rule set in force for the CRD manager (`--manage-crds`) and
-    /// the conversion webhook.
-    pub fn put_in_force(&self, set: &RuleSet) {
-        self.in_force.send_replace(Some(Arc::new(set.clone())));
-    }
-
-    /// Records the state a rule's controller reports (and the running-rules
-    /// and rule-state gauges); a rule held back as breaking shows that instead.
-    pub fn set_rule_state(&self, rule: &str, state: Option<RuleState>) {
-        let mut states = lock(&self.rule_states);
-        match state {
-            Some(s) => states.reported.insert(rule.to_owned(), s),
-            None => states.reported.remove(rule),
-        };
-        self.publish_state(&mut states, rule);
-    }
-
-    /// Records the rules a reload held back because their CRD change is
-    /// breaking ([`crds::hold`]); every other rule is no longer held.
-    pub fn set_held(&self, held: crds::hold::HeldRules) {
-        let mut states = lock(&self.rule_states);
-        let before = std::mem::replace(&mut states.held, held);
-        let touched: std::collections::BTreeSet<String> = before
-            .into_keys()
-            .chain(states.held.keys().cloned())
-            .collect();
-        for rule in touched {
-            self.publish_state(&mut states, &rule);
-        }
-    }
-
-    fn publish_state(&self, states: &mut RuleStates, rule: &str) {
-        let label = |s: &RuleState| crate::telemetry::RuleStateLabel {
-            rule: rule.to_owned(),
-            state: s.label().to_owned(),
-        };
-        let shown = match states.held.get(rule) {
-            Some(changes) => Some(RuleState::Breaking(changes.clone())),
-            None => states.reported.get(rule).cloned(),
-        };
-        let previous = match shown {
-            Some(s) => {
-                self.metrics.rule_state.get_or_create(&label(&s)).set(1);
-                states
-                    .shown
-                    .insert(rule.to_owned(), s.clone())
-                    .filter(|p| p.label() != s.label())
-            }
-            None => states.shown.remove(rule),
-        };
-        if let Some(p) = previous {
-            self.metrics.rule_state.remove(&label(&p));
-        }
-        let running = states
-            .shown
-            .values()
-            .filter(|s| **s == RuleState::Running)
-            .count();
-        self.metrics.rules_running.set(running as i64);
-    }
-}
-
-/// Each rule's state: what its controller reports, the rules held back as
-/// breaking, and what `/status` and the gauges show of both.
-#[derive(Default)]
-pub struct RuleStates {
-    reported: BTreeMap<String, RuleState>,
-    held: crds::hold::HeldRules,
-    pub shown: BTreeMap<String, RuleState>,
-}
 
 /// Runs the operator until `shutdown` is cancelled; in-flight reconciles finish first.
 ///
@@ -476,166 +325,6 @@ pub async fn run_with(
     webhook_shutdown.cancel();
     info!("trellis stopped");
     Ok(())
-}
-
-/// Watches the rules directories and swaps in every rule that validates.
-async fn reload_loop(
-    options: &Options,
-    shared: &Shared,
-    supervisor: &mut supervisor::Supervisor,
-    shutdown: &CancellationToken,
-) {
-    let mut wake =
-        crate::reload::watch(&options.rules, options.reload_debounce, options.reload_poll);
-    // Empty, so the first pass re-reads the rules once: they may have changed
-    // between the initial load and the start of the watch, and a partly
-    // broken initial set is reported from here.
-    let mut seen = String::new();
-    let mut first = true;
-    {
-        let mut status = lock(&shared.reload);
-        status.rules = supervisor.current().rules.len();
-    }
-    loop {
-        if !std::mem::take(&mut first) {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                woke = wake.recv() => if woke.is_none() { return },
-            }
-        }
-        let now = crate::reload::fingerprint(&options.rules);
-        if now == seen {
-            continue;
-        }
-        let initial = seen.is_empty();
-        seen = now;
-        let started = std::time::Instant::now();
-        let loaded = load(options);
-        let partition = crate::reload::partition(supervisor.current(), loaded);
-        let rejected = partition.has_errors();
-        if initial
-            && !rejected
-            && crate::reload::diff(supervisor.current(), &partition.set).is_empty()
-        {
-            continue;
-        }
-        for w in &partition.set.warnings {
-            warn!("{w}");
-        }
-        if rejected {
-            for d in partition
-                .diagnostics
-                .iter()
-                .filter(|d| d.severity == crate::rules::Severity::Error)
-            {
-                tracing::error!("{d}");
-            }
-            for name in partition.rejected.keys() {
-                if supervisor.current().get(name).is_some() {
-                    warn!(rule = %name, "rule change rejected: the rule keeps its last good version");
-                } else {
-                    warn!(rule = %name, "rule rejected: not started");
-                }
-            }
-        }
-        let rejected_rules: BTreeMap<String, Vec<String>> = partition
-            .rejected
-            .iter()
-            .map(|(name, diags)| (name.clone(), diags.iter().map(|d| d.to_string()).collect()))
-            .collect();
-        let unattributed: Vec<String> = partition
-            .unattributed
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
-        let error_text = rejected.then(|| {
-            partition
-                .diagnostics
-                .iter()
-                .filter(|d| d.severity == crate::rules::Severity::Error)
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
-        });
-        let set = hold_breaking(options, shared, supervisor.current(), partition.set).await;
-        let count = set.rules.len();
-        shared.put_in_force(&set);
-        supervisor.apply(set).await;
-        let mut status = lock(&shared.reload);
-        for gone in status
-            .rejected
-            .keys()
-            .filter(|n| !rejected_rules.contains_key(*n))
-        {
-            shared
-                .metrics
-                .rule_rejected
-                .remove(&crate::telemetry::RuleLabel { rule: gone.clone() });
-        }
-        for name in rejected_rules.keys() {
-            shared
-                .metrics
-                .rule_rejected
-                .get_or_create(&crate::telemetry::RuleLabel { rule: name.clone() })
-                .set(1);
-        }
-        status.at = Some(crate::clock::now_rfc3339());
-        status.rules = count;
-        status.rejected = rejected_rules;
-        status.unattributed = unattributed;
-        status.error = error_text;
-        let result = if rejected {
-            status.failures += 1;
-            shared.metrics.reload_ok.set(0);
-            warn!(
-                rejected = status.rejected.len(),
-                unattributed = status.unattributed.len(),
-                rules = count,
-                took = ?started.elapsed(),
-                "rule change partly rejected: every rule that validates is in force"
-            );
-            "failure"
-        } else {
-            status.successes += 1;
-            shared.metrics.reload_ok.set(1);
-            info!(rules = count, took = ?started.elapsed(), "rules reloaded");
-            "success"
-        };
-        shared
-            .metrics
-            .reloads
-            .get_or_create(&crate::telemetry::OutcomeLabel {
-                result: result.into(),
-            })
-            .inc();
-    }
-}
-
-/// Under `--manage-crds`, `set` without the rule versions whose CRD change
-/// is breaking (each keeps its version in `last_good`), recorded for
-/// `/status` and the rule-state gauge.
-async fn hold_breaking(
-    options: &Options,
-    shared: &Shared,
-    last_good: &RuleSet,
-    set: RuleSet,
-) -> RuleSet {
-    if !options.manage_crds {
-        return set;
-    }
-    let (set, held) = crds::hold::hold_breaking(&shared.client, last_good, set).await;
-    shared.set_held(held);
-    set
-}
-
-/// Reads the rules directories, a rule without an account counting as
-/// broken under `--require-service-account`.
-fn load(options: &Options) -> crate::rules::Loaded {
-    let mut loaded = crate::rules::Loaded::read(&options.rules, options.limits);
-    if options.require_service_account {
-        loaded.require_service_account();
-    }
-    loaded
 }
 
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
