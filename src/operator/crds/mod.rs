@@ -124,9 +124,6 @@ pub async fn apply_all(client: &Client, set: &RuleSet, webhook: &Endpoint) {
             info!(rule = %rule.name, "--manage-crds: the CRD waits for the conversion webhook's CA");
             continue;
         };
-        if let Err(e) = replace_other_client_config(client, &crd).await {
-            warn!(rule = %rule.name, "--manage-crds: {e}");
-        }
         if let Err(e) = apply_checked(client, &crd, allow_breaking).await {
             warn!(rule = %rule.name, "--manage-crds: {e}");
         }
@@ -139,24 +136,16 @@ pub async fn apply_all(client: &Client, set: &RuleSet, webhook: &Endpoint) {
 /// URL) keeps that field under its own manager through a server-side
 /// apply, and the API server refuses both at once: this swaps one for the
 /// other first, with a merge patch.
-async fn replace_other_client_config(client: &Client, crd: &Value) -> Result<(), CrdApplyError> {
-    let Some(ours) = crd.pointer("/spec/conversion/webhook/clientConfig") else {
-        return Ok(());
-    };
-    let name = crd
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .ok_or(CrdApplyError::Unnamed)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let read = |source| CrdApplyError::Read {
-        name: name.to_owned(),
-        source,
-    };
-    let Some(live) = api.get_opt(name).await.map_err(read)? else {
-        return Ok(());
-    };
-    let live = serde_json::to_value(&live).unwrap_or_default();
-    let Some(theirs) = live.pointer("/spec/conversion/webhook/clientConfig") else {
+async fn replace_other_client_config(
+    client: &Client,
+    name: &str,
+    live: &Value,
+    crd: &Value,
+) -> Result<(), CrdApplyError> {
+    let (Some(ours), Some(theirs)) = (
+        crd.pointer("/spec/conversion/webhook/clientConfig"),
+        live.pointer("/spec/conversion/webhook/clientConfig"),
+    ) else {
         return Ok(());
     };
     let other = ["url", "service"]
@@ -168,6 +157,7 @@ async fn replace_other_client_config(client: &Client, crd: &Value) -> Result<(),
     let mut config = ours.clone();
     config[other] = Value::Null;
     let patch = serde_json::json!({"spec": {"conversion": {"webhook": {"clientConfig": config}}}});
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|source| CrdApplyError::Refused {
@@ -217,18 +207,27 @@ pub async fn apply_checked(
     crd: &Value,
     allow_breaking: bool,
 ) -> Result<(), CrdApplyError> {
-    let name = crd
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .ok_or(CrdApplyError::Unnamed)?;
-    if !allow_breaking {
-        let changes = breaking_changes(client, crd).await?;
-        if !changes.is_empty() {
-            return Err(CrdApplyError::Breaking {
-                name: name.to_owned(),
-                changes,
-            });
+    let name = name_of(crd)?;
+    let has_webhook = crd
+        .pointer("/spec/conversion/webhook/clientConfig")
+        .is_some();
+    // Read once, for the check and the clientConfig, and only when needed.
+    let live = if allow_breaking && !has_webhook {
+        None
+    } else {
+        live(client, name).await?
+    };
+    if let Some(live) = &live {
+        if !allow_breaking {
+            let changes = crate::crd::breaking::changes(live, crd);
+            if !changes.is_empty() {
+                return Err(CrdApplyError::Breaking {
+                    name: name.to_owned(),
+                    changes,
+                });
+            }
         }
+        replace_other_client_config(client, name, live, crd).await?;
     }
     apply(client, crd).await
 }
@@ -239,10 +238,20 @@ pub async fn breaking_changes(
     client: &Client,
     crd: &Value,
 ) -> Result<Vec<crate::crd::breaking::Breaking>, CrdApplyError> {
-    let name = crd
-        .pointer("/metadata/name")
+    Ok(match live(client, name_of(crd)?).await? {
+        Some(live) => crate::crd::breaking::changes(&live, crd),
+        None => Vec::new(),
+    })
+}
+
+fn name_of(crd: &Value) -> Result<&str, CrdApplyError> {
+    crd.pointer("/metadata/name")
         .and_then(Value::as_str)
-        .ok_or(CrdApplyError::Unnamed)?;
+        .ok_or(CrdApplyError::Unnamed)
+}
+
+/// The live CRD named `name`, as JSON; `None` when there is none.
+async fn live(client: &Client, name: &str) -> Result<Option<Value>, CrdApplyError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let live = api
         .get_opt(name)
@@ -251,20 +260,12 @@ pub async fn breaking_changes(
             name: name.to_owned(),
             source,
         })?;
-    Ok(match live {
-        Some(live) => {
-            crate::crd::breaking::changes(&serde_json::to_value(&live).unwrap_or_default(), crd)
-        }
-        None => Vec::new(),
-    })
+    Ok(live.map(|l| serde_json::to_value(&l).unwrap_or_default()))
 }
 
 /// [`apply_checked`] without the check: the rule is the source of truth.
 pub async fn apply(client: &Client, crd: &Value) -> Result<(), CrdApplyError> {
-    let name = crd
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .ok_or(CrdApplyError::Unnamed)?;
+    let name = name_of(crd)?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(crate::crd::FIELD_MANAGER).force();
     let applied = api
