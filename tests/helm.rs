@@ -573,6 +573,30 @@ fn the_charts_crds_are_what_trellis_crd_prints_for_the_example_rules() {
     assert!(want.len() >= 3, "{} CRDs", want.len());
 }
 
+/// What `helm install` (without `--skip-crds`) sends first: each CRD of the
+/// chart's `crds/`, accepted by the real API server (a server-side dry-run:
+/// structural schemas, the WebApp's versions and conversion webhook).
+#[tokio::test]
+async fn the_api_server_accepts_every_crd_of_the_chart() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, Patch, PatchParams};
+    let client = support::client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let text = std::fs::read_to_string(chart().join("crds/trellis-examples.yaml")).unwrap();
+    let docs = documents(&text);
+    assert!(docs.len() >= 3, "{} CRDs", docs.len());
+    for crd in docs {
+        let name = crd["metadata"]["name"].as_str().expect("a name").to_owned();
+        crds.patch(
+            &name,
+            &PatchParams::apply("helm-crds-test").force().dry_run(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CRD {name} of charts/trellis/crds refused: {e}"));
+    }
+}
+
 #[test]
 fn each_value_reaches_its_place() {
     let values = all_options();
