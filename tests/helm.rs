@@ -474,6 +474,11 @@ fn the_clusterrole_is_what_trellis_rbac_prints_for_the_charts_rules() {
     for (values, flags) in [
         (json!({}), vec![]),
         (json!({"manageCrds": true}), vec!["--manage-crds"]),
+        (json!({"shards": {"enabled": true}}), vec!["--shards"]),
+        (
+            json!({"manageCrds": true, "shards": {"enabled": true}}),
+            vec!["--manage-crds", "--shards"],
+        ),
     ] {
         let objects = template(values.clone()).unwrap();
         let role = get(&objects, "ClusterRole");
