@@ -301,20 +301,68 @@ async fn each_replica_caches_only_its_buckets_parents_which_the_leader_labels_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
-    let ring = Ring::new("ring-kill", FAST).await;
+    // The leader is the hardest to lose: the assignment itself must move too.
+    let (first_orphan_write, took) = kill_and_take_over("ring-kill", FAST, Victim::Leader).await;
+    // Its member Lease was renewed at most a retry period (1 s) before the
+    // kill; nobody may write its buckets before that Lease has expired.
+    assert!(
+        first_orphan_write >= 3.0,
+        "a killed replica's parent written {first_orphan_write:.1} s after the kill"
+    );
+    assert!(took < Duration::from_secs(30), "takeover took {took:?}");
+}
+
+/// With the default timings a member Lease is shorter than the leader's
+/// (6 s / 4 s against 15 s / 10 s, same 2 s renewals): a killed replica
+/// that is not the leader has its buckets moved after about two member
+/// lease durations, and still not before its Lease has expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_default_timings_a_killed_members_buckets_move_once_its_shorter_member_lease_expires()
+{
+    let (first_orphan_write, took) =
+        kill_and_take_over("ring-kill-default", &[], Victim::Member).await;
+    // Renewed at most a retry period (2 s) before the kill, a 6 s Lease.
+    assert!(
+        first_orphan_write >= 4.0,
+        "a killed replica's parent written {first_orphan_write:.1} s after the kill"
+    );
+    // Well inside the leader Lease's own two durations (30 s), which a
+    // member Lease with the leader's timings would take.
+    assert!(took < Duration::from_secs(25), "takeover took {took:?}");
+}
+
+enum Victim {
+    Leader,
+    Member,
+}
+
+/// Three replicas on 30 parents; `victim` is SIGKILLed and every parent
+/// edited: each edit written once, by the survivors. Returns when the first
+/// of the victim's parents was written after the kill (by the audit log,
+/// seconds) and how long until every parent converged.
+async fn kill_and_take_over(lease: &str, timings: &[&str], victim: Victim) -> (f64, Duration) {
+    let ring = Ring::new(lease, timings).await;
     let mut all = vec![ring.start("a"), ring.start("b"), ring.start("c")];
     let shards = settled(&all.iter().collect::<Vec<_>>()).await;
     let names = parent_names(30);
     ring.create(&names, "one").await;
     ring.converged(&names, "one").await;
     let buckets = ring.buckets().await;
-    // The leader is the hardest to lose: the assignment itself must move too.
-    let (victim, orphans) = leader_and_its_parents(&shards, &names, &buckets);
+    let (leader, _) = leader_and_its_parents(&shards, &names, &buckets);
+    let index = match victim {
+        Victim::Leader => leader,
+        Victim::Member => (leader + 1) % shards.len(),
+    };
+    let orphans: Vec<String> = names
+        .iter()
+        .filter(|n| shards[index].buckets.contains(&buckets[*n]))
+        .cloned()
+        .collect();
     assert!(
         !orphans.is_empty(),
         "the victim owns some of the 30 parents"
     );
-    let mut killed = all.remove(victim);
+    let mut killed = all.remove(index);
     tokio::time::sleep(QUIET).await;
 
     let offset = audit::offset();
@@ -345,20 +393,15 @@ async fn a_killed_replicas_buckets_are_taken_over_once_its_lease_expires() {
         .map(|w| seconds_between(at, w.received))
         .fold(f64::MAX, f64::min);
     eprintln!(
-        "[shards] SIGKILL of the leader (4 s leases): its {} parents' edits written from {first_orphan_write:.1} s \
+        "[shards] SIGKILL of the {} (timings {timings:?}): its {} parents' edits written from {first_orphan_write:.1} s \
          after the kill, every parent converged in {:.1} s; survivors at generation {} with {:?} buckets",
+        if index == leader { "leader" } else { "member" },
         orphans.len(),
         took.as_secs_f64(),
         after[0].generation,
         after.iter().map(|s| s.buckets.len()).collect::<Vec<_>>()
     );
-    // Its member Lease was renewed at most a retry period (1 s) before the
-    // kill; nobody may write its buckets before that Lease has expired.
-    assert!(
-        first_orphan_write >= 3.0,
-        "a killed replica's parent written {first_orphan_write:.1} s after the kill"
-    );
-    assert!(took < Duration::from_secs(30), "takeover took {took:?}");
+    (first_orphan_write, took)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,6 +163,16 @@ pub struct LeaderElection {
     /// decisions). Needs --leader-elect [default: off]
     #[arg(long, requires = "leader_elect", env = "TRELLIS_SHARDS")]
     pub shards: bool,
+    /// Under --shards, how long a member Lease holds without renewal: a SIGKILLed
+    /// replica's buckets move after about twice this (whole seconds) [default: 6s, or
+    /// --leader-elect-lease-duration when shorter]
+    #[arg(long, requires = "shards", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub shards_member_lease_duration: Option<std::time::Duration>,
+    /// Under --shards, a replica that could not renew its member Lease for this long stops
+    /// writing (shorter than the member lease duration) [default: 4s, or
+    /// --leader-elect-renew-deadline when shorter]
+    #[arg(long, requires = "shards", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub shards_member_renew_deadline: Option<std::time::Duration>,
 }
 
 impl LeaderElection {
@@ -183,6 +193,8 @@ impl LeaderElection {
             lease_duration: self.leader_elect_lease_duration,
             renew_deadline: self.leader_elect_renew_deadline,
             retry_period: self.leader_elect_retry_period,
+            member_lease_duration: self.shards_member_lease_duration,
+            member_renew_deadline: self.shards_member_renew_deadline,
             ..leader::Settings::new(
                 &self.leader_elect_lease_name,
                 &namespace,
@@ -190,6 +202,9 @@ impl LeaderElection {
             )
         };
         settings.validate()?;
+        if self.shards {
+            settings.validate_member()?;
+        }
         Ok(Some(settings))
     }
 }

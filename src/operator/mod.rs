@@ -158,7 +158,10 @@ fn checked_settings(options: &Options) -> anyhow::Result<Option<leader::Settings
     crate::clusters::check_name(&options.cluster_name)
         .map_err(|why| anyhow::anyhow!("--cluster-name: {why}"))?;
     Ok(match (&options.leader_election, options.shards) {
-        (Some(settings), true) => Some(settings.clone()),
+        (Some(settings), true) => {
+            settings.validate_member().map_err(|e| anyhow::anyhow!(e))?;
+            Some(settings.member())
+        }
         (None, true) => {
             anyhow::bail!("--shards needs --leader-elect: the leader assigns the buckets")
         }

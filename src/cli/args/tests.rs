@@ -60,6 +60,55 @@ mod leader_flags {
         .expect_err("a renew deadline below the retry period");
         assert!(err.contains("--leader-elect-retry-period"), "{err}");
     }
+
+    #[test]
+    fn member_leases_are_shorter_than_the_leaders_unless_set_and_checked_only_under_shards() {
+        use std::time::Duration;
+        let base = ["--leader-elect", "--leader-elect-namespace=ops"];
+        let with = |extra: &[&str]| {
+            settings(&[&base[..], extra].concat())
+                .map(|s| s.expect("enabled").member())
+                .map(|m| (m.lease_duration, m.renew_deadline, m.retry_period))
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(with(&["--shards"]), Ok((secs(6), secs(4), secs(2))));
+        // Short leader timings (as the tests use) are never lengthened.
+        assert_eq!(
+            with(&[
+                "--shards",
+                "--leader-elect-lease-duration=4s",
+                "--leader-elect-renew-deadline=3s",
+                "--leader-elect-retry-period=1s",
+            ]),
+            Ok((secs(4), secs(3), secs(1)))
+        );
+        assert_eq!(
+            with(&[
+                "--shards",
+                "--shards-member-lease-duration=10s",
+                "--shards-member-renew-deadline=7s",
+            ]),
+            Ok((secs(10), secs(7), secs(2)))
+        );
+        let err = with(&["--shards", "--shards-member-renew-deadline=6s"])
+            .expect_err("a renew deadline as long as the lease");
+        assert!(err.contains("--shards-member-renew-deadline (6s)"), "{err}");
+        // A retry period the derived deadline cannot hold: named, and said
+        // to be the default.
+        let slow = [
+            "--leader-elect-lease-duration=30s",
+            "--leader-elect-renew-deadline=20s",
+            "--leader-elect-retry-period=5s",
+        ];
+        let err = with(&[&slow[..], &["--shards"]].concat()).expect_err("5s retry, 4s deadline");
+        assert!(err.contains("its default"), "{err}");
+        // Without --shards no member Lease is held: nothing to check.
+        assert!(with(&slow).is_ok());
+        assert!(
+            with(&["--shards-member-lease-duration=10s"]).is_err(),
+            "needs --shards"
+        );
+    }
 }
 
 mod help {
