@@ -118,6 +118,8 @@ pub struct RequestLabel {
     pub verb: String,
     /// `configmaps`, `apps/deployments`, `example.com/widgets/status`, …
     pub resource: String,
+    /// `local` (the operator's own cluster) or a spoke's name.
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -256,7 +258,7 @@ impl Default for Metrics {
             api_requests: registered(
                 r,
                 "api_requests",
-                "Requests sent to the API server by verb and resource (watches included)",
+                "Requests sent to the API servers by verb, resource and cluster (watches included)",
                 Family::<RequestLabel, Counter>::default(),
             ),
             events: registered(
@@ -320,11 +322,12 @@ impl Metrics {
             .inc();
     }
 
-    pub fn api_request(&self, verb: &str, resource: &str) {
+    pub fn api_request(&self, verb: &str, resource: &str, cluster: &str) {
         self.api_requests
             .get_or_create(&RequestLabel {
                 verb: verb.to_owned(),
                 resource: resource.to_owned(),
+                cluster: cluster.to_owned(),
             })
             .inc();
     }

@@ -2,22 +2,28 @@
 //! shared test cluster is the hub, a private control plane
 //! (`support::faults::PrivateCluster`, `tests/cluster/cluster up`) is the
 //! spoke, registered by a Secret holding its kubeconfig. One parent keeps a
-//! ConfigMap at home and one in the spoke (`cluster: spec.region`).
+//! ConfigMap at home and one in the spoke (`cluster: spec.region`). The
+//! shared hub/spoke harness is `tests/clusters/hub.rs`; the cleanup paths,
+//! identity, related reads and the CLI have files of their own
+//! (`clusters_release.rs`, `clusters_identity.rs`, `clusters_related.rs`,
+//! `clusters_cli.rs`).
 mod support;
+
+#[path = "clusters/hub.rs"]
+mod hub;
 
 use std::net::SocketAddr;
 
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use support::faults::{PrivateCluster, free_address, metric};
-use support::operator::{Operator, TestKind, WAIT, install_kind, rule_set};
+use hub::{Hub, SPOKE, Setup, setup, spoke_status, token_kubeconfig};
+use support::faults::{free_address, metric};
+use support::operator::{Operator, WAIT, rule_set};
 use support::{TestNamespace, eventually};
 
 const RULE: &str = r#"
@@ -55,90 +61,6 @@ spec:
         jsonPath: $.data.v
 "#;
 
-const SPOKE: &str = "spoke-1";
-
-/// The hub (the shared test cluster, the test's namespace) and the spoke
-/// (a private control plane with a namespace of the same name).
-struct Setup {
-    hub: Hub,
-    spoke: PrivateCluster,
-    spoke_client: Client,
-    _cleanup: support::operator::Cleanup,
-}
-
-/// One hub: its namespace (parents, the operator's own namespace, the
-/// cluster Secret) and the parent kind.
-struct Hub {
-    ns: TestNamespace,
-    kind: TestKind,
-}
-
-impl Drop for Hub {
-    /// Takes trellis's finalizer off every parent left in the hub's
-    /// namespace: a test that failed midway would otherwise leave parents,
-    /// and their CRD, undeletable once the operator is gone, holding up the
-    /// shared cluster's CRD finalizer for every test.
-    fn drop(&mut self) {
-        let (namespace, resource) = (self.ns.name().to_owned(), self.kind.resource.clone());
-        let kubeconfig = support::cluster().kubeconfig.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                let config = kube::Config::from_custom_kubeconfig(
-                    kubeconfig,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .ok()?;
-                let client = Client::try_from(config).ok()?;
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
-                for parent in api.list(&Default::default()).await.ok()?.items {
-                    let patch = json!({"metadata": {"finalizers": null}});
-                    let _ = api
-                        .patch(
-                            &parent.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await;
-                }
-                Some(())
-            })
-        })
-        .join();
-    }
-}
-
-impl std::ops::Deref for Setup {
-    type Target = Hub;
-    fn deref(&self) -> &Hub {
-        &self.hub
-    }
-}
-
-async fn setup(name: &str) -> Setup {
-    support::faults::logs();
-    let ns = support::namespace().await;
-    let (kind, cleanup) = install_kind(&ns, "Placed").await;
-    let spoke = PrivateCluster::start(name).await;
-    let spoke_client = spoke.client().await;
-    let namespace: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": ns.name()}})).expect("namespace");
-    Api::<Namespace>::all(spoke_client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("namespace in the spoke");
-    Setup {
-        hub: Hub { ns, kind },
-        spoke,
-        spoke_client,
-        _cleanup: cleanup,
-    }
-}
-
 impl Setup {
     fn start_operator(&self, hub_name: &str, metrics: SocketAddr) -> Operator {
         let mut options = trellis::operator::Options::new(vec![], vec![self.ns.name().to_owned()]);
@@ -148,119 +70,6 @@ impl Setup {
         options.metrics_addr = Some(metrics);
         Operator::spawn(options, rule_set(&[&self.kind.rule(RULE)]), &self.ns.client)
     }
-
-    fn spoke_configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.spoke_client.clone(), self.ns.name())
-    }
-
-    fn home_configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.ns.client.clone(), self.ns.name())
-    }
-}
-
-impl Hub {
-    fn parents(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.ns.client.clone(), self.ns.name(), &self.kind.resource)
-    }
-
-    /// Registers (or re-registers) the spoke with `kubeconfig`.
-    async fn register(&self, kubeconfig: &Kubeconfig) {
-        // JSON is YAML: what a kubeconfig Secret holds either way.
-        let text = serde_json::to_string(kubeconfig).expect("kubeconfig text");
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "spoke-1-kubeconfig", "labels": {"trellis.dev/cluster": SPOKE}},
-            "stringData": {"kubeconfig": text},
-        }))
-        .expect("secret");
-        Api::<Secret>::namespaced(self.ns.client.clone(), self.ns.name())
-            .patch(
-                "spoke-1-kubeconfig",
-                &PatchParams::apply("clusters-test").force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .expect("cluster Secret");
-    }
-
-    async fn patch_spec(&self, name: &str, spec: Value) {
-        self.parents()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": spec})),
-            )
-            .await
-            .expect("patch parent");
-    }
-
-    /// Events about the parent `name`.
-    async fn events_about(&self, name: &str) -> Vec<Event> {
-        Api::<Event>::namespaced(self.ns.client.clone(), self.ns.name())
-            .list(&Default::default())
-            .await
-            .expect("events")
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .collect()
-    }
-
-    async fn parent(&self, name: &str) -> DynamicObject {
-        self.parents().get(name).await.expect("parent")
-    }
-
-    async fn condition(&self, name: &str, type_: &str) -> Value {
-        let parent = self.parent(name).await;
-        parent.data["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == type_))
-            .cloned()
-            .unwrap_or(Value::Null)
-    }
-}
-
-/// A kubeconfig for `account` in the spoke (a ServiceAccount of the
-/// namespace, bound to cluster-admin): the spoke's server and CA from
-/// `admin`, a fresh token.
-async fn token_kubeconfig(
-    spoke: &Client,
-    admin: &Kubeconfig,
-    ns: &str,
-    account: &str,
-) -> Kubeconfig {
-    let accounts: Api<ServiceAccount> = Api::namespaced(spoke.clone(), ns);
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": account}})).expect("sa");
-    let _ = accounts.create(&PostParams::default(), &sa).await;
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("{ns}-{account}")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
-    }))
-    .expect("binding");
-    let _ = Api::<ClusterRoleBinding>::all(spoke.clone())
-        .create(&PostParams::default(), &binding)
-        .await;
-    let request: TokenRequest =
-        serde_json::from_value(json!({"spec": {"audiences": []}})).expect("token request");
-    let token = accounts
-        .create_token_request(account, &PostParams::default(), &request)
-        .await
-        .expect("token")
-        .status
-        .expect("token status")
-        .token;
-    let mut config = admin.clone();
-    let users = &mut config.auth_infos;
-    users[0].auth_info = Some(serde_json::from_value(json!({"token": token})).expect("auth info"));
-    config
-}
-
-/// What the operator tells on `/status` about the spoke.
-async fn spoke_status(addr: SocketAddr) -> Value {
-    let body = support::http_get(addr, "/status").await.unwrap_or_default();
-    let status: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    status["clusters"][SPOKE].clone()
 }
 
 #[tokio::test]
@@ -348,6 +157,17 @@ async fn made_drift_prune(s: &Setup, metrics: SocketAddr) -> String {
         .await,
         1.0
     );
+    // Requests are counted per cluster: the spoke child's create-only
+    // apply went to the spoke, the home child's to the hub.
+    for cluster in ["spoke-1", "local"] {
+        let applies = metric(
+            &metrics.to_string(),
+            "trellis_api_requests",
+            &[&format!("cluster=\"{cluster}\""), "verb=\"apply\""],
+        )
+        .await;
+        assert!(applies >= 1.0, "applies counted in {cluster}: {applies}");
+    }
 
     // Drift in the spoke is restored there.
     s.spoke_configmaps()

@@ -499,8 +499,9 @@ pub enum Command {
         /// With --all: only this rule's parents [default: every rule]
         #[arg(long, requires = "all", value_name = "RULE")]
         rule: Option<String>,
-        /// Where rules' ServiceAccounts live: a rule with `serviceAccountName`
-        /// dry-runs as that account [default: as `trellis run` resolves it]
+        /// Where rules' ServiceAccounts and the cluster Secrets of spokes live: a rule with
+        /// `serviceAccountName` dry-runs as that account, children in spokes are read and
+        /// dry-run there [default: as `trellis run` resolves it]
         #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
         operator_namespace: Option<String>,
         #[command(flatten)]

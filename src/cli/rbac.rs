@@ -81,7 +81,7 @@ pub fn rbac(
             stderr!("error: --cluster: {why}");
             return ExitCode::from(2);
         }
-        vec![crate::rbac::spoke_role(&versions, name, cluster)]
+        crate::rbac::spoke_roles(&versions, name, cluster)
     } else if viewer {
         vec![crate::rbac::viewer_role(&versions, name)]
     } else {

@@ -20,7 +20,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
 use super::{load, print_out};
-use crate::diff::live::{Kinds, LiveError, Planned, plan_live, to_value, versions_of};
+use crate::diff::live::{Kinds, LiveError, Planned, Spokes, plan_live, to_value, versions_of};
 use crate::kinds::Gvk;
 use crate::offline::tree::{self, Tree, target};
 use crate::plan::{LABEL_PARENT_UID, LABEL_RULE, RelatedTarget};
@@ -68,8 +68,9 @@ pub struct TreeArgs {
     /// again on every change, until interrupted [default: off]
     #[arg(short = 'w', long)]
     pub watch: bool,
-    /// Where the revision ConfigMaps of staged rollouts live: a parent is shown
-    /// under the version it is due to run [default: as `trellis run` resolves it]
+    /// Where the revision ConfigMaps of staged rollouts and the cluster Secrets of spokes
+    /// live: a parent is shown under the version it is due to run, its children in spokes
+    /// read there [default: as `trellis run` resolves it]
     #[arg(long, value_name = "NS", env = "TRELLIS_OPERATOR_NAMESPACE")]
     pub operator_namespace: Option<String>,
     #[command(flatten)]
@@ -135,6 +136,9 @@ struct Viewer {
     /// `None` for a cluster-scoped kind.
     namespace: Option<String>,
     operator_namespace: String,
+    /// The spokes the rules place children in (or read from), through
+    /// the cluster Secrets in the operator's namespace.
+    spokes: Spokes,
 }
 
 /// One look at the cluster: the trees, and what to watch for the next.
@@ -185,15 +189,22 @@ impl Viewer {
                 .clone()
                 .unwrap_or_else(|| client.default_namespace().to_owned())
         });
+        let operator_namespace =
+            crate::operator::home::operator_namespace(request.operator_namespace.as_deref());
+        let spokes = Spokes::read(
+            client,
+            &operator_namespace,
+            resolved.iter().map(|(r, _)| r.as_ref()),
+        )
+        .await;
         Ok(Viewer {
             rules: resolved,
             gvk,
             kinds,
             name,
             namespace,
-            operator_namespace: crate::operator::home::operator_namespace(
-                request.operator_namespace.as_deref(),
-            ),
+            operator_namespace,
+            spokes,
         })
     }
 
@@ -258,7 +269,16 @@ impl Viewer {
             for note in notes {
                 stderr!("note: {note}");
             }
-            let tree = match plan_live(client, rule, versions.as_ref(), kinds, &parent).await? {
+            let planned = plan_live(
+                client,
+                rule,
+                versions.as_ref(),
+                kinds,
+                &parent,
+                &self.spokes,
+            )
+            .await?;
+            let tree = match planned {
                 Planned::Skipped(why) => {
                     let none = crate::plan::Observed::default();
                     let plan = crate::plan::Plan::default();

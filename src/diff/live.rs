@@ -31,9 +31,11 @@ mod crds;
 mod dry_run;
 mod fetched;
 mod planned;
+mod spokes;
 
 use fetched::Fetched;
 pub(crate) use planned::{Planned, plan_live};
+pub(crate) use spokes::Spokes;
 
 /// Which parents to diff.
 pub enum Target<'a> {
@@ -103,7 +105,11 @@ impl Kinds {
             .map_err(|_| LiveError::ParentNotServed(rule.parent.clone()))?;
         let mut others: Vec<Resolved> = Vec::new();
         let mut unserved: Vec<(Gvk, String)> = Vec::new();
-        let children = rule.children.iter().map(|c| (c.gvk.clone(), true));
+        // A child kind placed in spokes may not be served here: not required.
+        let children = rule
+            .children
+            .iter()
+            .map(|c| (c.gvk.clone(), c.cluster.is_none()));
         let reads = rule
             .related
             .iter()
@@ -191,6 +197,12 @@ pub async fn diff_as(
         None => client.clone(),
     };
     let mut report = Report::default();
+    let spokes = Spokes::read(
+        client,
+        operator_namespace,
+        set.rules.iter().map(|r| r.as_ref()),
+    )
+    .await;
     match target {
         Target::Parent(manifest) => {
             let s = |p: &str| manifest.pointer(p).and_then(Value::as_str);
@@ -224,6 +236,7 @@ pub async fn diff_as(
                         versions.as_ref(),
                         &kinds,
                         &live,
+                        &spokes,
                     )
                     .await?,
                 );
@@ -262,7 +275,8 @@ pub async fn diff_as(
                 for p in &parents {
                     if plan::parent_matches(r, p) {
                         report.diffs.push(
-                            diff_parent(client, &writer, r, versions.as_ref(), &kinds, p).await?,
+                            diff_parent(client, &writer, r, versions.as_ref(), &kinds, p, &spokes)
+                                .await?,
                         );
                     }
                 }
@@ -300,6 +314,7 @@ pub(crate) async fn versions_of(
 /// One parent under one rule: the pass the operator would run, dry; the
 /// children's writes on `writer` (the rule's account's client, or `client`).
 /// During a staged rollout, the version the parent is due to run renders it.
+/// Children in spokes are dry-run there, with the spoke's credentials.
 async fn diff_parent(
     client: &Client,
     writer: &Client,
@@ -307,6 +322,7 @@ async fn diff_parent(
     versions: Option<&crate::operator::versions::Versions>,
     kinds: &Kinds,
     parent: &Value,
+    spokes: &Spokes,
 ) -> Result<ParentDiff, LiveError> {
     let rule: &CompiledRule = newest;
     let s = |p: &str| parent.pointer(p).and_then(Value::as_str);
@@ -319,7 +335,8 @@ async fn diff_parent(
         parent: describe(&rule.parent.kind, namespace, name),
         ..ParentDiff::default()
     };
-    let (rule, observed, pass) = match plan_live(client, newest, versions, kinds, parent).await? {
+    let planned = plan_live(client, newest, versions, kinds, parent, spokes).await?;
+    let (rule, observed, pass) = match planned {
         Planned::Skipped(why) => {
             out.skipped = Some(why);
             return Ok(out);
@@ -334,8 +351,17 @@ async fn diff_parent(
     let uid = s("/metadata/uid").unwrap_or_default();
 
     for apply in &pass.apply {
-        let change =
-            child_change(writer, rule, kinds, apply, observed.objects.get(&apply.key)).await;
+        let live = observed.objects.get(&apply.key);
+        let change = match &apply.key.cluster {
+            None => child_change(writer, rule, kinds, apply, live).await,
+            Some(cluster) => {
+                let kind = (apply.key.group.as_str(), apply.key.kind.as_str());
+                match spokes.writer(cluster, rule, &kinds.parent, kind).await {
+                    Ok((w, k)) => child_change(&w, rule, &k, apply, live).await,
+                    Err(why) => ChildChange::Refused { why },
+                }
+            }
+        };
         out.children.push(ChildDiff {
             id: apply.id.clone(),
             key: apply.key.clone(),
@@ -467,15 +493,24 @@ async fn live_children(
     Ok(objects.into_iter().map(|(_, v)| v).collect())
 }
 
+/// Where a live plan reads: the hub (`client`, `kinds`) and the spokes.
+struct Reading<'a> {
+    client: &'a Client,
+    kinds: &'a Kinds,
+    spokes: &'a Spokes,
+    /// What the planner may know of the spokes.
+    clusters: &'a crate::clusters::Clusters,
+}
+
 /// Plans, fetches what the related entries read, and plans again until the
 /// reads stop changing (a related name may come from a var).
 async fn plan_with_reads(
-    client: &Client,
+    reading: &Reading<'_>,
     rule: &CompiledRule,
-    kinds: &Kinds,
     parent: &Value,
     mut objects: Vec<Value>,
 ) -> Result<(Observed, plan::Plan), LiveError> {
+    let (client, kinds) = (reading.client, reading.kinds);
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let scope_of = |g: &Gvk| kinds.scope_of(g);
     let mut fetched: BTreeSet<String> = BTreeSet::new();
@@ -495,7 +530,7 @@ async fn plan_with_reads(
                 observed: &observed,
                 now: &now,
                 scope_of: &scope_of,
-                clusters: &crate::clusters::Clusters::offline(),
+                clusters: reading.clusters,
             },
         );
         let new: Vec<&RelatedRead> = pass
@@ -510,6 +545,7 @@ async fn plan_with_reads(
         for read in new {
             fetched.insert(format!("{read:?}"));
             objects.extend(fetch_related(client, kinds, read).await?);
+            objects.extend(reading.spokes.related(rule, read).await);
         }
     }
 

@@ -365,11 +365,12 @@ impl RuleCtx {
     }
 
     /// The `Api` a child is written with: in its spoke, with the spoke's
-    /// credentials; at home, [`RuleCtx::api_for`] its kind. `Err` says why
+    /// credentials (impersonating the rule's account there when it has
+    /// one); at home, [`RuleCtx::api_for`] its kind. `Err` says why
     /// there is none.
     pub(super) fn child_api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, String> {
         if key.cluster.is_some() {
-            return self.shared.clusters.api(key);
+            return self.shared.clusters.api_as(key, self.account.as_deref());
         }
         let Some(kind) = self.child_kind(&key.group, &key.kind) else {
             return Err(format!("{key}: kind not resolved"));
@@ -405,6 +406,18 @@ impl RuleCtx {
     pub(super) fn parent_api(&self, parent: &DynamicObject) -> Api<ParentObject> {
         let namespace = parent.namespace();
         (self.kinds.parent).api(self.shared.client.clone(), namespace.as_deref())
+    }
+
+    /// A kind's scope for the planner: as the hub's discovery says, or for
+    /// a kind only spokes serve, as theirs does (namespaced until one has).
+    pub(super) fn scope_of(&self, gvk: &crate::kinds::Gvk) -> crate::rules::model::Scope {
+        if self.kinds.knows(gvk) {
+            return self.kinds.scope_of(gvk);
+        }
+        match self.shared.clusters.namespaced(gvk) {
+            Some(false) => crate::rules::model::Scope::Cluster,
+            _ => crate::rules::model::Scope::Namespaced,
+        }
     }
 
     pub(super) fn child_kind(&self, group: &str, kind: &str) -> Option<&Resolved> {

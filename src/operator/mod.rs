@@ -199,6 +199,7 @@ pub async fn run_with(
     let (in_force, in_force_rx) = watch::channel(None);
     let clusters = clusters::Clusters::start(
         options.cluster_name.clone(),
+        options.namespaces.clone(),
         metrics.clone(),
         (client.clone(), options.operator_namespace.clone()),
         in_force_rx.clone(),

@@ -1,7 +1,8 @@
-//! Every request the operator sends, counted by verb and resource
-//! (`trellis_api_requests_total`): the client is wrapped once, so no call
-//! site can forget to count, and a test or a benchmark reads the operator's
-//! own traffic without the API server's metrics.
+//! Every request the operator sends, counted by verb, resource and cluster
+//! (`trellis_api_requests_total`): the client is wrapped once (the hub's,
+//! `cluster="local"`, and each spoke's, by its name), so no call site can
+//! forget to count, and a test or a benchmark reads the operator's own
+//! traffic without the API server's metrics.
 
 use std::sync::Arc;
 
@@ -11,13 +12,19 @@ use kube::client::Body;
 
 use crate::telemetry::Metrics;
 
-/// `client`, counting each request it sends into `metrics`.
+/// `client` (the hub's), counting each request it sends into `metrics`.
 pub fn counted(client: Client, metrics: Arc<Metrics>) -> Client {
+    counted_in(client, metrics, crate::clusters::LOCAL)
+}
+
+/// [`counted`], for the client of the cluster `cluster` (a spoke's name).
+pub fn counted_in(client: Client, metrics: Arc<Metrics>, cluster: &str) -> Client {
     let namespace = client.default_namespace().to_owned();
     let valid_until = *client.valid_until();
+    let cluster = cluster.to_owned();
     let service = tower::service_fn(move |request: Request<Body>| {
         let (verb, resource) = classify(&request);
-        metrics.api_request(verb, &resource);
+        metrics.api_request(verb, &resource, &cluster);
         let inner = client.clone();
         async move { inner.send(request).await }
     });

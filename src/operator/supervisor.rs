@@ -97,7 +97,7 @@ impl Supervisor {
                     info!(rule = %name, "rule removed: stopping");
                     self.stop(name).await;
                     if let Some(old) = self.current.get(name).cloned() {
-                        on_rule_removed(&self.shared, &old).await;
+                        on_rule_removed(&self.shared, &old, &self.shutdown).await;
                         delete_revisions(&self.shared, &old).await;
                     }
                 }
@@ -105,7 +105,7 @@ impl Supervisor {
                     info!(rule = %name, "rule's kinds changed: restarting its watches");
                     self.stop(name).await;
                     if let (Some(old), Some(rule)) = (self.current.get(name), new.get(name)) {
-                        on_rule_restarted(&self.shared, old, rule).await;
+                        on_rule_restarted(&self.shared, old, rule, &self.shutdown).await;
                     }
                     if let Some(rule) = new.get(name) {
                         self.start(rule.clone());
@@ -143,8 +143,13 @@ impl Supervisor {
 /// or parents being deleted would hang forever. Only parents in the
 /// namespaces this operator watches for the rule are touched, and only
 /// children of those parents: another instance may run the same rule
-/// elsewhere.
-async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
+/// elsewhere. Children in spokes go first, by a task that waits for
+/// spokes that do not answer ([`spokes_then_finalizers`]).
+async fn on_rule_removed(
+    shared: &Arc<Shared>,
+    rule: &Arc<CompiledRule>,
+    shutdown: &CancellationToken,
+) {
     let Some((kinds, parents)) = rule_parents(shared, rule).await else {
         return;
     };
@@ -156,8 +161,98 @@ async fn on_rule_removed(shared: &Shared, rule: &CompiledRule) {
         let reason = "rule removed, onRuleRemoved: delete";
         delete_children(shared, rule, &kinds.children, &parents, reason).await;
     }
+    if rule.children.iter().any(|c| c.cluster.is_some()) {
+        let task =
+            spokes_then_finalizers(shared.clone(), rule.clone(), kinds.parent, parents, delete);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = task => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
+        return;
+    }
     for parent in &parents {
         release_finalizer(shared, rule, &kinds.parent, parent).await;
+    }
+}
+
+/// How often a removed rule's spoke cleanup looks again at spokes that
+/// did not answer.
+const SPOKE_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A removed rule's children in spokes taken away (see
+/// [`super::clusters::Clusters::remove_rule_children`]), then its parents'
+/// finalizers released: a child in a spoke has no ownerReference, so the
+/// finalizer is what lets its cleanup happen at all. While a spoke does
+/// not answer, the parents wait, each told so once by a Warning. Ends
+/// early if the rule comes back (its controller takes the parents over)
+/// or this replica stops leading (the next leader's reload sees no rule
+/// to remove: its finalizers are released by the parents' next owner).
+async fn spokes_then_finalizers(
+    shared: Arc<Shared>,
+    rule: Arc<CompiledRule>,
+    parent_kind: Resolved,
+    parents: Vec<DynamicObject>,
+    delete: bool,
+) {
+    let uids: BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
+    let user = rule
+        .rule
+        .spec
+        .service_account_name
+        .as_deref()
+        .map(|a| shared.identities.username(a));
+    let mut told = false;
+    loop {
+        let back = shared
+            .in_force
+            .borrow()
+            .as_ref()
+            .is_some_and(|set| set.get(&rule.name).is_some_and(|r| r.parent == rule.parent));
+        if back || !shared.gate.may_write() {
+            info!(rule = %rule.name, "removed rule's cleanup in other clusters stopped (the rule is back, or this replica no longer leads)");
+            return;
+        }
+        let gate = shared.gate.clone();
+        let left = shared
+            .clusters
+            .remove_rule_children(&rule, &uids, delete, user.as_deref(), move || {
+                gate.check().is_ok()
+            })
+            .await;
+        if left.waiting.is_empty() {
+            break;
+        }
+        let note = format!(
+            "rule {} removed: waiting to take its children out of other clusters: {}",
+            rule.name,
+            left.waiting.join("; ")
+        );
+        warn!(rule = %rule.name, "{note}");
+        if !told {
+            told = true;
+            for parent in &parents {
+                let gate = shared.gate.clone();
+                let event = kube::runtime::events::Event {
+                    type_: kube::runtime::events::EventType::Warning,
+                    reason: crate::clusters::UNREACHABLE.into(),
+                    note: Some(crate::status::truncate(&note, 1000)),
+                    action: "Cleanup".into(),
+                    secondary: None,
+                };
+                let reference = kube::Resource::object_ref(parent, &parent_kind.resource);
+                shared
+                    .recorder
+                    .enqueue(event, reference, move || gate.may_write())
+                    .await;
+            }
+        }
+        tokio::time::sleep(SPOKE_RETRY).await;
+    }
+    for parent in &parents {
+        release_finalizer(&shared, &rule, &parent_kind, parent).await;
     }
 }
 
@@ -182,10 +277,15 @@ async fn delete_revisions(shared: &Shared, rule: &CompiledRule) {
 /// A restarted rule: when its parent kind changed, the old kind's parents
 /// lose their rule (`onRuleRemoved`); children of a kind the rule no longer
 /// declares are deleted, as the new watches will never see them to prune.
-async fn on_rule_restarted(shared: &Shared, old: &CompiledRule, new: &CompiledRule) {
+async fn on_rule_restarted(
+    shared: &Arc<Shared>,
+    old: &Arc<CompiledRule>,
+    new: &CompiledRule,
+    shutdown: &CancellationToken,
+) {
     if old.parent != new.parent {
         info!(rule = %old.name, parent = %old.parent, "rule moved to another parent kind: onRuleRemoved for the old one");
-        on_rule_removed(shared, old).await;
+        on_rule_removed(shared, old, shutdown).await;
         return;
     }
     let kept = |gvk: &crate::kinds::Gvk| new.patches.iter().any(|p| &p.gvk == gvk);

@@ -29,6 +29,10 @@ pub struct Clusters {
     /// Registered spokes by name; `None` (offline): every name counts as a
     /// reachable spoke.
     pub spokes: Option<BTreeMap<String, Reach>>,
+    /// Why a name not in `spokes` cannot be read, when its registration
+    /// itself could not be (the CLI could not read the cluster Secrets):
+    /// it is then unreachable, not unknown.
+    pub unread: Option<String>,
 }
 
 /// Whether a registered spoke may be read and written now.
@@ -54,6 +58,7 @@ impl Clusters {
         Clusters {
             hub: DEFAULT_HUB.to_owned(),
             spokes: None,
+            unread: None,
         }
     }
 
@@ -67,6 +72,13 @@ impl Clusters {
             Some(Reach::Unreachable(why)) => Some(Held {
                 reason: UNREACHABLE,
                 message: format!("cluster \"{name}\" is unreachable: {why}"),
+            }),
+            None if self.unread.is_some() => Some(Held {
+                reason: UNREACHABLE,
+                message: format!(
+                    "cluster \"{name}\" cannot be read: {}",
+                    self.unread.as_deref().unwrap_or_default()
+                ),
             }),
             None => Some(Held {
                 reason: UNKNOWN,
@@ -111,6 +123,7 @@ mod tests {
     #[test]
     fn holds_back_unknown_and_unreachable_spokes_only() {
         let clusters = Clusters {
+            unread: None,
             hub: "hub".into(),
             spokes: Some(BTreeMap::from([
                 ("up".to_owned(), Reach::Ready),

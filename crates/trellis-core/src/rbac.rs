@@ -70,7 +70,7 @@ pub use namespaced::{namespaced_role, namespaced_role_of, revision_permissions};
 #[cfg(test)]
 use role_refs::RoleRef;
 use role_refs::{BindingKind, bind_grants, role_refs};
-pub use spoke::spoke_role;
+pub use spoke::{spoke_role, spoke_roles};
 pub use viewer::{viewer_role, viewer_role_name};
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";

@@ -75,9 +75,11 @@ fn static_selector(spec: &RelatedSpec) -> Option<LabelSelector> {
 /// The related watches of a rule: per kind, one watch of the whole kind when
 /// any entry of it names objects or has a templated selector; otherwise one
 /// label-selected watch per distinct static selector.
+/// Entries read from other clusters (`cluster:`) are not among them: see
+/// [`spoke_watch_specs`].
 pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
     let mut by_kind: BTreeMap<Gvk, Vec<&RelatedSpec>> = BTreeMap::new();
-    for entry in &rule.related {
+    for entry in rule.related.iter().filter(|e| e.cluster.is_none()) {
         by_kind
             .entry(entry.gvk.clone())
             .or_default()
@@ -86,6 +88,24 @@ pub fn watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
     for patch in &rule.patches {
         by_kind.entry(patch.gvk.clone()).or_default();
     }
+    specs_by_kind(rule, by_kind)
+}
+
+/// The watches every spoke keeps for the entries a rule reads there
+/// (`cluster:` on a related entry): decided as at home, per kind, from
+/// those entries only (patches are never placed in spokes).
+pub fn spoke_watch_specs(rule: &CompiledRule) -> Vec<WatchSpec> {
+    let mut by_kind: BTreeMap<Gvk, Vec<&RelatedSpec>> = BTreeMap::new();
+    for entry in rule.related.iter().filter(|e| e.cluster.is_some()) {
+        by_kind
+            .entry(entry.gvk.clone())
+            .or_default()
+            .push(&entry.spec);
+    }
+    specs_by_kind(rule, by_kind)
+}
+
+fn specs_by_kind(rule: &CompiledRule, by_kind: BTreeMap<Gvk, Vec<&RelatedSpec>>) -> Vec<WatchSpec> {
     let mut out = Vec::new();
     for (gvk, entries) in by_kind {
         let anywhere = entries
@@ -220,6 +240,27 @@ mod tests {
                 labels: None,
                 anywhere: true,
                 patched: true,
+            }]
+        );
+    }
+
+    #[test]
+    fn entries_read_in_spokes_are_watched_there_not_at_home() {
+        let s = specs(
+            "    - id: here\n      apiVersion: v1\n      kind: Secret\n      name: a\n    - id: there\n      apiVersion: v1\n      kind: ConfigMap\n      cluster: spec.region\n      selector:\n        matchLabels: {app: x}\n",
+        );
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].gvk, Gvk::new("v1", "Secret"));
+        let rule = crate::rules::testing::rule_with_spec(&format!(
+            "{PARENT}  related:\n    - id: there\n      apiVersion: v1\n      kind: ConfigMap\n      cluster: spec.region\n      selector:\n        matchLabels: {{app: x}}\n{CHILD}"
+        ));
+        assert_eq!(
+            spoke_watch_specs(&rule),
+            vec![WatchSpec {
+                gvk: Gvk::new("v1", "ConfigMap"),
+                labels: Some("app=x".into()),
+                anywhere: false,
+                patched: false,
             }]
         );
     }

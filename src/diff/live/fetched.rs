@@ -33,7 +33,22 @@ impl RelatedSource for Fetched {
         Ok(self
             .objects
             .iter()
-            .filter(|(k, o)| read.covers_object(gvk, k, o))
+            .filter(|(k, o)| k.cluster.is_none() && read.covers_object(gvk, k, o))
+            .map(|(k, o)| (k.clone(), o.clone()))
+            .collect())
+    }
+
+    /// What was fetched from the spoke `cluster` (see `spokes.rs`).
+    fn find_in(
+        &self,
+        cluster: &str,
+        gvk: &Gvk,
+        read: &RelatedRead,
+    ) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
+        Ok(self
+            .objects
+            .iter()
+            .filter(|(k, o)| k.cluster.as_deref() == Some(cluster) && read.covers_object(gvk, k, o))
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect())
     }

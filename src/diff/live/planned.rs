@@ -6,6 +6,7 @@ use std::sync::Arc;
 use kube::Client;
 use serde_json::Value;
 
+use super::spokes::Spokes;
 use super::{Kinds, LiveError, live_children, plan_with_reads};
 use crate::plan::{self, Observed};
 use crate::rules::CompiledRule;
@@ -29,12 +30,14 @@ pub(crate) enum Planned {
 /// its entry checks, its children as the caches hold them, the version it
 /// is due to run, and the related objects and patch targets the pass reads
 /// (`trellis diff` and `trellis tree` both start here). Reads only.
+/// Children in spokes, and related entries read there, come from `spokes`.
 pub(crate) async fn plan_live(
     client: &Client,
     newest: &Arc<CompiledRule>,
     versions: Option<&crate::operator::versions::Versions>,
     kinds: &Kinds,
     parent: &Value,
+    spokes: &Spokes,
 ) -> Result<Planned, LiveError> {
     // The operator's entry checks, in the operator's order.
     if let Some(why) = crate::pass::entry(newest, parent, None).skipped() {
@@ -46,7 +49,9 @@ pub(crate) async fn plan_live(
         .unwrap_or_default();
 
     // The children, as the operator's caches hold them.
-    let objects = live_children(client, newest, kinds, uid).await?;
+    let mut objects = live_children(client, newest, kinds, uid).await?;
+    let (placed, clusters) = spokes.children(newest, uid).await;
+    objects.extend(placed);
     let rule = match versions {
         None => newest.clone(),
         Some(v) => {
@@ -62,7 +67,13 @@ pub(crate) async fn plan_live(
             v.rule_for(newest, uid, on)
         }
     };
-    let (observed, plan) = plan_with_reads(client, &rule, kinds, parent, objects).await?;
+    let reading = super::Reading {
+        client,
+        kinds,
+        spokes,
+        clusters: &clusters,
+    };
+    let (observed, plan) = plan_with_reads(&reading, &rule, parent, objects).await?;
     Ok(Planned::Pass {
         rule,
         observed,

@@ -16,8 +16,13 @@
 //! ([`Clusters::api`]), and what `/status` shows. The decisions (what is
 //! held back, what is pruned) are the core's `clusters` and `plan`.
 
+mod cleanup;
+mod related;
 mod secrets;
 mod spoke;
+
+pub use related::{RelatedTouched, SpokeWatch};
+pub use secrets::{Refused, client_of};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -55,11 +60,26 @@ pub struct Clusters {
     /// name may just not be read yet.
     listed: watch::Sender<bool>,
     touched: broadcast::Sender<Touched>,
+    /// The related watches rules read from spokes: what every spoke keeps.
+    related: watch::Sender<BTreeSet<SpokeWatch>>,
+    related_touched: broadcast::Sender<RelatedTouched>,
+    /// The operator's namespaces (empty: all): where related watches look.
+    namespaces: Vec<String>,
     metrics: Arc<crate::telemetry::Metrics>,
 }
 
 impl Clusters {
     pub fn new(hub: String, metrics: Arc<crate::telemetry::Metrics>) -> Arc<Clusters> {
+        Clusters::watching(hub, Vec::new(), metrics)
+    }
+
+    /// [`Clusters::new`] for an operator watching `namespaces` (empty:
+    /// all): where spokes' related watches look.
+    pub fn watching(
+        hub: String,
+        namespaces: Vec<String>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> Arc<Clusters> {
         Arc::new(Clusters {
             hub,
             spokes: std::sync::Mutex::default(),
@@ -67,6 +87,9 @@ impl Clusters {
             changed: watch::Sender::new(0),
             listed: watch::Sender::new(false),
             touched: broadcast::Sender::new(4096),
+            related: watch::Sender::new(BTreeSet::new()),
+            related_touched: broadcast::Sender::new(4096),
+            namespaces,
             metrics,
         })
     }
@@ -74,14 +97,16 @@ impl Clusters {
     /// [`Clusters::new`], following the rule set in force
     /// ([`Clusters::follow_rules`]; `secrets`: the client and namespace of
     /// the Secrets registering spokes).
+    /// `namespaces`: the operator's (empty: all).
     pub fn start(
         hub: String,
+        namespaces: Vec<String>,
         metrics: Arc<crate::telemetry::Metrics>,
         secrets: (kube::Client, String),
         in_force: watch::Receiver<Option<Arc<RuleSet>>>,
         shutdown: CancellationToken,
     ) -> Arc<Clusters> {
-        let clusters = Clusters::new(hub, metrics);
+        let clusters = Clusters::watching(hub, namespaces, metrics);
         clusters.follow_rules(secrets.0, secrets.1, in_force, shutdown);
         clusters
     }
@@ -102,12 +127,18 @@ impl Clusters {
         tokio::spawn(async move {
             let mut secrets = Some((client, namespace));
             loop {
-                let kinds = in_force
+                let (kinds, related) = in_force
                     .borrow_and_update()
                     .as_ref()
-                    .map(|set| placed_kinds(set.rules.iter().map(|r| r.as_ref())))
+                    .map(|set| {
+                        let rules = || set.rules.iter().map(|r| r.as_ref());
+                        (
+                            placed_kinds(rules()),
+                            related::spoke_watches(rules(), &clusters.namespaces),
+                        )
+                    })
                     .unwrap_or_default();
-                if !kinds.is_empty()
+                if (!kinds.is_empty() || !related.is_empty())
                     && let Some((client, namespace)) = secrets.take()
                 {
                     tokio::spawn(secrets::run(
@@ -120,6 +151,11 @@ impl Clusters {
                 clusters.kinds.send_if_modified(|now| {
                     let changed = *now != kinds;
                     *now = kinds;
+                    changed
+                });
+                clusters.related.send_if_modified(|now| {
+                    let changed = *now != related;
+                    *now = related;
                     changed
                 });
                 tokio::select! {
@@ -148,6 +184,7 @@ impl Clusters {
         crate::clusters::Clusters {
             hub: self.hub.clone(),
             spokes: Some(spokes),
+            unread: None,
         }
     }
 
@@ -156,16 +193,18 @@ impl Clusters {
     /// then would report it unreachable, or re-create what exists).
     /// [`Clusters::changed`] fires when that ends.
     pub fn settling(&self, rule: &CompiledRule) -> bool {
-        if !rule.children.iter().any(|c| c.cluster.is_some()) {
+        if !reads_spokes(rule) {
             return false;
         }
         if !*self.listed.borrow() {
             return true;
         }
         let kinds = placed_kinds([rule]);
-        lock(&self.spokes)
-            .values()
-            .any(|s| matches!(s.readiness(&kinds), Readiness::Listing))
+        let reads = rule.related.iter().any(|r| r.cluster.is_some());
+        lock(&self.spokes).values().any(|s| {
+            matches!(s.readiness(&kinds), Readiness::Listing)
+                || (reads && s.reachable() && related::listing(s))
+        })
     }
 
     /// The spokes (by name) where a kind `rule` places there was never
@@ -195,6 +234,16 @@ impl Clusters {
     /// The `Api` of a spoke object (`key.cluster` set), with the spoke's
     /// credentials; `Err` says why there is none.
     pub fn api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, String> {
+        self.api_as(key, None)
+    }
+
+    /// [`Clusters::api`], sent as `user` (a rule's account,
+    /// `system:serviceaccount:<operator namespace>:<name>`) when given.
+    pub fn api_as(
+        &self,
+        key: &ObjectKey,
+        user: Option<&str>,
+    ) -> Result<Api<DynamicObject>, String> {
         let name = key.cluster.as_deref().unwrap_or(crate::clusters::LOCAL);
         let Some(spoke) = lock(&self.spokes).get(name).cloned() else {
             return Err(format!("cluster \"{name}\" is not registered"));
@@ -204,7 +253,16 @@ impl Clusters {
                 "{key}: kind not served (or not discovered yet) in cluster \"{name}\""
             ));
         };
-        Ok(kind.api(spoke.client.clone(), key.namespace.as_deref()))
+        Ok(kind.api(spoke.client_as(user), key.namespace.as_deref()))
+    }
+
+    /// Whether `gvk` is namespaced, as the first spoke whose discovery
+    /// resolved it says (`None`: none has): the scope of a kind only
+    /// spokes serve.
+    pub fn namespaced(&self, gvk: &Gvk) -> Option<bool> {
+        lock(&self.spokes)
+            .values()
+            .find_map(|s| s.kind(&gvk.group, &gvk.kind).map(|k| k.namespaced))
     }
 
     /// Fires on every change that may let a held-back pass go on.
@@ -215,6 +273,11 @@ impl Clusters {
     /// Spoke objects changing, by rule and parent uid.
     pub fn touched(&self) -> broadcast::Receiver<Touched> {
         self.touched.subscribe()
+    }
+
+    /// Related objects changing in spokes.
+    pub fn related_touched(&self) -> broadcast::Receiver<RelatedTouched> {
+        self.related_touched.subscribe()
     }
 
     /// `/status` → `clusters`.
@@ -256,6 +319,13 @@ impl Clusters {
             uid: uid.to_owned(),
         });
     }
+}
+
+/// Whether `rule` places children in spokes or reads related objects
+/// there: its passes then depend on the spokes' state.
+pub fn reads_spokes(rule: &CompiledRule) -> bool {
+    rule.children.iter().any(|c| c.cluster.is_some())
+        || rule.related.iter().any(|r| r.cluster.is_some())
 }
 
 /// The child kinds `rules` place in spokes (those with `cluster:`).

@@ -91,7 +91,9 @@ pub async fn run(
             Some(Ok(watcher::Event::Delete(secret))) => unregister(&clusters, &secret.name_any()),
         }
     }
-    for spoke in std::mem::take(&mut *lock(&clusters.spokes)).into_values() {
+    // Stopped, not unregistered: a pass still in flight at shutdown must
+    // not find its spoke gone (it would write that into the status).
+    for spoke in lock(&clusters.spokes).values() {
         spoke.stop.cancel();
     }
 }
@@ -99,7 +101,7 @@ pub async fn run(
 /// Registers (or, changed, replaces) the spoke a Secret names.
 async fn register(clusters: &Arc<Clusters>, secret: &Secret) {
     let name = secret.name_any();
-    let spoke = match spoke_of(secret).await {
+    let spoke = match spoke_of(secret, &clusters.metrics).await {
         Ok(spoke) => spoke,
         Err(why) => {
             // A Secret that cannot be used registers nothing; one that
@@ -163,7 +165,21 @@ fn unregister(clusters: &Clusters, secret: &str) {
 
 /// The spoke a Secret describes: its name (the label), a client from its
 /// `kubeconfig`, and a fingerprint of that kubeconfig.
-async fn spoke_of(secret: &Secret) -> Result<Spoke, Refused> {
+/// Its requests are counted under the spoke's name.
+async fn spoke_of(
+    secret: &Secret,
+    metrics: &Arc<crate::telemetry::Metrics>,
+) -> Result<Spoke, Refused> {
+    let (cluster, client, fingerprint) = client_of(secret).await?;
+    let client = crate::operator::requests::counted_in(client, metrics.clone(), &cluster);
+    Ok(Spoke::new(cluster, secret.name_any(), fingerprint, client))
+}
+
+/// What a cluster Secret holds: the spoke's name (its label), a client
+/// from its `kubeconfig`, and a fingerprint of that kubeconfig. Shared
+/// with the CLI (`trellis tree`, `trellis diff`), which reads spokes
+/// through the same Secrets.
+pub async fn client_of(secret: &Secret) -> Result<(String, Client, String), Refused> {
     let name = secret.name_any();
     let cluster = secret
         .labels()
@@ -209,5 +225,5 @@ async fn spoke_of(secret: &Secret) -> Result<Spoke, Refused> {
         source,
     })?;
     let fingerprint = format!("{:x}", Sha256::digest(text.as_bytes()));
-    Ok(Spoke::new(cluster, name, fingerprint, client))
+    Ok((cluster, client, fingerprint))
 }

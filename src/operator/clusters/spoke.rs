@@ -40,9 +40,14 @@ pub struct Spoke {
     /// resync.
     pub fingerprint: String,
     pub client: Client,
+    /// The clients of rules' accounts (`serviceAccountName`) here: the
+    /// spoke's client impersonating each, made once.
+    accounts: std::sync::Mutex<std::collections::HashMap<String, Client>>,
     state: std::sync::Mutex<Reachability>,
     /// Child kind → its cache here.
     caches: std::sync::Mutex<BTreeMap<Gvk, KindCache>>,
+    /// The related watches rules read here ([`super::related`]).
+    pub(super) related: super::related::RelatedCaches,
     pub(super) stop: CancellationToken,
 }
 
@@ -86,6 +91,7 @@ impl Spoke {
             secret,
             fingerprint,
             client,
+            accounts: std::sync::Mutex::default(),
             state: std::sync::Mutex::new(Reachability {
                 probed: false,
                 reachable: false,
@@ -93,6 +99,7 @@ impl Spoke {
                 why: "not probed yet".into(),
             }),
             caches: std::sync::Mutex::default(),
+            related: std::sync::Mutex::default(),
             stop: CancellationToken::new(),
         }
     }
@@ -101,6 +108,21 @@ impl Spoke {
     pub(super) fn start(self: &Arc<Spoke>, clusters: &Arc<Clusters>) {
         tokio::spawn(probe(self.clone(), clusters.clone()));
         tokio::spawn(follow_kinds(self.clone(), clusters.clone()));
+        tokio::spawn(super::related::follow(self.clone(), clusters.clone()));
+    }
+
+    /// The client a rule's writes here go through: the Secret's
+    /// credentials, impersonating `user` (the rule's account, named as at
+    /// home) when the rule has one, so the spoke authorizes each write as
+    /// that account.
+    pub(super) fn client_as(&self, user: Option<&str>) -> Client {
+        let Some(user) = user else {
+            return self.client.clone();
+        };
+        lock(&self.accounts)
+            .entry(user.to_owned())
+            .or_insert_with(|| crate::operator::identity::impersonating(self.client.clone(), user))
+            .clone()
     }
 
     pub(super) fn reachable(&self) -> bool {

@@ -112,6 +112,7 @@ pub(super) async fn run_controller(
             parent_namespaces: &namespaces,
             operator_namespaces: &shared.namespaces,
             metrics: shared.metrics.clone(),
+            spokes: Some(shared.clusters.clone()),
         },
     );
     for why in &kinds.unserved_related {

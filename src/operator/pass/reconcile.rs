@@ -240,7 +240,7 @@ struct Pass<'a> {
 
 impl Pass<'_> {
     fn plan(&self) -> Plan {
-        let scope_of = |g: &crate::kinds::Gvk| self.ctx.kinds.scope_of(g);
+        let scope_of = |g: &crate::kinds::Gvk| self.ctx.scope_of(g);
         plan::plan(
             self.rule,
             &Input {
@@ -503,7 +503,7 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
     let parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
     let observed = Observed::from_objects(Vec::new());
     let now = crate::clock::now_rfc3339();
-    let scope_of = |g: &crate::kinds::Gvk| ctx.kinds.scope_of(g);
+    let scope_of = |g: &crate::kinds::Gvk| ctx.scope_of(g);
     let plan = plan::undecodable(
         &rule,
         &Input {

@@ -122,6 +122,9 @@ fn sets_finalizer(rule: &CompiledRule) -> bool {
         || !rule.patches.is_empty()
         || rule.retains_children()
         || rule.children.iter().any(|c| c.spec.allow_cross_namespace)
+        // A child in a spoke has no ownerReference: the finalizer is on
+        // every parent of such a rule.
+        || rule.children.iter().any(|c| c.cluster.is_some())
 }
 
 /// Runs until the rule stops: releases every candidate it is handed, and

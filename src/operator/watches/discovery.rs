@@ -72,6 +72,14 @@ impl RuleKinds {
         self.children.iter().find(|c| &c.gvk == gvk)
     }
 
+    /// Whether discovery here resolved `gvk` (the parent, a child or a
+    /// related kind): [`RuleKinds::scope_of`] then knows its scope.
+    pub fn knows(&self, gvk: &Gvk) -> bool {
+        &self.parent.gvk == gvk
+            || self.child(gvk).is_some()
+            || self.related.iter().any(|r| &r.gvk == gvk)
+    }
+
     /// Scope as discovery reports it, for the planner.
     pub fn scope_of(&self, gvk: &Gvk) -> crate::rules::model::Scope {
         let namespaced = if &self.parent.gvk == gvk {

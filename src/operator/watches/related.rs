@@ -101,6 +101,8 @@ pub struct Caches {
     warned: Mutex<std::collections::HashMap<ParentRef, String>>,
     /// Patch manager → the targets (watch, namespace, name) it contributes to.
     managers: Mutex<managers::Managers>,
+    /// Where entries with `cluster:` are read ([`RelatedSource::find_in`]).
+    spokes: Option<Arc<crate::operator::clusters::Clusters>>,
 }
 
 /// What [`Caches::start`] watches, and where.
@@ -111,6 +113,8 @@ pub struct Scope<'a> {
     pub parent_namespaces: &'a [String],
     pub operator_namespaces: &'a [String],
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// The spokes, for a rule reading related objects there.
+    pub spokes: Option<Arc<crate::operator::clusters::Clusters>>,
 }
 
 /// The parts [`Caches::start`] hands the controller.
@@ -136,6 +140,7 @@ impl Caches {
             parent_namespaces,
             operator_namespaces,
             metrics,
+            spokes,
         } = scope;
         let (missed, missed_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut watches = Vec::new();
@@ -190,6 +195,7 @@ impl Caches {
             missed,
             warned: Mutex::default(),
             managers: Mutex::default(),
+            spokes: spokes.filter(|_| rule.related.iter().any(|r| r.cluster.is_some())),
         });
         let mut triggers: Vec<futures::stream::BoxStream<'static, ParentRef>> = Vec::new();
         for (stream, mut writer, w) in streams {
@@ -208,6 +214,9 @@ impl Caches {
             );
         }
         triggers.push(tokio_stream_of(missed_rx));
+        if let Some(spokes) = &caches.spokes {
+            triggers.push(spoke_triggers(caches.clone(), spokes.related_touched()));
+        }
         Started {
             caches,
             triggers: futures::stream::select_all(triggers).boxed(),
@@ -443,7 +452,52 @@ impl Caches {
     }
 }
 
+/// The parents that read a spoke's related object that changed, through
+/// this rule's read index (which knows no cluster: a hub object of the
+/// same kind and name read by a parent wakes it too, harmlessly).
+fn spoke_triggers(
+    caches: Arc<Caches>,
+    touched: tokio::sync::broadcast::Receiver<crate::operator::clusters::RelatedTouched>,
+) -> futures::stream::BoxStream<'static, ParentRef> {
+    futures::stream::unfold((touched, caches), |(mut touched, caches)| async move {
+        loop {
+            let t = match touched.recv().await {
+                Ok(t) => t.touched,
+                // Missed changes: every reader of every kind looks again.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    let parents = crate::operator::lock(&caches.index).parents();
+                    return Some((futures::stream::iter(parents), (touched, caches)));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            };
+            let parents = crate::operator::lock(&caches.index).touch(t);
+            if !parents.is_empty() {
+                return Some((futures::stream::iter(parents), (touched, caches)));
+            }
+        }
+    })
+    .flatten()
+    .boxed()
+}
+
 impl RelatedSource for Caches {
+    fn find_in(
+        &self,
+        cluster: &str,
+        gvk: &Gvk,
+        read: &RelatedRead,
+    ) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
+        match &self.spokes {
+            Some(spokes) => spokes.find_related(cluster, gvk, read),
+            None => Err(Unreadable {
+                reason: crate::clusters::UNKNOWN,
+                message: format!(
+                    "cluster \"{cluster}\": the rule's related objects there are not watched"
+                ),
+            }),
+        }
+    }
+
     fn managed_by(&self, manager: &str) -> Vec<(ObjectKey, Value)> {
         let targets = crate::operator::lock(&self.managers).of(manager);
         let mut out = Vec::new();

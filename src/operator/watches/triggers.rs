@@ -236,7 +236,7 @@ pub(in crate::operator) fn spokes_changed(
     futures::stream::unfold((changed, ctx), |(mut changed, ctx)| async move {
         loop {
             changed.changed().await.ok()?;
-            if ctx.rule().children.iter().any(|c| c.cluster.is_some()) {
+            if crate::operator::clusters::reads_spokes(&ctx.rule()) {
                 return Some(((), (changed, ctx)));
             }
         }

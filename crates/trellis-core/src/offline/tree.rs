@@ -133,6 +133,9 @@ pub struct Line {
     /// render) or a selector (then `matched` counts the objects).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The spoke the object lives in (`cluster:`); `None`: the hub.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matched: Option<usize>,
     pub state: State,
@@ -314,6 +317,7 @@ fn line(id: &str, role: Role, api_version: &str, kind: &str, state: State) -> Li
         kind: kind.to_owned(),
         namespace: None,
         name: None,
+        cluster: None,
         matched: None,
         state,
         ready: None,
@@ -326,6 +330,7 @@ fn line(id: &str, role: Role, api_version: &str, kind: &str, state: State) -> Li
 fn at(mut line: Line, key: &ObjectKey) -> Line {
     line.namespace = key.namespace.clone();
     line.name = Some(key.name.clone());
+    line.cluster = key.cluster.clone();
     line
 }
 

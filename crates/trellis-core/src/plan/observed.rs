@@ -102,6 +102,22 @@ pub trait RelatedSource: Send + Sync {
         Ok(())
     }
 
+    /// [`RelatedSource::find`] in the spoke `cluster` (a related entry
+    /// with `cluster:`); a source that reads no spoke says so.
+    fn find_in(
+        &self,
+        cluster: &str,
+        _gvk: &Gvk,
+        _read: &RelatedRead,
+    ) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
+        Err(Unreadable {
+            reason: Unreadable::CLUSTER_NOT_READ,
+            message: format!(
+                "related objects are not read from other clusters here (cluster \"{cluster}\")"
+            ),
+        })
+    }
+
     /// The objects whose `managedFields` name `manager` (a parent's patch
     /// contributions, `trellis/<rule>/<parent uid>`), with their
     /// `managedFields`.

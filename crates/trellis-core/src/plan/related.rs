@@ -345,9 +345,12 @@ pub(super) fn resolve(
     let mut errors = Vec::new();
     for entry in &rule.related {
         let id = &entry.spec.id;
+        let cluster = related_cluster(rule, entry, ctx)?;
         // An unserved kind has no objects, and no known scope: nothing to
         // read, nothing to index (its CRD appearing restarts the rule).
+        // What a spoke serves is the spoke's to say (its source's answer).
         if let Some(source) = &input.observed.related
+            && cluster.is_none()
             && let Err(why) = source.served(&entry.gvk)
         {
             states.push(
@@ -359,7 +362,6 @@ pub(super) fn resolve(
             );
             continue;
         }
-        let cluster = related_cluster(rule, entry, ctx)?;
         if let Some(why) = cluster_unreadable(input, cluster.as_deref()) {
             states.push(RelatedState::Unreadable(why));
             continue;
@@ -471,7 +473,10 @@ fn lookup(
     cluster: Option<String>,
 ) -> Result<Vec<(ObjectKey, Value)>, Unreadable> {
     if let Some(source) = &input.observed.related {
-        return source.find(&entry.gvk, read);
+        return match &cluster {
+            Some(name) => source.find_in(name, &entry.gvk, read),
+            None => source.find(&entry.gvk, read),
+        };
     }
     Ok(match &read.target {
         RelatedTarget::Name(name) => {
@@ -533,22 +538,14 @@ fn related_cluster(
 }
 
 /// Why a related entry in `cluster` cannot be read in this pass: a spoke
-/// that cannot be reached or is unknown; or, running, any spoke at all
-/// (the operator does not watch related kinds in spokes yet; offline, the
-/// observed objects placed there are read).
+/// that cannot be reached or is unknown. (Running, the source then says
+/// whether the spoke's objects are listed, [`RelatedSource::find_in`];
+/// offline, the observed objects placed there are read.)
 fn cluster_unreadable(input: &Input, cluster: Option<&str>) -> Option<Unreadable> {
-    let name = cluster?;
-    if let Some(held) = input.clusters.hold(Some(name)) {
-        return Some(Unreadable {
-            reason: held.reason,
-            message: held.message,
-        });
-    }
-    input.observed.related.as_ref().map(|_| Unreadable {
-        reason: Unreadable::CLUSTER_NOT_READ,
-        message: format!(
-            "related objects are not read from other clusters yet (cluster \"{name}\")"
-        ),
+    let held = input.clusters.hold(cluster)?;
+    Some(Unreadable {
+        reason: held.reason,
+        message: held.message,
     })
 }
 

@@ -83,6 +83,11 @@ impl<P: Clone + Eq + Hash> ReadIndex<P> {
         self.seq
     }
 
+    /// Every parent indexed (a missed change: they all look again).
+    pub fn parents(&self) -> Vec<P> {
+        self.reads.keys().cloned().collect()
+    }
+
     /// Parents indexed (with at least one read).
     pub fn len(&self) -> usize {
         self.reads.len()

@@ -94,7 +94,13 @@ fn print_one(tree: &Tree) -> String {
             line.kind.clone(),
             match line.matched {
                 Some(n) => format!("selector: {n} object(s)"),
-                None => object(&line.namespace, line.name.as_deref()),
+                None => match &line.cluster {
+                    Some(c) => format!(
+                        "{} (cluster {c})",
+                        object(&line.namespace, line.name.as_deref())
+                    ),
+                    None => object(&line.namespace, line.name.as_deref()),
+                },
             },
             flag(line.ready),
             flag(line.synced),

@@ -17,6 +17,7 @@ fn two_places() -> Arc<CompiledRule> {
 
 fn hub_named(name: &str, spokes: &[(&str, Reach)]) -> Clusters {
     Clusters {
+        unread: None,
         hub: name.into(),
         spokes: Some(
             spokes

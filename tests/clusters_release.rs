@@ -1,0 +1,285 @@
+//! Children in other clusters taken away by the cleanup path rather than
+//! by a parent's deletion, end to end with two real control planes (see
+//! `tests/clusters.rs`): a parent leaving its rule's selector, and a rule
+//! removed by a reload. Either way nothing is done in a spoke that does not
+//! answer: the parent keeps its finalizer, told why; once the spoke answers,
+//! the children there are deleted, retained ones released.
+mod support;
+
+#[path = "support/configmap_dir.rs"]
+mod configmap_dir;
+#[path = "clusters/hub.rs"]
+mod hub;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use configmap_dir::ConfigMapDir;
+use hub::{SPOKE, Setup, setup, spoke_status};
+use support::eventually;
+use support::faults::free_address;
+use support::operator::{Operator, WAIT};
+
+/// A child in the spoke (more with [`KEPT`]); parents labelled
+/// `managed: "yes"` only.
+const RULE: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: placed
+spec:
+  onRuleRemoved: delete
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+    selector: {matchLabels: {managed: "yes"}}
+  children:
+    - id: remote
+      apiVersion: v1
+      kind: ConfigMap
+      cluster: "'spoke-1'"
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-remote" }}
+        data:
+          v: "1"
+"#;
+
+/// A retained child in the spoke, appended to [`RULE`]'s children. Without
+/// it (or anything else behind the finalizer) only the spoke children make
+/// the rule finalize its parents.
+const KEPT: &str = r#"    - id: kept
+      apiVersion: v1
+      kind: ConfigMap
+      cluster: "'spoke-1'"
+      deletionPolicy: retain
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-kept" }}
+        data:
+          v: "1"
+"#;
+
+impl Setup {
+    /// The operator on `rules` (a rules directory it reloads), this hub
+    /// named `hub-a`.
+    fn start_reloading(&self, rules: &ConfigMapDir, metrics: SocketAddr) -> Operator {
+        let dir = rules.path();
+        let set = trellis::rules::RuleSet::load(std::slice::from_ref(&dir), Default::default())
+            .unwrap_or_else(|diags| panic!("test rules do not load: {diags:?}"));
+        let mut options = trellis::operator::Options {
+            reload_debounce: Duration::from_millis(200),
+            reload_poll: Duration::from_secs(2),
+            ..trellis::operator::Options::new(vec![dir], vec![self.ns.name().to_owned()])
+        };
+        options.instance = "clusters-release".into();
+        options.operator_namespace = self.ns.name().to_owned();
+        options.cluster_name = "hub-a".into();
+        options.metrics_addr = Some(metrics);
+        Operator::spawn(options, set, &self.ns.client)
+    }
+
+    /// Creates the parent `name`, selected by the rule, and waits for its
+    /// `children` in the spoke.
+    async fn served_parent(&self, name: &str, children: &[&str]) {
+        let mut parent = DynamicObject::new(name, &self.kind.resource)
+            .within(self.ns.name())
+            .data(json!({"spec": {}}));
+        parent.metadata.labels = Some([("managed".to_owned(), "yes".to_owned())].into());
+        self.parents()
+            .create(&PostParams::default(), &parent)
+            .await
+            .expect("create parent");
+        for child in children {
+            let child = format!("{name}-{child}");
+            eventually(&format!("{child} made in the spoke"), WAIT, || async {
+                self.spoke_configmaps()
+                    .get(&child)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        }
+    }
+
+    /// Stops the spoke's API server and waits until the operator sees it.
+    async fn spoke_down(&self, metrics: SocketAddr) {
+        self.spoke.kill("kube-apiserver", "KILL").await;
+        eventually("the spoke seen unreachable", WAIT, || async {
+            let status = spoke_status(metrics).await;
+            (status["reachable"] == false)
+                .then_some(())
+                .ok_or(status.to_string())
+        })
+        .await;
+    }
+
+    /// A Warning on the parent `name` with reason ClusterUnreachable whose
+    /// note holds `says`.
+    async fn told_waiting(&self, name: &str, says: &str) {
+        eventually(
+            "a Warning that the parent waits for the spoke",
+            WAIT,
+            || async {
+                let events = self.events_about(name).await;
+                events
+                    .iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some("ClusterUnreachable")
+                            && e.note
+                                .as_deref()
+                                .is_some_and(|n| n.contains(SPOKE) && n.contains(says))
+                    })
+                    .map(|_| ())
+                    .ok_or(format!(
+                        "{:?}",
+                        events
+                            .iter()
+                            .map(|e| (&e.reason, &e.note))
+                            .collect::<Vec<_>>()
+                    ))
+            },
+        )
+        .await;
+    }
+
+    /// Once the spoke answers: `name`'s remote child deleted there, its
+    /// retained child (`kept`) kept with nothing of trellis's left, and the
+    /// parent let go (no trellis finalizer).
+    async fn taken_away(&self, name: &str, kept: bool) {
+        let remote = format!("{name}-remote");
+        let kept_name = format!("{name}-kept");
+        eventually("the spoke children taken away", WAIT, || async {
+            let cms: Api<ConfigMap> = self.spoke_configmaps();
+            let remote = cms.get_opt(&remote).await.map_err(|e| e.to_string())?;
+            let retained = cms.get_opt(&kept_name).await.map_err(|e| e.to_string())?;
+            let parent = self.parent(name).await;
+            let finalized = parent
+                .finalizers()
+                .iter()
+                .any(|f| f == trellis::operator::FINALIZER);
+            let released =
+                |k: &ConfigMap| !k.labels().keys().any(|l| l.starts_with("trellis.dev/"));
+            match (&remote, &retained) {
+                (None, Some(k)) if kept && released(k) && !finalized => Ok(()),
+                (None, None) if !kept && !finalized => Ok(()),
+                _ => Err(format!(
+                    "remote there: {}, kept labels: {:?}, finalizer: {finalized}",
+                    remote.is_some(),
+                    retained.map(|k| k.labels().clone())
+                )),
+            }
+        })
+        .await;
+        if !kept {
+            return;
+        }
+        let kept = self.spoke_configmaps().get(&kept_name).await.expect("kept");
+        assert_eq!(
+            kept.data
+                .as_ref()
+                .and_then(|d| d.get("v"))
+                .map(String::as_str),
+            Some("1"),
+            "the retained child keeps its values"
+        );
+    }
+
+    /// Nothing of `name`'s was taken out of the spoke (read once it answers
+    /// again, before the operator can have acted: the test reads the spoke
+    /// directly as soon as it is up).
+    async fn both_still_there(&self, name: &str, children: &[&str]) {
+        for child in children {
+            let cm = self
+                .spoke_configmaps()
+                .get(&format!("{name}-{child}"))
+                .await
+                .expect("still in the spoke");
+            assert_eq!(cm.labels()["trellis.dev/hub"], "hub-a", "{child} untouched");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_parent_leaving_its_rules_selector_takes_its_spoke_children_once_the_spoke_answers() {
+    let s = setup("clusters-release-scope").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    // No retained child: only the spoke child puts the finalizer on.
+    let rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(RULE))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote"]).await;
+
+    // The spoke down, the parent leaves the selector: it waits, saying so.
+    s.spoke_down(metrics).await;
+    s.parents()
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"managed": "no"}}})),
+        )
+        .await
+        .expect("relabel the parent");
+    s.told_waiting("p", "waiting to remove children").await;
+    assert!(
+        s.parent("p")
+            .await
+            .finalizers()
+            .iter()
+            .any(|f| f == trellis::operator::FINALIZER),
+        "the parent keeps its finalizer while its spoke does not answer"
+    );
+    operator.stop().await;
+    s.spoke.restart("kube-apiserver").await;
+    s.both_still_there("p", &["remote"]).await;
+
+    // Up again (and the operator with it): the children go, the retained
+    // one released, the finalizer off, a `Released` Event.
+    let operator = s.start_reloading(&rules, metrics);
+    s.taken_away("p", false).await;
+    eventually("a Released Event", WAIT, || async {
+        s.events_about("p")
+            .await
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Released"))
+            .then_some(())
+            .ok_or("no Released Event yet")
+    })
+    .await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_removed_rule_takes_its_spoke_children_once_the_spoke_answers() {
+    let s = setup("clusters-release-rule").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let rule = format!("{RULE}{KEPT}");
+    let mut rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(&rule))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote", "kept"]).await;
+
+    // The spoke down, the rule removed: the parent keeps its finalizer,
+    // told why.
+    s.spoke_down(metrics).await;
+    rules.update(&[]);
+    s.told_waiting("p", "rule placed removed").await;
+    assert!(
+        s.parent("p")
+            .await
+            .finalizers()
+            .iter()
+            .any(|f| f == trellis::operator::FINALIZER),
+        "the parent keeps its finalizer while its spoke does not answer"
+    );
+
+    // Up again: onRuleRemoved: delete reaches the spoke.
+    s.spoke.restart("kube-apiserver").await;
+    s.taken_away("p", true).await;
+    operator.stop().await;
+}
