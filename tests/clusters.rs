@@ -5,6 +5,9 @@
 //! ConfigMap at home and one in the spoke (`cluster: spec.region`).
 mod support;
 
+#[path = "spoke/mod.rs"]
+mod spoke;
+
 use std::net::SocketAddr;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -55,7 +58,7 @@ spec:
         jsonPath: $.data.v
 "#;
 
-const SPOKE: &str = "spoke-1";
+use spoke::SPOKE;
 
 /// The hub (the shared test cluster, the test's namespace) and the spoke
 /// (a private control plane with a namespace of the same name).
@@ -79,36 +82,7 @@ impl Drop for Hub {
     /// and their CRD, undeletable once the operator is gone, holding up the
     /// shared cluster's CRD finalizer for every test.
     fn drop(&mut self) {
-        let (namespace, resource) = (self.ns.name().to_owned(), self.kind.resource.clone());
-        let kubeconfig = support::cluster().kubeconfig.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                let config = kube::Config::from_custom_kubeconfig(
-                    kubeconfig,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .ok()?;
-                let client = Client::try_from(config).ok()?;
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
-                for parent in api.list(&Default::default()).await.ok()?.items {
-                    let patch = json!({"metadata": {"finalizers": null}});
-                    let _ = api
-                        .patch(
-                            &parent.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await;
-                }
-                Some(())
-            })
-        })
-        .join();
+        spoke::release_parents(self.ns.name(), &self.kind.resource);
     }
 }
 
@@ -123,14 +97,7 @@ async fn setup(name: &str) -> Setup {
     support::faults::logs();
     let ns = support::namespace().await;
     let (kind, cleanup) = install_kind(&ns, "Placed").await;
-    let spoke = PrivateCluster::start(name).await;
-    let spoke_client = spoke.client().await;
-    let namespace: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": ns.name()}})).expect("namespace");
-    Api::<Namespace>::all(spoke_client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("namespace in the spoke");
+    let (spoke, spoke_client) = spoke::start(name, ns.name()).await;
     Setup {
         hub: Hub { ns, kind },
         spoke,
@@ -165,21 +132,7 @@ impl Hub {
 
     /// Registers (or re-registers) the spoke with `kubeconfig`.
     async fn register(&self, kubeconfig: &Kubeconfig) {
-        // JSON is YAML: what a kubeconfig Secret holds either way.
-        let text = serde_json::to_string(kubeconfig).expect("kubeconfig text");
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "spoke-1-kubeconfig", "labels": {"trellis.dev/cluster": SPOKE}},
-            "stringData": {"kubeconfig": text},
-        }))
-        .expect("secret");
-        Api::<Secret>::namespaced(self.ns.client.clone(), self.ns.name())
-            .patch(
-                "spoke-1-kubeconfig",
-                &PatchParams::apply("clusters-test").force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .expect("cluster Secret");
+        spoke::register(&self.ns.client, self.ns.name(), kubeconfig).await;
     }
 
     async fn patch_spec(&self, name: &str, spec: Value) {

@@ -32,6 +32,7 @@ use crate::kinds::Gvk;
 use crate::operator::lock;
 use crate::plan::ObjectKey;
 use crate::rules::{CompiledRule, RuleSet};
+use crate::shard::BucketSet;
 use spoke::{Readiness, Spoke};
 
 /// A spoke object changed: the parent uid its label names (uids are
@@ -56,10 +57,17 @@ pub struct Clusters {
     listed: watch::Sender<bool>,
     touched: broadcast::Sender<Touched>,
     metrics: Arc<crate::telemetry::Metrics>,
+    /// Under `--shards`, this replica's buckets: spoke watches select only
+    /// their children, as the hub's child watches do.
+    owned: Option<watch::Receiver<BucketSet>>,
 }
 
 impl Clusters {
-    pub fn new(hub: String, metrics: Arc<crate::telemetry::Metrics>) -> Arc<Clusters> {
+    pub fn new(
+        hub: String,
+        metrics: Arc<crate::telemetry::Metrics>,
+        owned: Option<watch::Receiver<BucketSet>>,
+    ) -> Arc<Clusters> {
         Arc::new(Clusters {
             hub,
             spokes: std::sync::Mutex::default(),
@@ -68,20 +76,23 @@ impl Clusters {
             listed: watch::Sender::new(false),
             touched: broadcast::Sender::new(4096),
             metrics,
+            owned,
         })
     }
 
     /// [`Clusters::new`], following the rule set in force
     /// ([`Clusters::follow_rules`]; `secrets`: the client and namespace of
-    /// the Secrets registering spokes).
+    /// the Secrets registering spokes; `owned`: this replica's buckets
+    /// under `--shards`).
     pub fn start(
         hub: String,
         metrics: Arc<crate::telemetry::Metrics>,
         secrets: (kube::Client, String),
+        owned: Option<watch::Receiver<BucketSet>>,
         in_force: watch::Receiver<Option<Arc<RuleSet>>>,
         shutdown: CancellationToken,
     ) -> Arc<Clusters> {
-        let clusters = Clusters::new(hub, metrics);
+        let clusters = Clusters::new(hub, metrics, owned);
         clusters.follow_rules(secrets.0, secrets.1, in_force, shutdown);
         clusters
     }
@@ -137,7 +148,7 @@ impl Clusters {
         let spokes = lock(&self.spokes)
             .iter()
             .map(|(name, spoke)| {
-                let reach = match spoke.readiness(&kinds) {
+                let reach = match spoke.readiness(&kinds, self.owned.as_ref()) {
                     Readiness::Ready => Reach::Ready,
                     Readiness::Listing => Reach::Unreachable("its objects are being listed".into()),
                     Readiness::Unreachable(why) => Reach::Unreachable(why),
@@ -165,7 +176,7 @@ impl Clusters {
         let kinds = placed_kinds([rule]);
         lock(&self.spokes)
             .values()
-            .any(|s| matches!(s.readiness(&kinds), Readiness::Listing))
+            .any(|s| matches!(s.readiness(&kinds, self.owned.as_ref()), Readiness::Listing))
     }
 
     /// The spokes (by name) where a kind `rule` places there was never
