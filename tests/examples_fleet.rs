@@ -146,7 +146,12 @@ fn the_fleet_example_places_a_workspace_in_its_spoke_and_its_try_lines_work() {
     assert_eq!(cm["data"]["tier"], "gold");
     assert_eq!(cm["data"]["team"], "payments");
     assert!(
-        get(&dir, "hub", &["-n", "platform", "configmap", "payments-workspace"]).is_ok(),
+        get(
+            &dir,
+            "hub",
+            &["-n", "platform", "configmap", "payments-workspace"]
+        )
+        .is_ok(),
         "the summary ConfigMap at home"
     );
 
@@ -154,7 +159,13 @@ fn the_fleet_example_places_a_workspace_in_its_spoke_and_its_try_lines_work() {
     let deleted = kubectl(
         &dir,
         "spoke",
-        &["-n", "ws-payments", "delete", "configmap", "workspace-settings"],
+        &[
+            "-n",
+            "ws-payments",
+            "delete",
+            "configmap",
+            "workspace-settings",
+        ],
     );
     assert!(deleted.status.success(), "{deleted:?}");
     eventually("the deleted ConfigMap made again in the spoke", || {
@@ -228,15 +239,18 @@ fn the_fleet_example_places_a_workspace_in_its_spoke_and_its_try_lines_work() {
         ],
     );
     assert!(deleted.status.success(), "{deleted:?}");
-    eventually("the Workspace gone, its Namespace in the spoke going", || {
-        if workspace(&dir).is_ok() {
-            return Err("the Workspace is still there".into());
-        }
-        match get(&dir, "spoke", &["namespace", "ws-payments"]) {
-            Ok(ns) if ns["metadata"]["deletionTimestamp"].is_null() => {
-                Err("the Namespace is not being deleted".into())
+    eventually(
+        "the Workspace gone, its Namespace in the spoke going",
+        || {
+            if workspace(&dir).is_ok() {
+                return Err("the Workspace is still there".into());
             }
-            _ => Ok(()),
-        }
-    });
+            match get(&dir, "spoke", &["namespace", "ws-payments"]) {
+                Ok(ns) if ns["metadata"]["deletionTimestamp"].is_null() => {
+                    Err("the Namespace is not being deleted".into())
+                }
+                _ => Ok(()),
+            }
+        },
+    );
 }
