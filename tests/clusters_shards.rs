@@ -257,17 +257,22 @@ async fn spoke_children_are_written_once_by_their_buckets_owner_through_a_sigkil
     );
     own_spoke_children_cached(&all.iter().collect::<Vec<_>>(), &buckets).await;
 
-    // The leader SIGKILLed, then every parent edited: the survivors write
-    // the killed replica's parents once its member Lease has expired, and
-    // no spoke child twice.
+    // The leader SIGKILLed while every parent is being edited: the
+    // survivors write the killed replica's parents once its member Lease
+    // has expired, and no spoke child twice (a write the killed replica
+    // had in flight either landed, and is not sent again, or did not).
     let (victim, orphans) = leader_and_its_parents(&shards, &names, &buckets);
     assert!(!orphans.is_empty(), "the victim owns some of the parents");
     let mut killed = all.remove(victim);
     let spoke_mark = spoke::audit_mark(&fleet.spoke);
     let hub_mark = support::audit::offset();
-    killed.signal("-KILL");
+    let (edited_first, kill) = names.split_at(names.len() / 2);
+    ring.edit(edited_first, "two").await;
+    let killing = async {
+        killed.signal("-KILL");
+    };
+    tokio::join!(ring.edit(kill, "two"), killing);
     killed.exited(Duration::from_secs(5)).await;
-    ring.edit(&names, "two").await;
     fleet.converged(&names, "two").await;
     let survivors: Vec<&Replica> = all.iter().collect();
     let after = settled(&survivors).await;
