@@ -197,11 +197,15 @@ pub async fn run_with(
         None => leader::Gate::open(),
     };
     let (in_force, in_force_rx) = watch::channel(None);
+    let shards = shard_settings
+        .as_ref()
+        .map(|s| shards::Shards::new(&s.identity));
     let clusters = clusters::Clusters::start(
         options.cluster_name.clone(),
         options.namespaces.clone(),
         metrics.clone(),
         (client.clone(), options.operator_namespace.clone()),
+        shards.as_ref().map(|s| s.owned()),
         in_force_rx.clone(),
         shutdown.clone(),
     );
@@ -240,9 +244,7 @@ pub async fn run_with(
         limits: options.limits,
         metrics,
         gate: gate.clone(),
-        shards: shard_settings
-            .as_ref()
-            .map(|s| shards::Shards::new(&s.identity)),
+        shards,
         migrations: migrations.clone(),
         in_force,
         operator_namespace: options.operator_namespace.clone(),

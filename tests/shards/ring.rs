@@ -33,6 +33,12 @@ pub struct Ring {
 
 impl Ring {
     pub async fn new(lease: &str, timings: &[&str]) -> Ring {
+        Ring::with_rule(lease, timings, RULE).await
+    }
+
+    /// A ring running `rule` (`@API_VERSION@`, `@KIND@`: the ring's kind)
+    /// instead of [`RULE`].
+    pub async fn with_rule(lease: &str, timings: &[&str], rule: &str) -> Ring {
         let ns = support::namespace().await;
         let (kind, cleanup) = install_kind(&ns, "App").await;
         let mut dir = tempfile::tempdir().expect("temp dir");
@@ -45,7 +51,7 @@ impl Ring {
             );
         }
         std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
-        std::fs::write(dir.path().join("rules/app.yaml"), kind.rule(RULE)).expect("rule file");
+        std::fs::write(dir.path().join("rules/app.yaml"), kind.rule(rule)).expect("rule file");
         let mut args = vec![
             "--leader-elect".to_owned(),
             "--shards".to_owned(),

@@ -113,7 +113,12 @@ pub struct Write {
 
 /// The writes to objects in `namespace` logged after `mark`.
 pub fn writes_since(mark: Mark, namespace: &str) -> Vec<Write> {
-    let (text, _) = text_since(&log_path(), &mark);
+    writes_in(&log_path(), mark, namespace)
+}
+
+/// [`writes_since`] in the audit log at `log` (another control plane's).
+pub fn writes_in(log: &Path, mark: Mark, namespace: &str) -> Vec<Write> {
+    let (text, _) = text_since(log, &mark);
     text.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["namespace"] == namespace)

@@ -37,6 +37,7 @@ use crate::kinds::Gvk;
 use crate::operator::lock;
 use crate::plan::ObjectKey;
 use crate::rules::{CompiledRule, RuleSet};
+use crate::shard::BucketSet;
 use spoke::{Readiness, Spoke};
 
 /// A spoke object changed: the parent uid its label names (uids are
@@ -66,19 +67,24 @@ pub struct Clusters {
     /// The operator's namespaces (empty: all): where related watches look.
     namespaces: Vec<String>,
     metrics: Arc<crate::telemetry::Metrics>,
+    /// Under `--shards`, this replica's buckets: spoke watches select only
+    /// their children, as the hub's child watches do.
+    owned: Option<watch::Receiver<BucketSet>>,
 }
 
 impl Clusters {
     pub fn new(hub: String, metrics: Arc<crate::telemetry::Metrics>) -> Arc<Clusters> {
-        Clusters::watching(hub, Vec::new(), metrics)
+        Clusters::watching(hub, Vec::new(), metrics, None)
     }
 
     /// [`Clusters::new`] for an operator watching `namespaces` (empty:
-    /// all): where spokes' related watches look.
+    /// all): where spokes' related watches look; `owned`: this replica's
+    /// buckets under `--shards` (spoke watches select only their children).
     pub fn watching(
         hub: String,
         namespaces: Vec<String>,
         metrics: Arc<crate::telemetry::Metrics>,
+        owned: Option<watch::Receiver<BucketSet>>,
     ) -> Arc<Clusters> {
         Arc::new(Clusters {
             hub,
@@ -91,22 +97,24 @@ impl Clusters {
             related_touched: broadcast::Sender::new(4096),
             namespaces,
             metrics,
+            owned,
         })
     }
 
     /// [`Clusters::new`], following the rule set in force
     /// ([`Clusters::follow_rules`]; `secrets`: the client and namespace of
-    /// the Secrets registering spokes).
-    /// `namespaces`: the operator's (empty: all).
+    /// the Secrets registering spokes; `owned`: this replica's buckets
+    /// under `--shards`). `namespaces`: the operator's (empty: all).
     pub fn start(
         hub: String,
         namespaces: Vec<String>,
         metrics: Arc<crate::telemetry::Metrics>,
         secrets: (kube::Client, String),
+        owned: Option<watch::Receiver<BucketSet>>,
         in_force: watch::Receiver<Option<Arc<RuleSet>>>,
         shutdown: CancellationToken,
     ) -> Arc<Clusters> {
-        let clusters = Clusters::watching(hub, namespaces, metrics);
+        let clusters = Clusters::watching(hub, namespaces, metrics, owned);
         clusters.follow_rules(secrets.0, secrets.1, in_force, shutdown);
         clusters
     }
@@ -173,7 +181,7 @@ impl Clusters {
         let spokes = lock(&self.spokes)
             .iter()
             .map(|(name, spoke)| {
-                let reach = match spoke.readiness(&kinds) {
+                let reach = match spoke.readiness(&kinds, self.owned.as_ref()) {
                     Readiness::Ready => Reach::Ready,
                     Readiness::Listing => Reach::Unreachable("its objects are being listed".into()),
                     Readiness::Unreachable(why) => Reach::Unreachable(why),
@@ -202,7 +210,7 @@ impl Clusters {
         let kinds = placed_kinds([rule]);
         let reads = rule.related.iter().any(|r| r.cluster.is_some());
         lock(&self.spokes).values().any(|s| {
-            matches!(s.readiness(&kinds), Readiness::Listing)
+            matches!(s.readiness(&kinds, self.owned.as_ref()), Readiness::Listing)
                 || (reads && s.reachable() && related::listing(s))
         })
     }

@@ -1,7 +1,8 @@
 //! One spoke: its client (the credentials of its Secret), whether it
 //! answers (a probe of `/readyz`), and one watch per child kind that rules
 //! place in spokes, selected by this hub's `trellis.dev/hub` label, so a
-//! spoke shared by hubs shows each only its own objects.
+//! spoke shared by hubs shows each only its own objects, and under
+//! `--shards` by this replica's buckets, as the hub's child watches are.
 //!
 //! A spoke lives from its Secret's arrival to its removal or rotation
 //! ([`super::secrets`]); `stop` ends every task it started.
@@ -15,6 +16,7 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use serde_json::Value;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -25,6 +27,7 @@ use crate::operator::lock;
 use crate::operator::watches::compact::{ByParent, CompactObject};
 use crate::operator::watches::discovery::{self, Resolved};
 use crate::operator::watches::{BucketScope, BucketWatch, cached_bucket_watch, trim};
+use crate::shard::BucketSet;
 
 /// How often a spoke's `/readyz` is asked.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -71,6 +74,10 @@ struct KindCache {
     by_parent: Arc<ByParent>,
     /// The first list is in (or discovery said the kind is not served).
     listed: bool,
+    /// Under `--shards`, the buckets whose objects the cache holds in full:
+    /// a bucket just gained is listed again before its parents are planned
+    /// (they would re-create what exists).
+    buckets: Option<watch::Receiver<BucketSet>>,
     /// Why the kind cannot be watched here (not served, refused).
     error: Option<String>,
     stop: CancellationToken,
@@ -130,7 +137,11 @@ impl Spoke {
     }
 
     /// How the spoke stands for a rule placing `kinds` here.
-    pub(super) fn readiness(&self, kinds: &BTreeSet<Gvk>) -> Readiness {
+    pub(super) fn readiness(
+        &self,
+        kinds: &BTreeSet<Gvk>,
+        owned: Option<&watch::Receiver<BucketSet>>,
+    ) -> Readiness {
         let state = lock(&self.state).clone();
         if !state.probed {
             return Readiness::Listing;
@@ -144,7 +155,7 @@ impl Spoke {
                 Some(KindCache {
                     error: Some(why), ..
                 }) => return Readiness::Unreachable(why.clone()),
-                Some(c) if c.listed => {}
+                Some(c) if c.listed && c.holds(owned) => {}
                 _ => return Readiness::Listing,
             }
         }
@@ -164,10 +175,19 @@ impl Spoke {
     /// `/status` → `clusters.<name>`.
     pub(super) fn status_json(&self) -> Value {
         let state = lock(&self.state).clone();
-        let kinds: Vec<String> = lock(&self.caches).keys().map(ToString::to_string).collect();
+        let caches = lock(&self.caches);
+        let kinds: Vec<String> = caches.keys().map(ToString::to_string).collect();
+        // What this hub (under `--shards`: this replica) holds of the spoke.
+        let objects: usize = caches
+            .values()
+            .filter_map(|c| c.store.as_ref())
+            .map(Store::len)
+            .sum();
+        drop(caches);
         let mut out = serde_json::json!({
             "reachable": state.reachable,
             "kinds": kinds,
+            "objects": objects,
             "since": state.since,
             "secret": self.secret,
         });
@@ -304,6 +324,7 @@ async fn follow_kinds(spoke: Arc<Spoke>, clusters: Arc<Clusters>) {
                         store: None,
                         by_parent: Arc::default(),
                         listed: false,
+                        buckets: None,
                         error: None,
                         stop: stop.clone(),
                     },
@@ -357,7 +378,7 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
             kind: &kind,
             namespaces: &[],
             config: watcher::Config::default().labels(&format!("{LABEL_HUB}={}", clusters.hub)),
-            buckets: None,
+            buckets: clusters.owned.clone(),
             trim: move || trim(&resource),
         },
         relisted,
@@ -370,6 +391,7 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
         c.kind = Some(kind.clone());
         c.store = Some(watch.store.clone());
         c.by_parent = by_parent.clone();
+        c.buckets = clusters.owned.is_some().then(|| watch.listed.clone());
         c.error = None;
     });
     let mut events = std::pin::pin!(watch.stream);
@@ -406,6 +428,18 @@ async fn watch_kind(spoke: Arc<Spoke>, clusters: Arc<Clusters>, gvk: Gvk, stop: 
                 }
             }
             Some(Ok(_)) => {}
+        }
+    }
+}
+
+impl KindCache {
+    /// Whether the cache holds every bucket of `owned` (this replica's,
+    /// under `--shards`) in full.
+    fn holds(&self, owned: Option<&watch::Receiver<BucketSet>>) -> bool {
+        match (owned, &self.buckets) {
+            (Some(owned), Some(listed)) => owned.borrow().minus(&listed.borrow()).is_empty(),
+            // Not sharded, or the kind is not served here (nothing listed).
+            _ => true,
         }
     }
 }
