@@ -165,9 +165,15 @@ impl Spoke {
     pub(super) fn status_json(&self) -> Value {
         let state = lock(&self.state).clone();
         let kinds: Vec<String> = lock(&self.caches).keys().map(ToString::to_string).collect();
+        let mut related: Vec<String> = lock(&self.related)
+            .keys()
+            .map(|w| w.gvk.to_string())
+            .collect();
+        related.dedup();
         let mut out = serde_json::json!({
             "reachable": state.reachable,
             "kinds": kinds,
+            "related": related,
             "since": state.since,
             "secret": self.secret,
         });
