@@ -98,6 +98,11 @@ async fn a_related_object_in_a_spoke_is_read_and_followed() {
     })
     .await;
 
+    // Watched there: the related kind only, no child kind.
+    let status = spoke_status(metrics).await;
+    assert_eq!(status["related"], json!(["v1/ConfigMap"]), "{status}");
+    assert_eq!(status["kinds"], json!([]), "{status}");
+
     // Edited in the spoke: the child follows.
     s.spoke_configmaps()
         .patch(

@@ -184,10 +184,16 @@ impl Spoke {
             .map(Store::len)
             .sum();
         drop(caches);
+        let mut related: Vec<String> = lock(&self.related)
+            .keys()
+            .map(|w| w.gvk.to_string())
+            .collect();
+        related.dedup();
         let mut out = serde_json::json!({
             "reachable": state.reachable,
             "kinds": kinds,
             "objects": objects,
+            "related": related,
             "since": state.since,
             "secret": self.secret,
         });
