@@ -1,7 +1,7 @@
 //! Children in other clusters taken away by the cleanup path rather than
 //! by a parent's deletion, end to end with two real control planes (see
-//! `tests/clusters.rs`): a parent leaving its rule's selector, and a rule
-//! removed by a reload. Either way nothing is done in a spoke that does not
+//! `tests/clusters.rs`): a parent leaving its rule's selector, a rule
+//! removed by a reload, and a rule edit moving the spoke child home. Either way nothing is done in a spoke that does not
 //! answer: the parent keeps its finalizer, told why; once the spoke answers,
 //! the children there are deleted, retained ones released.
 mod support;
@@ -281,5 +281,42 @@ async fn a_removed_rule_takes_its_spoke_children_once_the_spoke_answers() {
     // Up again: onRuleRemoved: delete reaches the spoke.
     s.spoke.restart("kube-apiserver").await;
     s.taken_away("p", true).await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_child_moved_home_by_a_rule_edit_is_taken_out_of_the_spoke() {
+    let s = setup("clusters-release-moved").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let mut rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(RULE))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote"]).await;
+
+    // The only spoke child of its kind moved home: the spokes stop
+    // watching ConfigMaps, and what is left there is deleted all the same.
+    let moved = RULE.replace("      cluster: \"'spoke-1'\"\n", "");
+    assert_ne!(moved, RULE);
+    rules.update(&[("placed.yaml", &s.kind.rule(&moved))]);
+    eventually("made at home, gone from the spoke", WAIT, || async {
+        let home = s
+            .home_configmaps()
+            .get_opt("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        let spoke = s
+            .spoke_configmaps()
+            .get_opt("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        (home.is_some() && spoke.is_none())
+            .then_some(())
+            .ok_or(format!(
+                "at home: {}, in the spoke: {}",
+                home.is_some(),
+                spoke.is_some()
+            ))
+    })
+    .await;
     operator.stop().await;
 }

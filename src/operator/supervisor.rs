@@ -29,6 +29,9 @@ use crate::plan::{LABEL_PARENT_UID, LABEL_RULE};
 use crate::reload::{self, Change};
 use crate::rules::model::OnRuleRemoved;
 use crate::rules::{CompiledRule, RuleSet};
+use spokes::{spoke_kinds_dropped, spokes_then_finalizers};
+
+mod spokes;
 
 struct Running {
     rule_tx: watch::Sender<Arc<CompiledRule>>,
@@ -113,6 +116,9 @@ impl Supervisor {
                 }
                 Change::Update => {
                     info!(rule = %name, "rule changed: re-reconciling its parents");
+                    if let (Some(old), Some(rule)) = (self.current.get(name), new.get(name)) {
+                        spoke_kinds_dropped(&self.shared, old, rule, &self.shutdown);
+                    }
                     match (self.running.get(name), new.get(name)) {
                         (Some(running), Some(rule)) => {
                             running.rule_tx.send_replace(rule.clone());
@@ -178,84 +184,6 @@ async fn on_rule_removed(
     }
 }
 
-/// How often a removed rule's spoke cleanup looks again at spokes that
-/// did not answer.
-const SPOKE_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// A removed rule's children in spokes taken away (see
-/// [`super::clusters::Clusters::remove_rule_children`]), then its parents'
-/// finalizers released: a child in a spoke has no ownerReference, so the
-/// finalizer is what lets its cleanup happen at all. While a spoke does
-/// not answer, the parents wait, each told so once by a Warning. Ends
-/// early if the rule comes back (its controller takes the parents over)
-/// or this replica stops leading (the next leader's reload sees no rule
-/// to remove: its finalizers are released by the parents' next owner).
-async fn spokes_then_finalizers(
-    shared: Arc<Shared>,
-    rule: Arc<CompiledRule>,
-    parent_kind: Resolved,
-    parents: Vec<DynamicObject>,
-    delete: bool,
-) {
-    let uids: BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
-    let user = rule
-        .rule
-        .spec
-        .service_account_name
-        .as_deref()
-        .map(|a| shared.identities.username(a));
-    let mut told = false;
-    loop {
-        let back = shared
-            .in_force
-            .borrow()
-            .as_ref()
-            .is_some_and(|set| set.get(&rule.name).is_some_and(|r| r.parent == rule.parent));
-        if back || !shared.gate.may_write() {
-            info!(rule = %rule.name, "removed rule's cleanup in other clusters stopped (the rule is back, or this replica no longer leads)");
-            return;
-        }
-        let gate = shared.gate.clone();
-        let left = shared
-            .clusters
-            .remove_rule_children(&rule, &uids, delete, user.as_deref(), move || {
-                gate.check().is_ok()
-            })
-            .await;
-        if left.waiting.is_empty() {
-            break;
-        }
-        let note = format!(
-            "rule {} removed: waiting to take its children out of other clusters: {}",
-            rule.name,
-            left.waiting.join("; ")
-        );
-        warn!(rule = %rule.name, "{note}");
-        if !told {
-            told = true;
-            for parent in &parents {
-                let gate = shared.gate.clone();
-                let event = kube::runtime::events::Event {
-                    type_: kube::runtime::events::EventType::Warning,
-                    reason: crate::clusters::UNREACHABLE.into(),
-                    note: Some(crate::status::truncate(&note, 1000)),
-                    action: "Cleanup".into(),
-                    secondary: None,
-                };
-                let reference = kube::Resource::object_ref(parent, &parent_kind.resource);
-                shared
-                    .recorder
-                    .enqueue(event, reference, move || gate.may_write())
-                    .await;
-            }
-        }
-        tokio::time::sleep(SPOKE_RETRY).await;
-    }
-    for parent in &parents {
-        release_finalizer(&shared, &rule, &parent_kind, parent).await;
-    }
-}
-
 /// A removed rule's revision ConfigMaps (`rollout:`): no version of it
 /// runs any more. The leader's duty, like the rest of the cleanup.
 async fn delete_revisions(shared: &Shared, rule: &CompiledRule) {
@@ -288,6 +216,7 @@ async fn on_rule_restarted(
         on_rule_removed(shared, old, shutdown).await;
         return;
     }
+    spoke_kinds_dropped(shared, old, new, shutdown);
     let kept = |gvk: &crate::kinds::Gvk| new.patches.iter().any(|p| &p.gvk == gvk);
     let patches_dropped = old.patches.iter().any(|p| !kept(&p.gvk));
     if old

@@ -43,8 +43,28 @@ impl Clusters {
         may_write: impl Fn() -> bool,
     ) -> Left {
         let kinds = super::placed_kinds([rule]);
+        if uids.is_empty() {
+            return Left::default();
+        }
+        self.remove_children_of(rule, &kinds, Some(uids), delete, user, may_write)
+            .await
+    }
+
+    /// One round of taking `rule`'s children of `kinds` out of every
+    /// registered spoke: those of the parents `uids`, or (`None`) of any
+    /// parent (kinds the rule no longer places in spokes at all: no watch
+    /// there sees them any more, so no pass could prune them).
+    pub async fn remove_children_of(
+        &self,
+        rule: &CompiledRule,
+        kinds: &BTreeSet<crate::kinds::Gvk>,
+        uids: Option<&BTreeSet<String>>,
+        delete: bool,
+        user: Option<&str>,
+        may_write: impl Fn() -> bool,
+    ) -> Left {
         let mut left = Left::default();
-        if kinds.is_empty() || uids.is_empty() {
+        if kinds.is_empty() {
             return left;
         }
         let spokes: Vec<_> = lock(&self.spokes).values().cloned().collect();
@@ -61,7 +81,7 @@ impl Clusters {
                     .push(format!("cluster \"{}\" is unreachable", spoke.name));
                 continue;
             }
-            for gvk in &kinds {
+            for gvk in kinds {
                 // The rule's watches in the spoke stopped with it: ask again.
                 let kind = match discovery::resolve(&spoke.client, gvk).await {
                     Ok(kind) => kind,
@@ -84,10 +104,10 @@ impl Clusters {
                 };
                 for child in list {
                     let labels = child.labels();
-                    if !labels
+                    let theirs = labels
                         .get(LABEL_PARENT_UID)
-                        .is_some_and(|u| uids.contains(u))
-                    {
+                        .is_some_and(|u| uids.is_none_or(|uids| uids.contains(u)));
+                    if !theirs {
                         continue;
                     }
                     let retained = labels.get(LABEL_DELETION_POLICY).map(String::as_str)
@@ -103,7 +123,7 @@ impl Clusters {
                     let done = if retained {
                         crate::operator::pass::release::release_child(&api, &name)
                             .await
-                            .map(|_| "released (deletionPolicy: retain; rule removed)")
+                            .map(|_| "released (deletionPolicy: retain)")
                     } else {
                         let params = DeleteParams {
                             propagation_policy: Some(PropagationPolicy::Background),
@@ -117,7 +137,7 @@ impl Clusters {
                             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
                                 Ok("already gone")
                             }
-                            other => other.map(|_| "deleted (rule removed, onRuleRemoved: delete)"),
+                            other => other.map(|_| "deleted (rule removed, or its kind no longer placed in spokes)"),
                         }
                     };
                     match done {
