@@ -65,7 +65,11 @@ pub struct RuleCtx {
     /// resourceVersion it was written over: until the parent cache moves
     /// past that version, a pass reads the written status, not the stale
     /// cached one (which would write the same status, and Event, again).
-    pub written: Mutex<HashMap<String, Written>>,
+    /// The parent watch forgets an entry once the cache has moved past it
+    /// ([`forget_seen_status`]): otherwise one status text per parent
+    /// written stayed until its next pass (a tenth of the memory at
+    /// 10,000 parents just converged).
+    pub written: Arc<Written>,
     /// What this process last sent of each parent's patches.
     pub patches: super::pass::patch_writes::Memo,
     /// The client of the rule's child writes ([`RuleCtx::api_for`]): its
@@ -95,13 +99,32 @@ impl ChildCache {
     }
 }
 
+/// Status writes the parent cache may not show yet, by parent uid.
+pub type Written = Mutex<HashMap<String, WrittenStatus>>;
+
 /// A status write the parent cache may not show yet.
-pub struct Written {
+pub struct WrittenStatus {
     pub over: String,
-    /// As JSON text: one is held per parent written in the last minutes,
-    /// and as a `Value` a status weighs several times its text.
+    /// As JSON text: as a `Value` a status weighs several times its text.
     pub status: Box<str>,
     pub at: Instant,
+}
+
+/// The parent cache now holds `parent` at a version past any status
+/// written over an older one (the watch event has been stored): the
+/// written status is no longer needed to read it right.
+pub fn forget_seen_status(written: &Written, parent: &ParentObject, deleted: bool) {
+    let meta = &parent.object.metadata;
+    let Some(uid) = meta.uid.as_deref() else {
+        return;
+    };
+    let mut written = lock(written);
+    if written
+        .get(uid)
+        .is_some_and(|w| deleted || meta.resource_version.as_deref() != Some(w.over.as_str()))
+    {
+        written.remove(uid);
+    }
 }
 
 /// A child this process wrote without the cache showing it yet.
@@ -285,7 +308,7 @@ impl RuleCtx {
         let Some(over) = resource_version else {
             return;
         };
-        let written = Written {
+        let written = WrittenStatus {
             over,
             status: status.to_string().into_boxed_str(),
             at: Instant::now(),
