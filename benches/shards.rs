@@ -23,6 +23,11 @@
 //! * `TRELLIS_BENCH_TIMEOUT`: seconds allowed for each phase (default 600).
 //! * `TRELLIS_BENCH_EDIT=0`: converge only (no rule edit, no disruption):
 //!   for sizes where one phase is all the time there is (100,000 parents).
+//! * `TRELLIS_BENCH_RESTART=0`: no restart phase. By default every run
+//!   ends by restarting its first replica over the converged parents
+//!   (SIGTERM, started again): the peak of its initial list and passes, and
+//!   of the other replicas' relists, against the steady size before; no
+//!   write expected.
 //! * `TRELLIS_BENCH_AUDIT=0`: count writes by the replicas' own counters
 //!   only. The test cluster's audit log rotates at 200 MB keeping one
 //!   backup, so a phase of several hundred thousand writes (100,000
@@ -55,6 +60,8 @@ mod disrupt;
 mod observe;
 #[path = "shards/report.rs"]
 mod report;
+#[path = "shards/restart.rs"]
+mod restart;
 #[path = "shards/ring.rs"]
 mod ring;
 
@@ -116,6 +123,7 @@ struct Settings {
     timeout: Duration,
     edit: bool,
     audit: bool,
+    restart: bool,
 }
 
 fn settings() -> Settings {
@@ -155,6 +163,7 @@ fn settings() -> Settings {
         timeout: Duration::from_secs(env_number("TRELLIS_BENCH_TIMEOUT", 600)),
         edit: env_number("TRELLIS_BENCH_EDIT", 1) != 0,
         audit: env_number("TRELLIS_BENCH_AUDIT", 1) != 0,
+        restart: env_number("TRELLIS_BENCH_RESTART", 1) != 0,
     }
 }
 
@@ -570,6 +579,12 @@ async fn run(binary: &Path, client: &Client, kind: &TestKind, s: &Settings, coun
             )
             .await,
         );
+    }
+
+    if s.restart {
+        let (phase, _) = restart::restart_one(&mut replicas, &ns_name, s, binary, &rules).await;
+        eprintln!("[shards] {}", phase.detail);
+        phases.push(phase);
     }
 
     let mut problems: Vec<String> = phases.iter().flat_map(Phase::problems).collect();

@@ -65,7 +65,12 @@ pub struct RuleCtx {
     /// resourceVersion it was written over: until the parent cache moves
     /// past that version, a pass reads the written status, not the stale
     /// cached one (which would write the same status, and Event, again).
-    pub written: Mutex<HashMap<String, Written>>,
+    /// The parent watch forgets a deleted parent's entry
+    /// ([`forget_status`]). Forgetting an entry as soon as the watch
+    /// showed a newer version (it holds one status text per parent
+    /// written, about 310 bytes a parent at 10,000 just converged) wrote
+    /// some statuses twice in `tests/shards.rs`: not done, cause not found.
+    pub written: Arc<Written>,
     /// What this process last sent of each parent's patches.
     pub patches: super::pass::patch_writes::Memo,
     /// The client of the rule's child writes ([`RuleCtx::api_for`]): its
@@ -95,13 +100,22 @@ impl ChildCache {
     }
 }
 
+/// Status writes the parent cache may not show yet, by parent uid.
+pub type Written = Mutex<HashMap<String, WrittenStatus>>;
+
 /// A status write the parent cache may not show yet.
-pub struct Written {
+pub struct WrittenStatus {
     pub over: String,
-    /// As JSON text: one is held per parent written in the last minutes,
-    /// and as a `Value` a status weighs several times its text.
+    /// As JSON text: as a `Value` a status weighs several times its text.
     pub status: Box<str>,
     pub at: Instant,
+}
+
+/// The parent is gone: its written status is not needed any more.
+pub fn forget_status(written: &Written, parent: &ParentObject) {
+    if let Some(uid) = parent.object.metadata.uid.as_deref() {
+        lock(written).remove(uid);
+    }
 }
 
 /// A child this process wrote without the cache showing it yet.
@@ -285,7 +299,7 @@ impl RuleCtx {
         let Some(over) = resource_version else {
             return;
         };
-        let written = Written {
+        let written = WrittenStatus {
             over,
             status: status.to_string().into_boxed_str(),
             at: Instant::now(),

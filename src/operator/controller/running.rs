@@ -29,6 +29,7 @@ use crate::operator::pass::reconcile;
 use crate::operator::retry::{Failures, Outage};
 use crate::operator::rollout::versions::Versions;
 use crate::operator::watches::by_uid::ByUid;
+use crate::operator::watches::changed::changed_only;
 use crate::operator::watches::compact::{ByParent, CompactObject};
 use crate::operator::watches::decode::ParentObject;
 use crate::operator::watches::discovery::RuleKinds;
@@ -119,7 +120,14 @@ pub(super) async fn run_controller(
         warn!(rule = %rule.name, "its readers wait: {why}");
     }
     let (released_tx, released_rx) = tokio::sync::mpsc::unbounded_channel();
-    let forget = on_parent_event(&related.caches, &parent_kind, &rules, &released_tx);
+    let written: Arc<context::Written> = Arc::default();
+    let forget = on_parent_event(
+        &related.caches,
+        &parent_kind,
+        &rules,
+        &released_tx,
+        &written,
+    );
     let (relisted_parents_tx, mut relisted_parents) = tokio::sync::mpsc::unbounded_channel();
     let mut keep = triggers::after_relists(
         parents.clone(),
@@ -127,17 +135,16 @@ pub(super) async fn run_controller(
         |old, new| outside_status(old) != outside_status(new),
         relisted_parents_tx,
     );
-    let parent_stream = parent_stream
-        .inspect(forget)
-        .filter(move |event| std::future::ready(keep(event)));
+    let mut changed = changed_only(outside_status);
+    let parent_stream = parent_stream.inspect(forget).filter(move |event| {
+        // Both see every event: each keeps its own account of the parents.
+        let (changed, kept) = (changed(event), keep(event));
+        std::future::ready(changed && kept)
+    });
     let controller = Controller::for_stream_with(
         own_errors(
             format!("{} {}", rule.name, parent_kind.gvk),
             parent_stream.applied_objects(),
-        )
-        .predicate_filter(
-            outside_status,
-            kube::runtime::utils::PredicateConfig::default(),
         ),
         parents.clone(),
         parent_kind.resource.clone(),
@@ -184,7 +191,7 @@ pub(super) async fn run_controller(
         outage: Outage::default(),
         warned: Mutex::new(BTreeSet::new()),
         created: Mutex::default(),
-        written: Mutex::default(),
+        written,
         patches: Default::default(),
         versions,
     });
@@ -243,8 +250,9 @@ pub(super) async fn run_controller(
     released_task.abort();
 }
 
-/// What a parent's watch event tells besides the parent itself. A deleted
-/// parent reads nothing any more. The watch also reports a parent whose
+/// What a parent's watch event tells besides the parent itself (seen
+/// after the store took it). A deleted parent reads nothing any more, and
+/// its written status is forgotten. The watch also reports a parent whose
 /// labels left the selector as deleted: it may still be there, to release
 /// (see `released`).
 fn on_parent_event(
@@ -252,12 +260,14 @@ fn on_parent_event(
     parent_kind: &crate::operator::watches::discovery::Resolved,
     rules: &watch::Receiver<Arc<CompiledRule>>,
     released: &UnboundedSender<crate::operator::pass::released::Candidate>,
+    written: &Arc<context::Written>,
 ) -> impl FnMut(&ParentEvent) + Send + 'static {
     let (caches, resource) = (caches.clone(), parent_kind.resource.clone());
-    let (released, rules) = (released.clone(), rules.clone());
+    let (released, rules, written) = (released.clone(), rules.clone(), written.clone());
     move |event: &ParentEvent| {
         if let Ok(watcher::Event::Delete(p)) = event {
             caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
+            context::forget_status(&written, p);
         }
         if let Some(candidate) = crate::operator::pass::released::from_event(&rules.borrow(), event)
         {

@@ -9,6 +9,7 @@
 //! checks read it on every event.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use kube::api::ObjectMeta;
 use kube::core::TypeMeta;
@@ -20,16 +21,20 @@ use crate::plan::LABEL_PARENT_UID;
 /// One cached child.
 #[derive(Debug, Clone)]
 pub struct CompactObject {
-    pub types: Option<TypeMeta>,
+    /// Shared by every object of a cache (see [`super::trim`]): two
+    /// strings per object otherwise.
+    pub types: Option<Arc<TypeMeta>>,
     /// For a child, only what the caches and the trigger mapper read
     /// (name, namespace, uid, resourceVersion, generation, ownerReferences):
     /// labels and annotations are in `meta`. Whole for a parent (see
     /// [`CompactObject::from_fields_whole`]).
     pub metadata: ObjectMeta,
-    /// The whole `metadata` (less `managedFields` and kubectl's
-    /// last-applied annotation) as text, when `metadata` holds only part.
-    /// Two small label and annotation maps take over a kilobyte of heap
-    /// typed (a B-tree node each), a few hundred bytes as text.
+    /// The rest of `metadata` (less `managedFields` and kubectl's
+    /// last-applied annotation, and less what `metadata` holds typed) as
+    /// text, when `metadata` holds only part. Two small label and
+    /// annotation maps take over a kilobyte of heap typed (a B-tree node
+    /// each), a few hundred bytes as text; the typed fields are not
+    /// repeated in it (about 300 bytes a child, its ownerReference most).
     meta: Option<Box<RawValue>>,
     /// The `trellis.dev/parent-uid` label, read on every event.
     parent_uid: Option<String>,
@@ -69,9 +74,11 @@ impl CompactObject {
                 .remove(LABEL_PARENT_UID),
             None => None,
         };
-        let meta = serde_json::value::to_raw_value(&fields)?;
-        fields.retain(|k, _| IDENTITY.contains(&k.as_str()));
-        let metadata = serde_json::from_str(&serde_json::to_string(&fields)?)?;
+        let (identity, rest): (RawMap, RawMap) = fields
+            .into_iter()
+            .partition(|(k, _)| IDENTITY.contains(&k.as_str()));
+        let meta = serde_json::value::to_raw_value(&rest)?;
+        let metadata = serde_json::from_str(&serde_json::to_string(&identity)?)?;
         let (types, rest) = types_and_rest(top)?;
         Ok(CompactObject {
             types,
@@ -120,11 +127,13 @@ impl CompactObject {
             out.insert("apiVersion".into(), types.api_version.clone().into());
             out.insert("kind".into(), types.kind.clone().into());
         }
-        let metadata = match &self.meta {
+        let mut metadata = serde_json::to_value(&self.metadata).unwrap_or_default();
+        if let (Some(meta), Value::Object(typed)) = (&self.meta, &mut metadata)
             // Text this process wrote from a parse: it parses again.
-            Some(meta) => serde_json::from_str(meta.get()).unwrap_or_default(),
-            None => serde_json::to_value(&self.metadata).unwrap_or_default(),
-        };
+            && let Ok(Value::Object(rest)) = serde_json::from_str(meta.get())
+        {
+            typed.extend(rest);
+        }
         out.insert("metadata".into(), metadata);
         // Text this process wrote from a parse: it parses again.
         if let Ok(Value::Object(rest)) = serde_json::from_str(self.rest.get()) {
@@ -151,7 +160,9 @@ fn metadata_fields(top: &mut RawMap) -> Result<RawMap, serde_json::Error> {
 }
 
 /// The types, and the fields left (less the types) as one text.
-fn types_and_rest(mut top: RawMap) -> Result<(Option<TypeMeta>, Box<RawValue>), serde_json::Error> {
+fn types_and_rest(
+    mut top: RawMap,
+) -> Result<(Option<Arc<TypeMeta>>, Box<RawValue>), serde_json::Error> {
     let text_of = |raw: Option<Box<RawValue>>| -> Option<String> {
         raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
     };
@@ -159,7 +170,7 @@ fn types_and_rest(mut top: RawMap) -> Result<(Option<TypeMeta>, Box<RawValue>), 
         text_of(top.remove("apiVersion")),
         text_of(top.remove("kind")),
     ) {
-        (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+        (Some(api_version), Some(kind)) => Some(Arc::new(TypeMeta { api_version, kind })),
         _ => None,
     };
     Ok((types, serde_json::value::to_raw_value(&top)?))

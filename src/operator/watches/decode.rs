@@ -90,7 +90,7 @@ impl ParentObject {
             data.insert("status".into(), status);
         }
         DynamicObject {
-            types: self.object.types.clone(),
+            types: self.object.types.as_deref().cloned(),
             metadata: self.object.metadata.clone(),
             data: Value::Object(data),
         }

@@ -15,10 +15,12 @@
 //! current — `discovery` (the kinds a rule names, resolved), this file
 //! (the watches and their stores), `compact` and `decode` (objects as the
 //! caches keep them), `relisted` and `by_uid` (indexes kept beside a
-//! store), `related` (the caches `related:` entries read) and `triggers`
-//! (what wakes a parent besides its own events).
+//! store), `related` (the caches `related:` entries read), `changed`
+//! (which parent events are worth a pass) and `triggers` (what wakes a
+//! parent besides its own events).
 
 pub(super) mod by_uid;
+pub(super) mod changed;
 pub(super) mod compact;
 pub(super) mod decode;
 pub mod discovery;
@@ -89,10 +91,10 @@ pub fn selector_string(selector: &LabelSelector) -> String {
 pub(super) fn trim(
     resource: &kube::discovery::ApiResource,
 ) -> impl FnMut(&mut CompactObject) + Send + 'static + use<> {
-    let types = kube::core::TypeMeta {
+    let types = std::sync::Arc::new(kube::core::TypeMeta {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
-    };
+    });
     move |obj: &mut CompactObject| {
         obj.metadata.managed_fields = None;
         if let Some(a) = obj.metadata.annotations.as_mut() {
