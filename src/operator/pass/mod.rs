@@ -22,3 +22,4 @@ pub(super) mod release;
 pub(super) mod released;
 pub(super) mod status_write;
 pub(super) mod summary;
+mod trace;
