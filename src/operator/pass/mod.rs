@@ -16,6 +16,7 @@
 
 pub(super) mod apply;
 pub(super) mod finalize;
+pub(super) mod own_writes;
 pub(super) mod patch_writes;
 pub(super) mod reconcile;
 pub(super) mod release;

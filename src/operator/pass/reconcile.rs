@@ -381,6 +381,9 @@ impl Pass<'_> {
                     (sent, None)
                 }
             };
+            if let (Sent::Created | Sent::Updated, Some(object)) = (sent, &object) {
+                ctx.own.wrote(&apply.key, object);
+            }
             let recorded = self.rounds.record(apply, sent);
             if recorded.count {
                 ctx.shared.metrics.child_op(&rule.name, op_label(sent));
