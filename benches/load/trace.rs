@@ -173,7 +173,10 @@ pub fn trellis(
         let Some(first) = passes_of.iter().min_by_key(|l| l.start()) else {
             continue;
         };
-        p.add("queue (create -> first pass)", since(first.start(), *created_at));
+        p.add(
+            "queue (create -> first pass)",
+            since(first.start(), *created_at),
+        );
         let Some(writer) = passes_of.iter().find(|l| l.wrote()) else {
             continue;
         };
@@ -190,7 +193,10 @@ pub fn trellis(
             p.add(phase, d);
         }
         p.add("  status write", writer.ms("status_ms"));
-        p.add("  other (bookkeeping, Event hand-off)", writer.ms("other_ms"));
+        p.add(
+            "  other (bookkeeping, Event hand-off)",
+            writer.ms("other_ms"),
+        );
         p.add("  pass total", writer.ms("total_ms"));
         if let Some(seen) = synced.get(name) {
             p.add("pass end -> status seen by watch", since(*seen, writer.end));

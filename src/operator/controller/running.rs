@@ -455,11 +455,7 @@ fn watch_children(
             by_parent,
             listed,
         });
-        let mapper = triggers::parent_of(
-            parents_by_uid.clone(),
-            kinds.parent.clone(),
-            own.clone(),
-        );
+        let mapper = triggers::parent_of(parents_by_uid.clone(), kinds.parent.clone(), own.clone());
         let objects = own_errors(
             format!("{} {}", rule.name, kind.gvk),
             stream.touched_objects(),

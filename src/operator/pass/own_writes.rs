@@ -52,10 +52,8 @@ impl OwnWrites {
     /// server's answer).
     pub fn wrote(&self, key: &ObjectKey, object: &serde_json::Value) {
         let meta = &object["metadata"];
-        let (Some(uid), Some(version)) = (
-            meta["uid"].as_str(),
-            meta["resourceVersion"].as_str(),
-        ) else {
+        let (Some(uid), Some(version)) = (meta["uid"].as_str(), meta["resourceVersion"].as_str())
+        else {
             return;
         };
         let version = Version {
