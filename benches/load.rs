@@ -18,7 +18,22 @@
 //! * `TRELLIS_BENCH_BARE`: bare client concurrencies (default `1,16,64`;
 //!   empty: none).
 //! * `TRELLIS_BENCH_TRELLIS`: operator settings, `default` or a
-//!   `--concurrency` value (default `default,64`; empty: none).
+//!   `--concurrency` value (default `default,64`; empty: none), each with an
+//!   optional `@/path/to/trellis` binary to run instead of this checkout's
+//!   (`64@/work/bin/trellis-old,64`: two builds in one run, A/B).
+//! * `TRELLIS_BENCH_ROUNDS`: how many times the runs of each size repeat,
+//!   in order (default 1): bare, trellis, bare, trellis... alternate on one
+//!   control plane, so a busy machine weighs on both alike.
+//! * `TRELLIS_BENCH_CONVERGE_ONLY=1`: a trellis run stops at converge (no
+//!   Ready wait, steady state, restart nor rule edit).
+//!   A bare concurrency with `+event` (`64+event`): the bare client also
+//!   publishes one Event per parent, as trellis does (kube's `Recorder`, in
+//!   the background once the status is written): what that one request
+//!   more costs.
+//! * `TRELLIS_BENCH_TRACE=1`: the latency trace of each run: per parent,
+//!   from its create to its status, phase by phase (queue, each apply's
+//!   round trip, the status write, the watch), medians; for trellis from
+//!   its own per-pass log lines (`trellis::pass::trace` at debug).
 //! * `TRELLIS_BENCH_STEADY`: seconds of the steady-state window (default 60).
 //! * `TRELLIS_BENCH_TIMEOUT`: seconds allowed for each convergence (default 600).
 //! * `TRELLIS_BENCH_BINARY`: the operator binary to run instead of building
@@ -60,18 +75,20 @@
 mod support;
 
 mod common;
+#[path = "load/trace.rs"]
+mod trace;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use common::{OperatorProcess, Requests, RssSampler, delete_namespace, env_number, mib};
@@ -197,7 +214,12 @@ fn names(n: usize) -> Vec<String> {
 /// What one run measured.
 struct Row {
     label: String,
+    /// The bare client's run (the ratio's reference).
+    bare: bool,
     converge: Duration,
+    /// trellis's passes per parent until converge (every result of its
+    /// `trellis_reconciles_total`).
+    passes: Option<f64>,
     /// Requests until convergence: the operator's own (its
     /// `trellis_api_requests_total`); for the bare client the API server's
     /// less this program's parent creates.
@@ -242,15 +264,28 @@ fn main() {
         }
     };
     assert!(sizes.iter().all(|&n| n > 0), "sizes must be at least 1");
-    let bare: Vec<usize> = list("TRELLIS_BENCH_BARE", "1,16,64")
+    let bare: Vec<(usize, bool)> = list("TRELLIS_BENCH_BARE", "1,16,64")
         .iter()
-        .map(|c| c.parse().expect("TRELLIS_BENCH_BARE: numbers"))
+        .map(|c| {
+            let (c, event) = match c.strip_suffix("+event") {
+                Some(c) => (c, true),
+                None => (c.as_str(), false),
+            };
+            (c.parse().expect("TRELLIS_BENCH_BARE: numbers"), event)
+        })
         .collect();
-    let settings = list("TRELLIS_BENCH_TRELLIS", "default,64");
+    let settings: Vec<Setting> = list("TRELLIS_BENCH_TRELLIS", "default,64")
+        .iter()
+        .map(|s| Setting::parse(s))
+        .collect();
+    let rounds = env_number("TRELLIS_BENCH_ROUNDS", 1);
     let timeout = Duration::from_secs(env_number("TRELLIS_BENCH_TIMEOUT", 600));
     let steady = env_number("TRELLIS_BENCH_STEADY", 60);
 
-    let binary = (!settings.is_empty()).then(common::build_operator);
+    let binary = settings
+        .iter()
+        .any(|s| s.binary.is_none())
+        .then(common::build_operator);
     let cluster = support::cluster();
     eprintln!("[load] cluster: {}", cluster.source);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -268,14 +303,22 @@ fn main() {
         let mut tables = Vec::new();
         for &n in &sizes {
             let mut rows = Vec::new();
-            for &c in &bare {
-                rows.push(run_bare(&client, &kind, n, c).await);
+            for _ in 0..rounds {
+                for &(c, event) in &bare {
+                    rows.push(run_bare(&client, &kind, n, c, event).await);
+                }
+                for setting in &settings {
+                    let binary = setting
+                        .binary
+                        .as_deref()
+                        .or(binary.as_deref())
+                        .expect("built");
+                    rows.push(
+                        run_trellis(binary, &client, &kind, n, setting, steady, timeout).await,
+                    );
+                }
             }
-            for setting in &settings {
-                let binary = binary.as_deref().expect("built");
-                rows.push(run_trellis(binary, &client, &kind, n, setting, steady, timeout).await);
-            }
-            let table = table(n, &rows);
+            let table = table(n, &rows, bare.len() + settings.len());
             println!("{table}");
             tables.push(table);
         }
@@ -288,6 +331,44 @@ fn main() {
     });
 }
 
+/// One operator setting of `TRELLIS_BENCH_TRELLIS`.
+struct Setting {
+    /// `default` or a `--concurrency` value.
+    concurrency: String,
+    binary: Option<std::path::PathBuf>,
+}
+
+impl Setting {
+    /// `64`, `default`, `64@/path/to/trellis`.
+    fn parse(text: &str) -> Setting {
+        let (concurrency, binary) = match text.split_once('@') {
+            Some((c, b)) => (c, Some(std::path::PathBuf::from(b))),
+            None => (text, None),
+        };
+        Setting {
+            concurrency: concurrency.to_owned(),
+            binary,
+        }
+    }
+
+    /// The run's label and the operator's arguments.
+    fn label_and_args(&self) -> (String, Vec<String>) {
+        let binary = self
+            .binary
+            .as_ref()
+            .and_then(|b| b.file_name())
+            .map(|b| format!(" [{}]", b.to_string_lossy()))
+            .unwrap_or_default();
+        match self.concurrency.as_str() {
+            "default" => (format!("trellis (defaults){binary}"), vec![]),
+            c => (
+                format!("trellis --concurrency {c}{binary}"),
+                vec!["--concurrency".into(), c.into()],
+            ),
+        }
+    }
+}
+
 fn list(var: &str, default: &str) -> Vec<String> {
     std::env::var(var)
         .unwrap_or_else(|_| default.to_owned())
@@ -297,14 +378,17 @@ fn list(var: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-/// Creates the parents `names` 32 at a time; each created parent's name and
-/// uid go to `created`.
+/// A created parent: its name, uid, and when its create returned.
+type Created = (String, String, SystemTime);
+
+/// Creates the parents `names` 32 at a time; each created parent goes to
+/// `created`.
 async fn create_parents(
     api: &Api<DynamicObject>,
     resource: &ApiResource,
     ns: &str,
     names: &[String],
-    created: Option<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
+    created: Option<tokio::sync::mpsc::UnboundedSender<Created>>,
 ) -> Result<(), kube::Error> {
     futures::stream::iter(names.iter().enumerate())
         .map(|(i, name)| {
@@ -313,7 +397,11 @@ async fn create_parents(
             async move {
                 let made = api.create(&PostParams::default(), &obj).await?;
                 if let Some(tx) = created {
-                    let _ = tx.send((made.name_any(), made.uid().unwrap_or_default()));
+                    let _ = tx.send((
+                        made.name_any(),
+                        made.uid().unwrap_or_default(),
+                        SystemTime::now(),
+                    ));
                 }
                 Ok::<_, kube::Error>(())
             }
@@ -322,6 +410,11 @@ async fn create_parents(
         .try_collect::<Vec<()>>()
         .await
         .map(|_| ())
+}
+
+/// Whether runs are traced (`TRELLIS_BENCH_TRACE=1`).
+fn tracing() -> bool {
+    std::env::var("TRELLIS_BENCH_TRACE").as_deref() == Ok("1")
 }
 
 // ---------------------------------------------------------------- bare client
@@ -364,14 +457,22 @@ fn bare_children(kind: &TestKind, ns: &str, name: &str, uid: &str) -> [(Value, &
     ]
 }
 
-/// One parent, the bare way: three applies, one status patch.
+/// One parent, the bare way: three applies, one status patch (and with
+/// `event`, an Event sent in the background); each request's round trip.
 async fn bare_parent(
     client: &Client,
     kind: &TestKind,
     ns: &str,
     name: String,
     uid: String,
-) -> Result<(), kube::Error> {
+    event: bool,
+) -> Result<[Duration; 4], kube::Error> {
+    let mut times = [Duration::ZERO; 4];
+    let mut lap = Instant::now();
+    let mut timed = |i: usize| {
+        times[i] = lap.elapsed();
+        lap = Instant::now();
+    };
     let params = PatchParams::apply("bench-bare").force();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
@@ -379,12 +480,15 @@ async fn bare_parent(
     let [(cm, _), (deployment, _), (service, _)] = bare_children(kind, ns, &name, &uid);
     cms.patch(&format!("{name}-config"), &params, &Patch::Apply(&cm))
         .await?;
+    timed(0);
     deployments
         .patch(&name, &params, &Patch::Apply(&deployment))
         .await?;
+    timed(1);
     services
         .patch(&name, &params, &Patch::Apply(&service))
         .await?;
+    timed(2);
     let parents: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &kind.resource);
     let now = "2026-12-01T00:00:00Z";
     let status = json!({"status": {
@@ -398,14 +502,46 @@ async fn bare_parent(
             {"type": "Synced", "status": "True", "reason": "Synced", "lastTransitionTime": now, "observedGeneration": 1},
         ],
     }});
-    parents
+    let written = parents
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await?;
-    Ok(())
+    timed(3);
+    if event {
+        let recorder = kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "bench-bare".into(),
+                instance: None,
+            },
+        );
+        let reference = written.object_ref(&kind.resource);
+        tokio::spawn(async move {
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Normal,
+                reason: "Created".into(),
+                note: Some("created 3 objects".into()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                eprintln!("[load] bare event: {e}");
+            }
+        });
+    }
+    Ok(times)
 }
 
-async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize) -> Row {
-    let label = format!("bare client c={concurrency}");
+async fn run_bare(
+    client: &Client,
+    kind: &TestKind,
+    n: usize,
+    concurrency: usize,
+    event: bool,
+) -> Row {
+    let label = format!(
+        "bare client c={concurrency}{}",
+        if event { " + Event" } else { "" }
+    );
     eprintln!("[load] {n} parents: {label}");
     let ns = support::namespace_for("bench-bare").await;
     let ns_name = ns.name.clone();
@@ -422,9 +558,20 @@ async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize
     let creating = create_parents(&parents, &kind.resource, &ns_name, &all, Some(tx));
     let created = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
     let working = created
-        .map(|(name, uid)| bare_parent(client, kind, &ns_name, name, uid))
+        .map(|(name, uid, created)| {
+            let ns = &ns_name;
+            async move {
+                let started = SystemTime::now();
+                let requests = bare_parent(client, kind, ns, name, uid, event).await?;
+                Ok::<_, kube::Error>(trace::BareTimes {
+                    created,
+                    started,
+                    requests,
+                })
+            }
+        })
         .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>();
+        .try_collect::<Vec<trace::BareTimes>>();
     let (made, worked) = tokio::join!(creating, working);
     made.unwrap_or_else(|e| panic!("{label}: creating parents: {e}"));
     let worked = worked.unwrap_or_else(|e| panic!("{label}: {e}"));
@@ -445,10 +592,15 @@ async fn run_bare(client: &Client, kind: &TestKind, n: usize, concurrency: usize
         converge.as_secs_f64(),
         requests.describe()
     );
+    if tracing() {
+        eprintln!("{}", trace::bare(&worked));
+    }
     delete_namespace(client, ns).await;
     Row {
         label,
+        bare: !event,
         converge,
+        passes: None,
         requests,
         server: None,
         cpu,
@@ -490,6 +642,8 @@ struct Seen {
     children: [HashMap<String, String>; 3],
     /// ConfigMap name → its `edition` key (the rule edit).
     editions: HashMap<String, String>,
+    /// Parent name → when its watch first showed it synced (the trace).
+    synced_at: HashMap<String, SystemTime>,
 }
 
 /// The watches feeding a [`Seen`]; stopped when dropped.
@@ -571,16 +725,19 @@ impl Observer {
                     match event {
                         Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
                             let synced = parent_synced(&o);
+                            let mut seen = seen.lock().expect("seen");
+                            if synced {
+                                seen.synced_at
+                                    .entry(o.name_any())
+                                    .or_insert_with(SystemTime::now);
+                            }
                             let state = ParentSeen {
                                 uid: o.metadata.uid.clone().unwrap_or_default(),
                                 synced,
                                 ready: synced && condition_true(&o, "Ready"),
                                 status: o.data.get("status").cloned().unwrap_or(Value::Null),
                             };
-                            seen.lock()
-                                .expect("seen")
-                                .parents
-                                .insert(o.name_any(), state);
+                            seen.parents.insert(o.name_any(), state);
                         }
                         Ok(watcher::Event::Delete(o)) => {
                             seen.lock().expect("seen").parents.remove(&o.name_any());
@@ -735,6 +892,7 @@ async fn converge(
     start: Instant,
     timeout: Duration,
     before: &Counts,
+    until_ready: bool,
 ) -> (Duration, Counts, Duration, Counts) {
     let n = names.len();
     let mut synced: Option<(Duration, Counts)> = None;
@@ -744,7 +902,11 @@ async fn converge(
         let progress = observer.progress(names);
         if synced.is_none() && progress.synced == n {
             let at = start.elapsed();
-            synced = Some((at, Counts::take(op, client).await.since(before)));
+            let counts = Counts::take(op, client).await.since(before);
+            if !until_ready {
+                return (at, counts.clone(), at, counts);
+            }
+            synced = Some((at, counts));
         }
         if progress.ready == n {
             let at = start.elapsed();
@@ -782,19 +944,21 @@ async fn run_trellis(
     client: &Client,
     kind: &TestKind,
     n: usize,
-    setting: &str,
+    setting: &Setting,
     steady_secs: u64,
     timeout: Duration,
 ) -> Row {
-    let (label, args): (String, Vec<String>) = match setting {
-        "default" => ("trellis (defaults)".into(), vec![]),
-        c => (
-            format!("trellis --concurrency {c}"),
-            vec!["--concurrency".into(), c.into()],
-        ),
-    };
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let (label, args) = setting.label_and_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run_name = format!("load-{n}-{setting}");
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let run_name = format!("load-{n}-{}-{run}", setting.concurrency);
+    let converge_only = std::env::var("TRELLIS_BENCH_CONVERGE_ONLY").as_deref() == Ok("1");
+    let env: &[(&str, &str)] = if tracing() {
+        &[("RUST_LOG", trace::OPERATOR_LOG)]
+    } else {
+        &[]
+    };
     eprintln!("[load] {n} parents: {label}");
     let ns = support::namespace_for("bench-trellis").await;
     let ns_name = ns.name.clone();
@@ -820,7 +984,7 @@ async fn run_trellis(
         .await
         .unwrap_or_else(|e| panic!("creating the probe parent: {e}"));
     let spawned = Instant::now();
-    let mut op = OperatorProcess::start(binary, &run_name, &rules, &ns_name, &args);
+    let mut op = OperatorProcess::start_with_env(binary, &run_name, &rules, &ns_name, &args, env);
     let pid = op.pid();
     let probe = HashSet::from(["probe".to_owned()]);
     let zero = Counts {
@@ -835,6 +999,7 @@ async fn run_trellis(
         spawned,
         Duration::from_secs(60),
         &zero,
+        true,
     )
     .await;
     let startup = spawned.elapsed();
@@ -843,14 +1008,30 @@ async fn run_trellis(
     let all = names(n);
     let wanted: HashSet<String> = all.iter().cloned().collect();
     let before = Counts::take(&op, client).await;
+    let passes_before = reconciles(&op).await;
     let cpu_before = common::proc_cpu_seconds(pid).unwrap_or(0.0);
     let start = Instant::now();
-    if let Err(e) = create_parents(&parents, resource, &ns_name, &all, None).await {
+    let (created_tx, mut created_rx) = tokio::sync::mpsc::unbounded_channel();
+    if let Err(e) = create_parents(&parents, resource, &ns_name, &all, Some(created_tx)).await {
         op.fail(&format!("creating parents: {e}"));
     }
-    let (synced, mut at_synced, ready, mut at_ready) =
-        converge(&mut op, client, &observer, &wanted, start, timeout, &before).await;
+    let (synced, mut at_synced, ready, mut at_ready) = converge(
+        &mut op,
+        client,
+        &observer,
+        &wanted,
+        start,
+        timeout,
+        &before,
+        !converge_only,
+    )
+    .await;
     let cpu = common::proc_cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+    let passes = (reconciles(&op).await - passes_before) / n as f64;
+    let mut created = HashMap::new();
+    while let Ok((name, _, at)) = created_rx.try_recv() {
+        created.insert(name, at);
+    }
     at_synced.server.minus("POST", PLURAL, n as u64);
     at_ready.server.minus("POST", PLURAL, n as u64);
     let peak_kb = common::proc_status_kb(pid, "VmHWM").unwrap_or(0);
@@ -862,6 +1043,33 @@ async fn run_trellis(
         at_synced.server.describe(),
     );
     let ready_transition = at_ready.operator.since(&at_synced.operator);
+    if tracing() {
+        // The last pass lines reach the log file.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let synced_at = observer.seen.lock().expect("seen").synced_at.clone();
+        eprintln!("{}", trace::trellis(&op.log, &created, &synced_at));
+    }
+    let row = Row {
+        label: label.clone(),
+        bare: false,
+        converge: synced,
+        passes: Some(passes),
+        requests: at_synced.operator,
+        server: Some(at_synced.server),
+        cpu,
+        peak_kb: Some(peak_kb),
+        extra: None,
+    };
+    if converge_only {
+        let (_, exit) = op.terminate();
+        if !exit.success() {
+            op.fail(&format!("the operator exited with {exit} after SIGTERM"));
+        }
+        drop(op);
+        drop(observer);
+        delete_namespace(client, ns).await;
+        return row;
+    }
 
     // Steady state: nothing changes.
     let steady_before = Counts::take(&op, client).await;
@@ -952,12 +1160,6 @@ async fn run_trellis(
     drop(observer);
     delete_namespace(client, ns).await;
     Row {
-        label,
-        converge: synced,
-        requests: at_synced.operator,
-        server: Some(at_synced.server),
-        cpu,
-        peak_kb: Some(peak_kb),
         extra: Some(Extra {
             startup,
             ready,
@@ -973,7 +1175,13 @@ async fn run_trellis(
             edit_requests,
             restart_peak_kb,
         }),
+        ..row
     }
+}
+
+/// Every pass the operator has run, whatever its result.
+async fn reconciles(op: &OperatorProcess) -> f64 {
+    op.metric("trellis_reconciles", &[]).await.unwrap_or(0.0)
 }
 
 // ---------------------------------------------------------------------- table
@@ -989,13 +1197,18 @@ fn writes(q: &Requests) -> (u64, u64, u64) {
     (child, status, events)
 }
 
-fn table(n: usize, rows: &[Row]) -> String {
+/// The table of one size; `round` rows make one round (xbare compares a
+/// row with the best bare client of its own round).
+fn table(n: usize, rows: &[Row], round: usize) -> String {
     use std::fmt::Write;
-    let best = rows
-        .iter()
-        .filter(|r| r.extra.is_none())
-        .map(|r| r.converge)
-        .min();
+    let best_of_round = |i: usize| {
+        let start = i / round.max(1) * round.max(1);
+        rows[start..rows.len().min(start + round.max(1))]
+            .iter()
+            .filter(|r| r.bare)
+            .map(|r| r.converge)
+            .min()
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1003,10 +1216,11 @@ fn table(n: usize, rows: &[Row]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<26} {:>9} {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>14} {:>7} {:>9}",
+        "{:<40} {:>9} {:>6} {:>8} {:>7} {:>7} {:>6} {:>5} {:>5} {:>14} {:>7} {:>9}",
         "run",
         "converge",
         "xbare",
+        "passes/p",
         "child-w",
         "status",
         "events",
@@ -1016,8 +1230,8 @@ fn table(n: usize, rows: &[Row]) -> String {
         "CPU s",
         "peak RSS"
     );
-    for r in rows {
-        let ratio = best
+    for (i, r) in rows.iter().enumerate() {
+        let ratio = best_of_round(i)
             .map(|b| format!("{:.2}", r.converge.as_secs_f64() / b.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         let q = &r.requests;
@@ -1032,10 +1246,13 @@ fn table(n: usize, rows: &[Row]) -> String {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<26} {:>8.2}s {:>6} {:>7} {:>7} {:>6} {:>5} {:>5} {:>14} {:>7.2} {:>9}",
+            "{:<40} {:>8.2}s {:>6} {:>8} {:>7} {:>7} {:>6} {:>5} {:>5} {:>14} {:>7.2} {:>9}",
             r.label,
             r.converge.as_secs_f64(),
             ratio,
+            r.passes
+                .map(|p| format!("{p:.2}"))
+                .unwrap_or_else(|| "-".into()),
             child_writes,
             status_writes,
             event_writes,
@@ -1053,15 +1270,16 @@ fn table(n: usize, rows: &[Row]) -> String {
         "(converge: every parent has its children and a status for its generation; child-w: POST/APPLY/PATCH on \
          ConfigMaps, Deployments, Services; status: writes on the parents; events: Event writes; all until converge. \
          Ready +st/+ev: status and Event writes after converge until every parent is Ready (the controller manager \
-         marks the Deployments available), and when that was. The bare client writes Ready at once.)"
+         marks the Deployments available), and when that was. The bare client writes Ready at once. \
+         xbare: converge / the best bare client's of the same round. passes/p: trellis's passes per parent until converge.)"
     );
     let _ = writeln!(out, "requests until converge, by verb and resource:");
     for r in rows {
-        let _ = writeln!(out, "  {:<26} {}", r.label, r.requests.describe());
+        let _ = writeln!(out, "  {:<40} {}", r.label, r.requests.describe());
         if let Some(server) = &r.server {
             let _ = writeln!(
                 out,
-                "  {:<26} {}",
+                "  {:<40} {}",
                 "  (API server's count)",
                 server.describe()
             );

@@ -116,6 +116,13 @@ async fn a_parent_whose_children_are_ready_at_once_costs_one_write_each_one_stat
     );
     assert_eq!(status, n, "one status write per parent");
     assert_eq!((events, created), (n, n), "one Event per parent");
+    // The watch events of the pass's own writes (the versions it read in
+    // the API server's answers) wake no pass, but an event that beats its
+    // write's answer back to the pass still does (a debug build decodes
+    // answers slowly: 10 passes for 6 parents measured), so the count is
+    // printed, not asserted; `pass::own_writes`'s unit test holds the rule.
+    let passes = metric(&addr, "trellis_reconciles", &[]).await;
+    eprintln!("[writes] {passes} passes for {n} parents");
 
     // The Event names every child, and the parent's readiness.
     let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();

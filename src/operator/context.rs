@@ -55,12 +55,9 @@ pub struct RuleCtx {
     pub caches_ready: watch::Receiver<bool>,
     /// Cancelled when the rule's watches stop: nothing may wait past it.
     pub stop: tokio_util::sync::CancellationToken,
-    /// Children this process wrote (made or updated), by key, with their
-    /// parent's uid and render hash, until the cache shows them as written:
-    /// the next pass must not mistake one for someone else's, let another
-    /// parent take it, nor write it again because a relist served before
-    /// the write put an older version back in the cache.
-    pub created: Mutex<HashMap<ObjectKey, Created>>,
+    /// What this process wrote of its children until the watches show it
+    /// (made children the pass trusts, versions whose events wake nobody).
+    pub own: Arc<super::pass::own_writes::OwnWrites>,
     /// Parent uid → the status this process last wrote and the parent's
     /// resourceVersion it was written over: until the parent cache moves
     /// past that version, a pass reads the written status, not the stale
@@ -278,7 +275,8 @@ impl RuleCtx {
             self.failures.retain(|k| parents.contains(k));
         }
         self.related.sweep(&self.parents);
-        let mut created = lock(&self.created);
+        self.own.sweep();
+        let mut created = lock(&self.own.created);
         if created.len() > 1024 {
             created.retain(|_, c| c.at.elapsed() < CREATED_MEMORY);
         }
@@ -327,14 +325,14 @@ impl RuleCtx {
             hash: hash.to_owned(),
             at: Instant::now(),
         };
-        lock(&self.created).insert(key.clone(), created);
+        lock(&self.own.created).insert(key.clone(), created);
     }
 
     /// The parent uid and render hash of a child this process wrote
     /// recently, and whether that was recent enough to trust it is still
     /// there as written.
     pub(super) fn created_for(&self, key: &ObjectKey) -> Option<(String, String, bool)> {
-        lock(&self.created)
+        lock(&self.own.created)
             .get(key)
             .filter(|c| c.at.elapsed() < CREATED_MEMORY)
             .map(|c| {
@@ -345,7 +343,7 @@ impl RuleCtx {
 
     /// The cache shows the child: no need to remember it.
     pub(super) fn forget_created(&self, key: &ObjectKey) {
-        let mut created = lock(&self.created);
+        let mut created = lock(&self.own.created);
         if !created.is_empty() {
             created.remove(key);
         }

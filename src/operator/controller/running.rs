@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use crate::operator::Shared;
 use crate::operator::context::{self, ChildCache, RuleCtx};
 use crate::operator::leadership::shards::labeller;
+use crate::operator::pass::own_writes::OwnWrites;
 use crate::operator::pass::reconcile;
 use crate::operator::retry::{Failures, Outage};
 use crate::operator::rollout::versions::Versions;
@@ -153,6 +154,9 @@ pub(super) async fn run_controller(
     let controller = controller.reconcile_on(futures::stream::poll_fn(move |cx| {
         relisted_parents.poll_recv(cx)
     }));
+    // Shared by the passes (what they wrote) and the child watches (whose
+    // events of those writes wake nobody).
+    let own = Arc::new(OwnWrites::default());
     let (controller, child_stores) = watch_children(
         controller,
         &rule,
@@ -161,6 +165,7 @@ pub(super) async fn run_controller(
         &shared,
         &relisted_tx,
         parents_by_uid,
+        &own,
     );
     log_watching(&rule, &kinds, &namespaces);
     drop(relisted_tx);
@@ -190,7 +195,7 @@ pub(super) async fn run_controller(
         failures: Failures::default(),
         outage: Outage::default(),
         warned: Mutex::new(BTreeSet::new()),
-        created: Mutex::default(),
+        own: own.clone(),
         written,
         patches: Default::default(),
         versions,
@@ -415,7 +420,8 @@ fn restart_when_parent_cut_changes(
 }
 
 /// One watch per child kind, each feeding its cache and waking the parent
-/// of a child that changed.
+/// of a child that changed (not for a version `own` says a pass wrote).
+#[allow(clippy::too_many_arguments)]
 fn watch_children(
     mut controller: Controller<ParentObject>,
     rule: &CompiledRule,
@@ -424,6 +430,7 @@ fn watch_children(
     shared: &Shared,
     relisted: &UnboundedSender<()>,
     parents_by_uid: Option<Arc<ByUid>>,
+    own: &Arc<OwnWrites>,
 ) -> (Controller<ParentObject>, Vec<ChildCache>) {
     let child_labels = format!("{LABEL_RULE}={}", rule.name);
     let owned = shared.shards.as_ref().map(|s| s.owned());
@@ -459,7 +466,7 @@ fn watch_children(
             by_parent,
             listed,
         });
-        let mapper = triggers::parent_of(parents_by_uid.clone(), kinds.parent.clone());
+        let mapper = triggers::parent_of(parents_by_uid.clone(), kinds.parent.clone(), own.clone());
         let objects = own_errors(
             format!("{} {}", rule.name, kind.gvk),
             stream.touched_objects(),

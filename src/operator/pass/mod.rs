@@ -16,9 +16,11 @@
 
 pub(super) mod apply;
 pub(super) mod finalize;
+pub(super) mod own_writes;
 pub(super) mod patch_writes;
 pub(super) mod reconcile;
 pub(super) mod release;
 pub(super) mod released;
 pub(super) mod status_write;
 pub(super) mod summary;
+mod trace;

@@ -14,10 +14,11 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::apply::{Outcome, apply_child};
+use super::apply::{Applied, Outcome, apply_child};
 use super::finalize::{finalize, set_finalizers};
 use super::status_write::write_status;
 use super::summary::{self, Summary};
+use super::trace::Trace;
 use crate::operator::FINALIZER;
 use crate::operator::context::{Error, RuleCtx, parent_key};
 use crate::operator::watches::decode::ParentObject;
@@ -89,6 +90,7 @@ pub async fn reconcile(
     ctx: Arc<RuleCtx>,
     skipped: &AtomicBool,
 ) -> Result<Action, Error> {
+    let mut trace = Trace::start();
     let skip = |action: Action| {
         skipped.store(true, Ordering::Relaxed);
         action
@@ -136,6 +138,7 @@ pub async fn reconcile(
         permit = ctx.shared.permits.acquire() => permit,
         _ = ctx.stop.cancelled() => return Ok(skip(Action::await_change())),
     };
+    trace.permit = trace.lap();
     ctx.sweep();
     if let Some(why) = &parent.undecodable {
         return undecodable(&ctx, &parent.to_object(), why).await;
@@ -191,7 +194,7 @@ pub async fn reconcile(
     // The version this parent is due to run: the newest, unless a staged
     // rollout keeps it on an earlier one. The whole pass uses it.
     let rule = &ctx.rule_for(&parent_json, &uid);
-
+    trace.prepare = trace.lap();
     let pass = Pass {
         ctx: &ctx,
         rule,
@@ -210,6 +213,7 @@ pub async fn reconcile(
         summary: Summary::default(),
         errors: Vec::new(),
         patch_sent: BTreeMap::new(),
+        trace,
     };
     pass.run().await
 }
@@ -236,12 +240,14 @@ struct Pass<'a> {
     errors: Vec<Error>,
     /// Contribution key → hash sent this pass.
     patch_sent: BTreeMap<ObjectKey, String>,
+    trace: Trace,
 }
 
 impl Pass<'_> {
-    fn plan(&self) -> Plan {
+    fn plan(&mut self) -> Plan {
+        let started = std::time::Instant::now();
         let scope_of = |g: &crate::kinds::Gvk| self.ctx.scope_of(g);
-        plan::plan(
+        let plan = plan::plan(
             self.rule,
             &Input {
                 parent: self.parent_json,
@@ -250,7 +256,9 @@ impl Pass<'_> {
                 scope_of: &scope_of,
                 clusters: &self.ctx.shared.clusters.view(self.rule),
             },
-        )
+        );
+        self.trace.plan += started.elapsed();
+        plan
     }
 
     async fn run(mut self) -> Result<Action, Error> {
@@ -302,6 +310,7 @@ impl Pass<'_> {
             self.prune(&plan).await?;
         }
         self.report(&plan).await?;
+        self.trace.log(&rule.name, self.key);
         match self.rounds.finish(&plan, rule.resync) {
             Finish::WriteFailed => Err(self
                 .errors
@@ -326,7 +335,18 @@ impl Pass<'_> {
                 break;
             }
             let live = self.observed.objects.get(&apply.key);
+            let started = std::time::Instant::now();
             let result = apply_child(ctx, apply, live, self.uid).await;
+            let wrote_it = matches!(
+                &result,
+                Ok(Applied {
+                    outcome: Outcome::Created | Outcome::Updated,
+                    ..
+                })
+            );
+            self.trace
+                .children
+                .push((apply.id.clone(), started.elapsed(), wrote_it));
             let (sent, object) = match result {
                 Err(Error::NotLeader(not)) => return Err(not.into()),
                 Ok(applied) => {
@@ -361,6 +381,9 @@ impl Pass<'_> {
                     (sent, None)
                 }
             };
+            if let (Sent::Created | Sent::Updated, Some(object)) = (sent, &object) {
+                ctx.own.wrote(&apply.key, object);
+            }
             let recorded = self.rounds.record(apply, sent);
             if recorded.count {
                 ctx.shared.metrics.child_op(&rule.name, op_label(sent));
@@ -461,7 +484,10 @@ impl Pass<'_> {
             ctx.event(parent, type_, reason, note).await;
         }
         if let Some(status) = status {
-            write_status(ctx, rule, parent, self.parent_json, status).await?;
+            let started = std::time::Instant::now();
+            self.trace.status_written =
+                write_status(ctx, rule, parent, self.parent_json, status).await?;
+            self.trace.status = started.elapsed();
         }
         Ok(())
     }

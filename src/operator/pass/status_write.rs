@@ -14,13 +14,14 @@ use crate::status_patch::{
     leaf_paths, pointer, stale_fields, status_patch, status_unchanged, without_paths,
 };
 
+/// Writes the status if it changed; whether a write was sent.
 pub(in crate::operator) async fn write_status(
     ctx: &RuleCtx,
     rule: &crate::rules::CompiledRule,
     parent: &DynamicObject,
     parent_json: &Value,
     status: Value,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let current = parent_json.get("status");
     let owned = rule.status_paths();
     let stale = stale_fields(owned.iter().map(Vec::as_slice), current, &status);
@@ -28,7 +29,7 @@ pub(in crate::operator) async fn write_status(
     // look like a change; they are still sent along with any real one.
     let comparable = without_paths(&status, &lock(&ctx.warned));
     if stale.is_empty() && status_unchanged(current, &comparable) {
-        return Ok(());
+        return Ok(false);
     }
     let subresource = ctx.kinds.parent.status_subresource;
     let claim = if subresource {
@@ -63,7 +64,7 @@ pub(in crate::operator) async fn write_status(
             obj
         }
         // Gone, or changed since it was read: the change brings another pass.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(true),
         Err(err) => return Err(Error::Status(err)),
     };
     // The API server silently prunes fields its schema does not know.
@@ -87,5 +88,5 @@ pub(in crate::operator) async fn write_status(
             }
         }
     }
-    Ok(())
+    Ok(true)
 }

@@ -18,18 +18,25 @@ use super::compact::CompactObject;
 use super::decode::ParentObject;
 use super::discovery::Resolved;
 use crate::operator::context::RuleCtx;
+use crate::operator::pass::own_writes::OwnWrites;
 use crate::operator::retry::WatchBackoff;
 use crate::shard::{BucketSet, bucket_of};
 
 /// Maps a child event to its parent: the controller ownerReference when it
 /// points at the parent kind, else the `trellis.dev/parent-uid` label
 /// looked up in `by_uid` (kept only for a rule whose children may have
-/// no such ownerReference).
+/// no such ownerReference). The event of a version a pass wrote maps to
+/// nobody: that pass read it already (see [`OwnWrites`]).
 pub(in crate::operator) fn parent_of(
     by_uid: Option<Arc<ByUid>>,
     parent: Resolved,
+    own: Arc<OwnWrites>,
 ) -> impl Fn(CompactObject) -> Option<ObjectRef<ParentObject>> + Send + Sync + 'static {
     move |child: CompactObject| {
+        let meta = &child.metadata;
+        if own.is_own(meta.uid.as_deref(), meta.resource_version.as_deref()) {
+            return None;
+        }
         let owner = child.owner_references().iter().find(|r| {
             r.controller == Some(true)
                 && r.kind == parent.gvk.kind
