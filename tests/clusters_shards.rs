@@ -78,7 +78,7 @@ struct Fleet {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
-        spoke::release_parents(self.ring.ns.name(), &self.ring.kind.resource);
+        support::operator::release_parents(self.ring.ns.name(), &self.ring.kind.resource);
     }
 }
 

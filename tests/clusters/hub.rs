@@ -10,9 +10,9 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::support;
@@ -44,36 +44,7 @@ impl Drop for Hub {
     /// and their CRD, undeletable once the operator is gone, holding up the
     /// shared cluster's CRD finalizer for every test.
     fn drop(&mut self) {
-        let (namespace, resource) = (self.ns.name().to_owned(), self.kind.resource.clone());
-        let kubeconfig = support::cluster().kubeconfig.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                let config = kube::Config::from_custom_kubeconfig(
-                    kubeconfig,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .ok()?;
-                let client = Client::try_from(config).ok()?;
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
-                for parent in api.list(&Default::default()).await.ok()?.items {
-                    let patch = json!({"metadata": {"finalizers": null}});
-                    let _ = api
-                        .patch(
-                            &parent.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await;
-                }
-                Some(())
-            })
-        })
-        .join();
+        support::operator::release_parents(self.ns.name(), &self.kind.resource);
     }
 }
 

@@ -6,10 +6,9 @@
 //! behind by a failed test.
 #![allow(dead_code)]
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
-use kube::discovery::ApiResource;
-use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::support;
@@ -61,42 +60,4 @@ pub fn audit_mark(spoke: &PrivateCluster) -> audit::Mark {
 /// The writes in `ns` the spoke's audit log recorded after `mark`.
 pub fn writes_since(spoke: &PrivateCluster, mark: audit::Mark, ns: &str) -> Vec<Write> {
     audit::writes_in(&spoke.dir.join("logs/audit.log"), mark, ns)
-}
-
-/// Takes trellis's finalizer off every parent of `resource` left in `ns`
-/// of the hub: a test that failed midway would otherwise leave parents, and
-/// their CRD, undeletable once the operator is gone, holding up the shared
-/// cluster's CRD finalizer for every test. For a `Drop`: runs on a thread
-/// of its own.
-pub fn release_parents(ns: &str, resource: &ApiResource) {
-    let (namespace, resource) = (ns.to_owned(), resource.clone());
-    let kubeconfig = support::cluster().kubeconfig.clone();
-    let _ = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .ok()?;
-        rt.block_on(async {
-            let config = kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .ok()?;
-            let client = Client::try_from(config).ok()?;
-            let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
-            for parent in api.list(&Default::default()).await.ok()?.items {
-                let patch = json!({"metadata": {"finalizers": null}});
-                let _ = api
-                    .patch(
-                        &parent.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await;
-            }
-            Some(())
-        })
-    })
-    .join();
 }

@@ -672,3 +672,42 @@ impl LogCapture {
         self.lines.lines()
     }
 }
+
+/// Takes trellis's finalizer off every parent of `resource` left in `ns`
+/// of the hub: a test that failed midway would otherwise leave parents, and
+/// their CRD, undeletable once the operator is gone, holding up the shared
+/// cluster's CRD finalizer for every test. For a `Drop`: runs on a thread
+/// of its own.
+pub fn release_parents(ns: &str, resource: &kube::discovery::ApiResource) {
+    let (namespace, resource) = (ns.to_owned(), resource.clone());
+    let kubeconfig = super::cluster().kubeconfig.clone();
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let config = Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .ok()?;
+            let client = Client::try_from(config).ok()?;
+            let api: kube::Api<kube::api::DynamicObject> =
+                kube::Api::namespaced_with(client, &namespace, &resource);
+            for parent in api.list(&Default::default()).await.ok()?.items {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = api
+                    .patch(
+                        &parent.name_any(),
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await;
+            }
+            Some(())
+        })
+    })
+    .join();
+}
