@@ -71,35 +71,21 @@ impl Settings {
     /// Checks the timings; the message names the flags.
     pub fn validate(&self) -> Result<(), String> {
         let secs = |d: Duration| humantime::format_duration(d).to_string();
-        // The Lease stores whole seconds, and so does the crate's renewal period.
-        if self.lease_duration.subsec_nanos() != 0 || self.lease_duration < Duration::from_secs(2) {
-            return Err(format!(
-                "--leader-elect-lease-duration must be a whole number of seconds, at least 2s (got {})",
-                secs(self.lease_duration)
-            ));
-        }
         if self.retry_period.subsec_nanos() != 0 || self.retry_period < Duration::from_secs(1) {
             return Err(format!(
                 "--leader-elect-retry-period must be a whole number of seconds, at least 1s (got {})",
                 secs(self.retry_period)
             ));
         }
-        if self.renew_deadline >= self.lease_duration {
-            return Err(format!(
-                "--leader-elect-renew-deadline ({}) must be shorter than --leader-elect-lease-duration ({}): \
-                 a leader must stop writing before another may take over",
-                secs(self.renew_deadline),
-                secs(self.lease_duration)
-            ));
-        }
-        if self.retry_period >= self.renew_deadline {
-            return Err(format!(
-                "--leader-elect-retry-period ({}) must be shorter than --leader-elect-renew-deadline ({}): \
-                 the leader must get to renew before its deadline",
-                secs(self.retry_period),
-                secs(self.renew_deadline)
-            ));
-        }
+        check_timings(
+            self,
+            &Flags {
+                lease: "--leader-elect-lease-duration",
+                renew: "--leader-elect-renew-deadline",
+                renew_default: false,
+                stop_before: "a leader must stop writing before another may take over",
+            },
+        )?;
         if self.lease_name.is_empty() || self.namespace.is_empty() || self.identity.is_empty() {
             return Err("--leader-elect needs a lease name, a namespace and an identity".into());
         }
@@ -110,38 +96,15 @@ impl Settings {
     /// `--shards-member-*` flags (and says when a default was derived).
     /// Checked only under `--shards`: without it no member Lease is held.
     pub fn validate_member(&self) -> Result<(), String> {
-        let secs = |d: Duration| humantime::format_duration(d).to_string();
-        let member = self.member();
-        if member.lease_duration.subsec_nanos() != 0
-            || member.lease_duration < Duration::from_secs(2)
-        {
-            return Err(format!(
-                "--shards-member-lease-duration must be a whole number of seconds, at least 2s (got {})",
-                secs(member.lease_duration)
-            ));
-        }
-        if member.renew_deadline >= member.lease_duration {
-            return Err(format!(
-                "--shards-member-renew-deadline ({}) must be shorter than --shards-member-lease-duration ({}): \
-                 a member must stop writing before its buckets can move",
-                secs(member.renew_deadline),
-                secs(member.lease_duration)
-            ));
-        }
-        if self.retry_period >= member.renew_deadline {
-            return Err(format!(
-                "--leader-elect-retry-period ({}) must be shorter than --shards-member-renew-deadline ({}{}): \
-                 a member renews once per retry period",
-                secs(self.retry_period),
-                secs(member.renew_deadline),
-                if self.member_renew_deadline.is_none() {
-                    ", its default"
-                } else {
-                    ""
-                }
-            ));
-        }
-        Ok(())
+        check_timings(
+            &self.member(),
+            &Flags {
+                lease: "--shards-member-lease-duration",
+                renew: "--shards-member-renew-deadline",
+                renew_default: self.member_renew_deadline.is_none(),
+                stop_before: "a member must stop writing before its buckets can move",
+            },
+        )
     }
 
     /// The crate renews `grace` seconds before expiry: so it renews once per retry period.
@@ -155,6 +118,55 @@ impl Settings {
     pub(super) fn lease(&self) -> String {
         format!("{}/{}", self.namespace, self.lease_name)
     }
+}
+
+/// The flags a set of timings came from, for the messages.
+struct Flags {
+    lease: &'static str,
+    renew: &'static str,
+    /// The renew deadline was not given but derived (said in the message).
+    renew_default: bool,
+    /// Why the renew deadline must be shorter than the lease.
+    stop_before: &'static str,
+}
+
+/// A Lease's duration, renew deadline and the retry period between them.
+fn check_timings(timings: &Settings, flags: &Flags) -> Result<(), String> {
+    let secs = |d: Duration| humantime::format_duration(d).to_string();
+    let (lease, renew) = (timings.lease_duration, timings.renew_deadline);
+    // The Lease stores whole seconds, and so does the crate's renewal period.
+    if lease.subsec_nanos() != 0 || lease < Duration::from_secs(2) {
+        return Err(format!(
+            "{} must be a whole number of seconds, at least 2s (got {})",
+            flags.lease,
+            secs(lease)
+        ));
+    }
+    if renew >= lease {
+        return Err(format!(
+            "{} ({}) must be shorter than {} ({}): {}",
+            flags.renew,
+            secs(renew),
+            flags.lease,
+            secs(lease),
+            flags.stop_before
+        ));
+    }
+    if timings.retry_period >= renew {
+        return Err(format!(
+            "--leader-elect-retry-period ({}) must be shorter than {} ({}{}): \
+             a Lease must get renewed before its deadline",
+            secs(timings.retry_period),
+            flags.renew,
+            secs(renew),
+            if flags.renew_default {
+                ", its default"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
 }
 
 /// The Lease's namespace when no flag names it: `POD_NAMESPACE`, else the
