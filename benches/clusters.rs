@@ -69,7 +69,7 @@ use serde_json::{Value, json};
 use common::{OperatorProcess, Requests, env_number, load_average, mib};
 use observe::Observer;
 use support::faults::PrivateCluster;
-use support::operator::{Cleanup, TestKind};
+use support::operator::TestKind;
 
 const RULE: &str = "fleet";
 const KIND: &str = "FleetApp";
@@ -180,20 +180,7 @@ fn settings() -> Settings {
 fn main() {
     let settings = settings();
     let binary = common::build_operator();
-    let cluster = support::cluster();
-    eprintln!("[clusters] hub: {}", cluster.source);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let rows = rt.block_on(async {
-        let client = support::client().await;
-        let group = format!("{}.bench.trellis.test", support::unique_name("clusters"));
-        let kind = TestKind::in_group(&group, KIND);
-        assert_eq!(kind.plural, PLURAL);
-        let _crd = Cleanup::crds(&[&kind]);
-        kind.install(&client).await;
+    let rows = common::on_a_kind("clusters", KIND, PLURAL, |client, kind| async move {
         let mut rows = Vec::new();
         for &mode in &settings.runs {
             let row = run(&binary, &client, &kind, &settings, mode).await;

@@ -76,7 +76,7 @@ use serde_json::json;
 use common::{audit, delete_namespace, env_number, load_average, mib};
 use observe::Observer;
 use ring::{Counters, Replica};
-use support::operator::{Cleanup, TestKind};
+use support::operator::TestKind;
 
 const RULE: &str = "shards";
 const KIND: &str = "ShardApp";
@@ -170,20 +170,7 @@ fn settings() -> Settings {
 fn main() {
     let settings = settings();
     let binary = common::build_operator();
-    let cluster = support::cluster();
-    eprintln!("[shards] cluster: {}", cluster.source);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let runs = rt.block_on(async {
-        let client = support::client().await;
-        let group = format!("{}.bench.trellis.test", support::unique_name("shards"));
-        let kind = TestKind::in_group(&group, KIND);
-        assert_eq!(kind.plural, PLURAL);
-        let _crd = Cleanup::crds(&[&kind]);
-        kind.install(&client).await;
+    let runs = common::on_a_kind("shards", KIND, PLURAL, |client, kind| async move {
         let mut runs = Vec::new();
         for &r in &settings.replicas {
             let run = run(&binary, &client, &kind, &settings, r).await;

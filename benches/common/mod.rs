@@ -19,6 +19,37 @@ use kube::{Api, Client};
 
 pub mod audit;
 
+/// Runs `body` on a two-thread runtime with a client of the bench's
+/// cluster and a custom kind `kind` (plural `plural`) of its own, installed
+/// for the run and removed after it. `label` prefixes the log line and
+/// names the kind's group.
+pub fn on_a_kind<R, Fut>(
+    label: &str,
+    kind: &str,
+    plural: &str,
+    body: impl FnOnce(Client, super::support::operator::TestKind) -> Fut,
+) -> R
+where
+    Fut: std::future::Future<Output = R>,
+{
+    use super::support::{self, operator::Cleanup, operator::TestKind};
+    eprintln!("[{label}] cluster: {}", support::cluster().source);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let client = support::client().await;
+        let group = format!("{}.bench.trellis.test", support::unique_name(label));
+        let kind = TestKind::in_group(&group, kind);
+        assert_eq!(kind.plural, plural);
+        let _crd = Cleanup::crds(&[&kind]);
+        kind.install(&client).await;
+        body(client, kind).await
+    })
+}
+
 /// A number from the environment, or `default`.
 pub fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
