@@ -365,6 +365,21 @@ impl RuleCtx {
             .map(|obj| obj.to_value())
     }
 
+    /// The cached child at `key` when the cache holds another version of it
+    /// than `taken`, the object a pass took from it moments ago.
+    pub(super) fn newer_cached(&self, key: &ObjectKey, taken: &Value) -> Option<Value> {
+        if key.cluster.is_some() {
+            return None;
+        }
+        let cache = self
+            .children
+            .iter()
+            .find(|c| c.kind.gvk.group == key.group && c.kind.gvk.kind == key.kind)?;
+        let now = cache.get(key.namespace.as_deref(), &key.name)?;
+        let taken_version = taken["metadata"]["resourceVersion"].as_str();
+        (now.metadata.resource_version.as_deref() != taken_version).then(|| now.to_value())
+    }
+
     pub(super) fn field_manager(&self) -> String {
         format!("trellis/{}", self.rule().name)
     }

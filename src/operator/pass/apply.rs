@@ -84,9 +84,21 @@ pub(in crate::operator) async fn apply_child(
     };
     // Not among this parent's children when the pass took them, but in the
     // rule's cache now: another parent's (or unlabelled) object, or this
-    // parent's, arrived since; the cache knows which.
+    // parent's, arrived since; the cache knows which. Or among them, and
+    // the cache holds a later version now: the pass took its children
+    // before this process's last write of the child came back through the
+    // watch, whose event also ended what `created` kept of that write —
+    // decided on the version taken, the child was written twice.
     let arrived = match live {
-        Some(_) => None,
+        Some(taken) => match ctx.newer_cached(&apply.key, taken) {
+            Some(object) => {
+                if let Some(owner) = foreign_owner(&object, &apply.object, adopt) {
+                    return Err(conflict(owner));
+                }
+                Some(object)
+            }
+            None => None,
+        },
         None => match ctx.cached_child(&apply.key) {
             Some(object) => {
                 if let Some(owner) = foreign_owner(&object, &apply.object, adopt) {
@@ -97,7 +109,7 @@ pub(in crate::operator) async fn apply_child(
             None => None,
         },
     };
-    let live = live.or(arrived.as_ref());
+    let live = arrived.as_ref().or(live);
     // Whether this parent's object is known to exist: a forced apply
     // (ours to overwrite) rather than an unforced one (maybe someone's).
     let mut ours = live.is_some();
