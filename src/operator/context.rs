@@ -62,11 +62,11 @@ pub struct RuleCtx {
     /// resourceVersion it was written over: until the parent cache moves
     /// past that version, a pass reads the written status, not the stale
     /// cached one (which would write the same status, and Event, again).
-    /// The parent watch forgets a deleted parent's entry
-    /// ([`forget_status`]). Forgetting an entry as soon as the watch
-    /// showed a newer version (it holds one status text per parent
-    /// written, about 310 bytes a parent at 10,000 just converged) wrote
-    /// some statuses twice in `tests/shards.rs`: not done, cause not found.
+    /// The parent watch forgets an entry once the cache holds the parent
+    /// past it ([`forget_seen_status`]): otherwise one status text per
+    /// parent written stays until its next pass (about 310 bytes a parent
+    /// at 10,000 just converged). A pass reads it before its parent (see
+    /// `pass::reconcile`).
     pub written: Arc<Written>,
     /// What this process last sent of each parent's patches.
     pub patches: super::pass::patch_writes::Memo,
@@ -108,10 +108,20 @@ pub struct WrittenStatus {
     pub at: Instant,
 }
 
-/// The parent is gone: its written status is not needed any more.
-pub fn forget_status(written: &Written, parent: &ParentObject) {
-    if let Some(uid) = parent.object.metadata.uid.as_deref() {
-        lock(written).remove(uid);
+/// The parent cache now holds `parent` past any status written over an
+/// older version of it (the watch event has been stored), or the parent is
+/// gone (`deleted`): its written status is not needed to read it right.
+pub fn forget_seen_status(written: &Written, parent: &ParentObject, deleted: bool) {
+    let meta = &parent.object.metadata;
+    let Some(uid) = meta.uid.as_deref() else {
+        return;
+    };
+    let mut written = lock(written);
+    if written
+        .get(uid)
+        .is_some_and(|w| deleted || meta.resource_version.as_deref() != Some(w.over.as_str()))
+    {
+        written.remove(uid);
     }
 }
 
@@ -305,17 +315,30 @@ impl RuleCtx {
         lock(&self.written).insert(uid.to_owned(), written);
     }
 
-    /// The status last written, while the cached parent (at
-    /// `resource_version`) is still the one it was written over.
-    pub(super) fn unseen_status(&self, uid: &str, resource_version: Option<&str>) -> Option<Value> {
-        let mut written = lock(&self.written);
+    /// The status last written over the parent with `uid`, and the
+    /// resourceVersion it was written over: the parent as a pass reads it
+    /// while the cache still holds that version.
+    pub(super) fn written_status(&self, uid: &str) -> Option<(String, Value)> {
+        let written = lock(&self.written);
         let entry = written.get(uid)?;
-        if Some(entry.over.as_str()) == resource_version {
-            // Text this process wrote from a Value: it parses again.
-            return serde_json::from_str(&entry.status).ok();
+        // Text this process wrote from a Value: it parses again.
+        let status = serde_json::from_str(&entry.status).ok()?;
+        Some((entry.over.clone(), status))
+    }
+
+    /// The parent as the cache holds it now, unless it is gone or another
+    /// object by now (deleted and made again): the controller took `parent`
+    /// from the cache when it queued the pass, maybe long before the pass
+    /// got a permit.
+    pub(super) fn newest(&self, parent: Arc<ParentObject>) -> Arc<ParentObject> {
+        let at = kube::runtime::reflector::ObjectRef::from_obj_with(
+            parent.as_ref(),
+            self.kinds.parent.resource.clone(),
+        );
+        match self.parents.get(&at) {
+            Some(now) if now.object.metadata.uid == parent.object.metadata.uid => now,
+            _ => parent,
         }
-        written.remove(uid);
-        None
     }
 
     /// Records a child written for the parent with `uid`, with `hash`.

@@ -256,8 +256,8 @@ pub(super) async fn run_controller(
 }
 
 /// What a parent's watch event tells besides the parent itself (seen
-/// after the store took it). A deleted parent reads nothing any more, and
-/// its written status is forgotten. The watch also reports a parent whose
+/// after the store took it). A deleted parent reads nothing any more; a
+/// status written is in the cache once the cache moved past it. The watch also reports a parent whose
 /// labels left the selector as deleted: it may still be there, to release
 /// (see `released`).
 fn on_parent_event(
@@ -270,9 +270,13 @@ fn on_parent_event(
     let (caches, resource) = (caches.clone(), parent_kind.resource.clone());
     let (released, rules, written) = (released.clone(), rules.clone(), written.clone());
     move |event: &ParentEvent| {
-        if let Ok(watcher::Event::Delete(p)) = event {
-            caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
-            context::forget_status(&written, p);
+        match event {
+            Ok(watcher::Event::Delete(p)) => {
+                caches.forget(&ObjectRef::from_obj_with(p, resource.clone()));
+                context::forget_seen_status(&written, p, true);
+            }
+            Ok(watcher::Event::Apply(p)) => context::forget_seen_status(&written, p, false),
+            _ => {}
         }
         if let Some(candidate) = crate::operator::pass::released::from_event(&rules.borrow(), event)
         {

@@ -140,6 +140,13 @@ pub async fn reconcile(
     };
     trace.permit = trace.lap();
     ctx.sweep();
+    // The status this process wrote last, then the parent as the cache has
+    // it now, in that order: the parent watch forgets a written status once
+    // it stored the parent past it. Read the other way round, a status
+    // written, then stored, between the two reads is in neither: the pass
+    // would read the status before it and write it again.
+    let written = ctx.written_status(parent_uid);
+    let parent = ctx.newest(parent);
     if let Some(why) = &parent.undecodable {
         return undecodable(&ctx, &parent.to_object(), why).await;
     }
@@ -159,7 +166,9 @@ pub async fn reconcile(
         return Ok(skip(Action::requeue(wait)));
     }
     let mut parent_json = serde_json::to_value(parent).map_err(|e| Error::Plan(e.to_string()))?;
-    if let Some(status) = ctx.unseen_status(&uid, parent.resource_version().as_deref()) {
+    if let Some((over, status)) = written
+        && parent.resource_version().as_deref() == Some(over.as_str())
+    {
         parent_json["status"] = status;
     }
     let parent_ref = related::parent_ref(parent, &ctx.kinds.parent.resource);
