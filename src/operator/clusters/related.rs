@@ -212,14 +212,14 @@ async fn run(spoke: Arc<Spoke>, clusters: Arc<Clusters>, w: SpokeWatch, stop: Ca
                     o,
                     kind.resource.clone(),
                 ))
-                .and_then(|old| old.object.metadata.labels.clone()),
+                .map(|old| old.object.labels()),
             _ => None,
         };
         writer.apply_watcher_event(&event);
         let touched = match &event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
                 let meta = &o.object.metadata;
-                let mut labels = vec![meta.labels.clone().unwrap_or_default()];
+                let mut labels = vec![o.object.labels()];
                 if let Some(old) = old_labels.filter(|old| *old != labels[0]) {
                     labels.push(old);
                 }
@@ -307,15 +307,11 @@ impl Clusters {
         };
         let covers = |o: &ParentObject| {
             let meta = &o.object.metadata;
+            let labels = o.object.labels();
             read.covers_with(
                 meta.namespace.as_deref().filter(|_| kind.namespaced),
                 meta.name.as_deref().unwrap_or_default(),
-                |k| {
-                    meta.labels
-                        .as_ref()
-                        .and_then(|l| l.get(k))
-                        .map(String::as_str)
-                },
+                |k| labels.get(k).map(String::as_str),
             )
         };
         let mut out = Vec::new();

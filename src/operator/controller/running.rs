@@ -52,8 +52,7 @@ fn outside_status(parent: &ParentObject) -> Option<u64> {
     parent.undecodable.hash(&mut h);
     let meta = &parent.object.metadata;
     meta.uid.hash(&mut h);
-    meta.labels.hash(&mut h);
-    meta.annotations.hash(&mut h);
+    parent.object.meta_text().hash(&mut h);
     meta.finalizers.hash(&mut h);
     meta.deletion_timestamp
         .as_ref()
@@ -386,7 +385,7 @@ fn watch_parents(
                 // copied manifest): labelled again, then its owner's.
                 if cut
                     && let watcher::Event::Apply(p) | watcher::Event::InitApply(p) = event
-                    && let Some(to) = labeller::mislabelled(&p.object.metadata)
+                    && let Some(to) = labeller::mislabelled(&p.object.full_metadata())
                 {
                     let _ = label.send(to);
                 }

@@ -293,13 +293,9 @@ fn view(
 ) -> ParentView {
     let meta = &parent.object.metadata;
     let uid = meta.uid.clone().unwrap_or_default();
+    let labels = parent.object.labels();
     let canary = settings.canary.as_ref().is_some_and(|selector| {
-        crate::plan::selector_matches_with(selector, |k| {
-            meta.labels
-                .as_ref()
-                .and_then(|l| l.get(k))
-                .map(String::as_str)
-        })
+        crate::plan::selector_matches_with(selector, |k| labels.get(k).map(String::as_str))
     });
     let status = parent.status_value();
     let on = revision_on(ctx, status.as_ref(), &uid);

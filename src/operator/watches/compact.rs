@@ -26,12 +26,12 @@ pub struct CompactObject {
     pub types: Option<Arc<TypeMeta>>,
     /// For a child, only what the caches and the trigger mapper read
     /// (name, namespace, uid, resourceVersion, generation, ownerReferences):
-    /// labels and annotations are in `meta`. Whole for a parent (see
-    /// [`CompactObject::from_fields_whole`]).
+    /// labels and annotations are in `meta`. For a parent, all but its
+    /// labels and annotations (see [`CompactObject::from_fields_whole`]).
     pub metadata: ObjectMeta,
     /// The rest of `metadata` (less `managedFields` and kubectl's
     /// last-applied annotation, and less what `metadata` holds typed) as
-    /// text, when `metadata` holds only part. Two small label and
+    /// text; a parent's labels and annotations. Two small label and
     /// annotation maps take over a kilobyte of heap typed (a B-tree node
     /// each), a few hundred bytes as text; the typed fields are not
     /// repeated in it (about 300 bytes a child, its ownerReference most).
@@ -89,25 +89,57 @@ impl CompactObject {
         })
     }
 
-    /// An object (a parent) from its top-level fields, each still raw, with
-    /// its metadata typed whole (without `managedFields`): the predicate,
-    /// the selectors and the label index read it on every event.
+    /// An object (a parent, a related object) from its top-level fields,
+    /// each still raw, with its metadata typed but for its labels and
+    /// annotations, kept as text as a child's are (read them with
+    /// [`CompactObject::labels`]): typed, the two maps took a B-tree node
+    /// each, 544 bytes for a parent whose one label is its bucket's, the
+    /// largest part of a cached parent under `--shards`.
     pub(in crate::operator) fn from_fields_whole(
         mut top: RawMap,
     ) -> Result<CompactObject, serde_json::Error> {
-        let fields = metadata_fields(&mut top)?;
+        let mut fields = metadata_fields(&mut top)?;
+        let maps: RawMap = ["labels", "annotations"]
+            .into_iter()
+            .filter_map(|k| fields.remove_entry(k))
+            .collect();
         let metadata: ObjectMeta = serde_json::from_str(&serde_json::to_string(&fields)?)?;
         let (types, rest) = types_and_rest(top)?;
+        let meta = serde_json::value::to_raw_value(&maps)?;
         Ok(CompactObject {
             types,
-            parent_uid: metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_PARENT_UID).cloned()),
+            parent_uid: labels_in(meta.get()).remove(LABEL_PARENT_UID),
             metadata,
-            meta: None,
+            meta: Some(meta),
             rest,
         })
+    }
+
+    /// The object's labels (kept as text: see [`CompactObject::from_fields_whole`]).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        match &self.meta {
+            Some(meta) => labels_in(meta.get()),
+            None => self.metadata.labels.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The metadata typed, whole again: with its labels and annotations.
+    pub fn full_metadata(&self) -> ObjectMeta {
+        let mut metadata = self.metadata.clone();
+        if let Some(meta) = &self.meta
+            // Text this process wrote from a parse: it parses again.
+            && let Ok(maps) = serde_json::from_str::<Maps>(meta.get())
+        {
+            metadata.labels = maps.labels.or(metadata.labels);
+            metadata.annotations = maps.annotations.or(metadata.annotations);
+        }
+        metadata
+    }
+
+    /// The metadata kept as text (labels and annotations among it): what
+    /// changes when they do.
+    pub fn meta_text(&self) -> &str {
+        self.meta.as_ref().map_or("", |m| m.get())
     }
 
     /// The `trellis.dev/parent-uid` label.
@@ -141,6 +173,22 @@ impl CompactObject {
         }
         Value::Object(out)
     }
+}
+
+/// The labels and annotations of a metadata text.
+#[derive(serde::Deserialize)]
+struct Maps {
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+/// The labels in a metadata text (none if it does not parse: this
+/// process wrote it from a parse).
+fn labels_in(meta: &str) -> BTreeMap<String, String> {
+    serde_json::from_str::<Maps>(meta)
+        .ok()
+        .and_then(|m| m.labels)
+        .unwrap_or_default()
 }
 
 /// Takes `metadata` out of the top-level fields, as raw fields without
@@ -296,6 +344,44 @@ mod tests {
             json!({"trellis.dev/hash": "h"})
         );
         assert_eq!(value["metadata"]["labels"]["app"], "web");
+    }
+
+    #[test]
+    fn a_parent_keeps_its_labels_and_annotations_as_text_and_reads_them_back() {
+        let object = json!({
+            "apiVersion": "demo/v1", "kind": "App",
+            "metadata": {"name": "p", "namespace": "a", "uid": "u1", "resourceVersion": "7",
+                "labels": {"trellis.dev/bucket": "12", "team": "blue"},
+                "annotations": {"note": "hello"}},
+            "spec": {"x": 1}
+        });
+        let top: RawMap = serde_json::from_value(object.clone()).expect("fields");
+        let parent = CompactObject::from_fields_whole(top).expect("decodes");
+        assert_eq!(parent.metadata.labels, None, "not typed");
+        assert_eq!(parent.metadata.annotations, None, "not typed");
+        assert_eq!(parent.metadata.uid.as_deref(), Some("u1"));
+        let labels = parent.labels();
+        assert_eq!(labels.get("team").map(String::as_str), Some("blue"));
+        assert_eq!(labels.len(), 2);
+        let full = parent.full_metadata();
+        assert_eq!(full.labels, Some(labels));
+        assert_eq!(
+            full.annotations
+                .and_then(|a| a.get("note").cloned())
+                .as_deref(),
+            Some("hello")
+        );
+        assert_eq!(parent.to_value(), object);
+        let bare: RawMap =
+            serde_json::from_value(json!({"metadata": {"name": "q"}})).expect("fields");
+        let bare = CompactObject::from_fields_whole(bare).expect("decodes");
+        assert!(bare.labels().is_empty());
+        assert_eq!(bare.full_metadata().labels, None);
+        assert_ne!(
+            parent.meta_text(),
+            bare.meta_text(),
+            "what a label edit changes"
+        );
     }
 
     #[test]

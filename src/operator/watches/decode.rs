@@ -91,7 +91,7 @@ impl ParentObject {
         }
         DynamicObject {
             types: self.object.types.as_deref().cloned(),
-            metadata: self.object.metadata.clone(),
+            metadata: self.object.full_metadata(),
             data: Value::Object(data),
         }
     }

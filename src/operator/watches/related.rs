@@ -23,7 +23,6 @@
 //! What this module does not own: deciding what a pass reads (that is
 //! `plan::related`), and running the watches' controller (`controller`).
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -248,8 +247,7 @@ impl Caches {
         }
         let mut index = crate::operator::lock(&self.index);
         let key = |o: &ParentObject| ObjectRef::from_obj_with(o, watch.kind.resource.clone());
-        let none = BTreeMap::new();
-        let labels_of = |o: &ParentObject| o.object.metadata.labels.clone().unwrap_or_default();
+        let labels_of = |o: &ParentObject| o.object.labels();
         match event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
                 let old = watch.store.get(&key(o));
@@ -266,15 +264,15 @@ impl Caches {
                 }
                 let meta = &o.object.metadata;
                 let mut labels = vec![labels_of(o)];
-                if let Some(old) = &old {
-                    let before = labels_of(old);
-                    if before != labels[0] {
-                        labels.push(before);
-                    }
+                let before = old.as_ref().map(|o| labels_of(o));
+                if let Some(before) = &before
+                    && *before != labels[0]
+                {
+                    labels.push(before.clone());
                 }
                 if let Some(by_label) = &watch.labels {
                     let mut by_label = crate::operator::lock(by_label);
-                    let old = old.as_ref().and_then(|o| o.object.metadata.labels.as_ref());
+                    let old = before.as_ref();
                     match event {
                         watcher::Event::Delete(_) => {
                             by_label.delete(&name_of(o), old.unwrap_or(&labels[0]));
@@ -304,11 +302,9 @@ impl Caches {
                 if let Some(by_label) = &watch.labels {
                     let mut by_label = crate::operator::lock(by_label);
                     match event {
-                        watcher::Event::InitApply(o) => by_label.apply(
-                            &name_of(o),
-                            None,
-                            o.object.metadata.labels.as_ref().unwrap_or(&none),
-                        ),
+                        watcher::Event::InitApply(o) => {
+                            by_label.apply(&name_of(o), None, &labels_of(o))
+                        }
                         _ => by_label.relist(),
                     }
                 }

@@ -82,15 +82,11 @@ impl RelatedSource for Caches {
         }
         let covers = |o: &ParentObject| {
             let meta = &o.object.metadata;
+            let labels = o.object.labels();
             read.covers_with(
                 meta.namespace.as_deref(),
                 meta.name.as_deref().unwrap_or_default(),
-                |k| {
-                    meta.labels
-                        .as_ref()
-                        .and_then(|l| l.get(k))
-                        .map(String::as_str)
-                },
+                |k| labels.get(k).map(String::as_str),
             )
         };
         let found: Vec<Arc<ParentObject>> = match &read.target {

@@ -1,5 +1,7 @@
 //! The read index, without a cluster.
 
+use std::collections::BTreeMap;
+
 use super::index::RECENT_EVENTS;
 use super::*;
 use crate::rules::model::LabelSelector;
