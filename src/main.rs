@@ -3,14 +3,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use trellis::cli::{self, Cli, Command};
 
-/// mimalloc instead of glibc's malloc: the operator keeps tens of
-/// thousands of small cached objects and frees many short-lived ones per
-/// pass on several threads, where glibc's per-thread arenas keep freed
-/// memory the process does not get back (figures in docs/benchmarks.md).
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
