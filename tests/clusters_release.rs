@@ -320,3 +320,95 @@ async fn a_child_moved_home_by_a_rule_edit_is_taken_out_of_the_spoke() {
     .await;
     operator.stop().await;
 }
+
+/// A home child and a child placed by `spec.region` (home unless it names a
+/// spoke).
+const PLACED_BY_REGION: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: placed
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: home
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-home" }}
+    - id: remote
+      apiVersion: v1
+      kind: ConfigMap
+      cluster: spec.region | default('local')
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-remote" }}
+"#;
+
+#[tokio::test]
+async fn only_a_parent_with_a_spoke_child_carries_the_finalizer() {
+    let s = setup("clusters-release-finalizer").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(PLACED_BY_REGION))]);
+    let operator = s.start_reloading(&rules, metrics);
+    for (name, spec) in [("local", json!({})), ("away", json!({"region": SPOKE}))] {
+        let parent = DynamicObject::new(name, &s.kind.resource)
+            .within(s.ns.name())
+            .data(json!({"spec": spec}));
+        s.parents()
+            .create(&PostParams::default(), &parent)
+            .await
+            .expect("create parent");
+    }
+    let finalized = |p: &DynamicObject| {
+        p.finalizers()
+            .iter()
+            .any(|f| f == trellis::operator::FINALIZER)
+    };
+    eventually("both parents' children made", WAIT, || async {
+        let home = s.home_configmaps();
+        let made = [
+            home.get_opt("local-home").await,
+            home.get_opt("local-remote").await,
+            home.get_opt("away-home").await,
+            s.spoke_configmaps().get_opt("away-remote").await,
+        ];
+        made.iter()
+            .all(|m| matches!(m, Ok(Some(_))))
+            .then_some(())
+            .ok_or(format!("{made:?}"))
+    })
+    .await;
+    assert!(
+        finalized(&s.parent("away").await),
+        "a parent with a spoke child carries the finalizer"
+    );
+    assert!(
+        !finalized(&s.parent("local").await),
+        "a parent whose children are all at home carries no finalizer"
+    );
+
+    // With trellis stopped, the garbage collector alone deletes the parent
+    // whose children are all at home, children and all.
+    operator.stop().await;
+    s.parents()
+        .delete("local", &Default::default())
+        .await
+        .expect("delete parent");
+    eventually("the parent and its children gone", WAIT, || async {
+        let parent = s.parents().get_opt("local").await;
+        let home = s.home_configmaps();
+        let left = [
+            home.get_opt("local-home").await.map(|o| o.is_some()),
+            home.get_opt("local-remote").await.map(|o| o.is_some()),
+        ];
+        (matches!(parent, Ok(None)) && left.iter().all(|l| matches!(l, Ok(false))))
+            .then_some(())
+            .ok_or(format!("parent: {parent:?}, children left: {left:?}"))
+    })
+    .await;
+}

@@ -274,10 +274,13 @@ impl Pass<'_> {
             pending = plan.pending.len(),
             "planned"
         );
-        if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {
-            let mut finalizers = parent.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_owned());
-            set_finalizers(ctx, parent, finalizers).await?;
+        // The finalizer goes on before anything that needs it is written:
+        // checked again each round, as a child placed in a spoke may be
+        // rendered only once what it depends on is ready.
+        let mut finalized = parent.finalizers().iter().any(|f| f == FINALIZER);
+        if plan.needs_finalizer && !finalized {
+            add_finalizer(ctx, parent).await?;
+            finalized = true;
         }
         // Each round applies what the plan asks, then plans again with the
         // objects the API server answered as observed state.
@@ -305,6 +308,11 @@ impl Pass<'_> {
             plan = self.plan();
             ctx.related
                 .record(self.parent_ref.clone(), &plan.reads, self.since);
+            if plan.needs_finalizer && !finalized {
+                // The parent as read: only this pass writes it before its status.
+                add_finalizer(ctx, parent).await?;
+                finalized = true;
+            }
         }
         if self.rounds.may_prune() {
             self.prune(&plan).await?;
@@ -545,4 +553,11 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
         write_status(ctx, &rule, parent, &parent_json, status).await?;
     }
     Ok(Action::await_change())
+}
+
+/// Adds the cleanup finalizer to the parent as read, keeping the others.
+async fn add_finalizer(ctx: &RuleCtx, parent: &DynamicObject) -> Result<(), Error> {
+    let mut finalizers = parent.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    set_finalizers(ctx, parent, finalizers).await
 }
