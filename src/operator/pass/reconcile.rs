@@ -410,6 +410,10 @@ impl Pass<'_> {
     async fn prune(&mut self, plan: &Plan) -> Result<(), Error> {
         let (ctx, rule, key, uid) = (self.ctx, self.rule, self.key, self.uid);
         for delete in &plan.delete {
+            // Deleted by an earlier pass, still in the cache: once is enough.
+            if ctx.own.was_deleted(delete.uid.as_deref()) {
+                continue;
+            }
             let Ok(api) = ctx.child_api(&delete.key) else {
                 continue;
             };
@@ -424,6 +428,7 @@ impl Pass<'_> {
             ctx.check_write(uid)?;
             match api.delete(&delete.key.name, &params).await {
                 Ok(_) => {
+                    ctx.own.deleted(delete.uid.as_deref());
                     ctx.shared.metrics.child_op(&rule.name, "delete");
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
                     self.summary.deleted.push(delete.key.to_string());
