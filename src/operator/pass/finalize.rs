@@ -225,9 +225,9 @@ pub(in crate::operator) async fn remove_children(
         }
         let params = DeleteParams {
             preconditions: child_uid.map(|u| Preconditions {
-                    uid: Some(u.to_owned()),
-                    resource_version: None,
-                }),
+                uid: Some(u.to_owned()),
+                resource_version: None,
+            }),
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };

@@ -273,7 +273,10 @@ fn finalizer_only_on_a_parent_with_a_child_in_a_spoke() {
     // Placed in a spoke that cannot be read (nothing seen of it): what it
     // holds there is not known.
     let down = Reach::Unreachable("connection refused".into());
-    for clusters in [hub_named("hub-1", &[("eu-1", down)]), hub_named("hub-1", &[])] {
+    for clusters in [
+        hub_named("hub-1", &[("eu-1", down)]),
+        hub_named("hub-1", &[]),
+    ] {
         let held = run_in(&r, &parent(json!({"region": "eu-1"})), vec![], &clusters);
         assert!(!held.pending.is_empty());
         assert!(held.needs_finalizer, "{:?}", held.pending);
