@@ -412,3 +412,64 @@ async fn only_a_parent_with_a_spoke_child_carries_the_finalizer() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_removed_rules_spoke_cleanup_survives_a_restart_while_the_spoke_is_down() {
+    let s = setup("clusters-release-restart").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let rule = format!("{RULE}{KEPT}");
+    let mut rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(&rule))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote", "kept"]).await;
+
+    // The spoke down, the rule removed: the cleanup waits for the spoke,
+    // recorded in the operator's namespace.
+    s.spoke_down(metrics).await;
+    rules.update(&[]);
+    s.told_waiting("p", "rule placed removed").await;
+    let records: Api<ConfigMap> = s.home_configmaps();
+    let record = records
+        .get("trellis-spoke-cleanup-hub-a")
+        .await
+        .expect("the cleanup recorded");
+    assert!(
+        record
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key("removed.placed")),
+        "{:?}",
+        record.data
+    );
+
+    // A restart while the spoke is down: the new process knows of no such
+    // rule, only of the record. The spoke back: its children are taken as
+    // `onRuleRemoved: delete` says, the parent's finalizer released, the
+    // record dropped.
+    operator.stop().await;
+    let operator = s.start_reloading(&rules, metrics);
+    s.spoke.restart("kube-apiserver").await;
+    s.taken_away("p", true).await;
+    eventually("the record dropped", WAIT, || async {
+        let record = records
+            .get_opt("trellis-spoke-cleanup-hub-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        let data = record.and_then(|r| r.data).unwrap_or_default();
+        data.is_empty().then_some(()).ok_or(format!("{data:?}"))
+    })
+    .await;
+    // Its delete no longer hangs.
+    s.parents()
+        .delete("p", &Default::default())
+        .await
+        .expect("delete the parent");
+    eventually("the parent gone", WAIT, || async {
+        match s.parents().get_opt("p").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    operator.stop().await;
+}
