@@ -162,6 +162,9 @@ async fn each_time_leading(shared: &Arc<Shared>, shutdown: &CancellationToken) -
 async fn resume(shared: &Arc<Shared>, shutdown: &CancellationToken) {
     let records = match api(shared).get_opt(&name(shared)).await {
         Ok(cm) => cm.and_then(|cm| cm.data).unwrap_or_default(),
+        // Rules that never placed a child in a spoke grant no read of it
+        // (`trellis rbac`): nothing can have been recorded.
+        Err(kube::Error::Api(e)) if e.code == 403 => return,
         Err(err) => {
             warn!(configmap = %name(shared), "cannot read the recorded cleanups in other clusters: {err}");
             return;
