@@ -473,3 +473,58 @@ async fn a_removed_rules_spoke_cleanup_survives_a_restart_while_the_spoke_is_dow
     .await;
     operator.stop().await;
 }
+
+#[tokio::test]
+async fn a_kind_moved_home_is_taken_out_of_the_spoke_after_a_restart_while_it_is_down() {
+    let s = setup("clusters-release-moved-restart").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let mut rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(RULE))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote"]).await;
+
+    // The spoke down, the only spoke child moved home: recorded, waiting.
+    s.spoke_down(metrics).await;
+    let moved = RULE.replace("      cluster: \"'spoke-1'\"\n", "");
+    rules.update(&[("placed.yaml", &s.kind.rule(&moved))]);
+    let records: Api<ConfigMap> = s.home_configmaps();
+    let recorded = |data: &std::collections::BTreeMap<String, String>| {
+        data.contains_key("dropped.placed.ConfigMap.")
+    };
+    eventually("the cleanup recorded", WAIT, || async {
+        let record = records
+            .get_opt("trellis-spoke-cleanup-hub-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        let data = record.and_then(|r| r.data).unwrap_or_default();
+        recorded(&data).then_some(()).ok_or(format!("{data:?}"))
+    })
+    .await;
+
+    // A restart while it is down: no rule places anything in a spoke now,
+    // no pass can see the object there; the record takes it away once the
+    // spoke answers.
+    operator.stop().await;
+    let operator = s.start_reloading(&rules, metrics);
+    s.spoke.restart("kube-apiserver").await;
+    eventually("gone from the spoke, the record dropped", WAIT, || async {
+        let spoke = s
+            .spoke_configmaps()
+            .get_opt("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        let record = records
+            .get_opt("trellis-spoke-cleanup-hub-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        let data = record.and_then(|r| r.data).unwrap_or_default();
+        (spoke.is_none() && !recorded(&data))
+            .then_some(())
+            .ok_or(format!(
+                "in the spoke: {}, records: {data:?}",
+                spoke.is_some()
+            ))
+    })
+    .await;
+    operator.stop().await;
+}
