@@ -322,7 +322,8 @@ async fn a_child_moved_home_by_a_rule_edit_is_taken_out_of_the_spoke() {
 }
 
 /// A home child and a child placed by `spec.region` (home unless it names a
-/// spoke).
+/// spoke), made once the home child is ready: in a later round of the pass
+/// than the first, which has no child in a spoke yet.
 const PLACED_BY_REGION: &str = r#"
 apiVersion: trellis.dev/v1alpha1
 kind: Rule
@@ -343,6 +344,7 @@ spec:
       apiVersion: v1
       kind: ConfigMap
       cluster: spec.region | default('local')
+      dependsOn: [home]
       template: |
         metadata:
           name: {{ parent.metadata.name ~ "-remote" }}
@@ -355,6 +357,9 @@ async fn only_a_parent_with_a_spoke_child_carries_the_finalizer() {
     s.register(&s.spoke.kubeconfig).await;
     let rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(PLACED_BY_REGION))]);
     let operator = s.start_reloading(&rules, metrics);
+    let hub_mark = support::audit::offset();
+    let spoke_log = s.spoke.dir.join("logs/audit.log");
+    let spoke_mark = support::audit::mark_in(&spoke_log).expect("the spoke's audit log");
     for (name, spec) in [("local", json!({})), ("away", json!({"region": SPOKE}))] {
         let parent = DynamicObject::new(name, &s.kind.resource)
             .within(s.ns.name())
@@ -390,6 +395,23 @@ async fn only_a_parent_with_a_spoke_child_carries_the_finalizer() {
     assert!(
         !finalized(&s.parent("local").await),
         "a parent whose children are all at home carries no finalizer"
+    );
+    // On before the spoke child was made, though the pass's first round
+    // had no child in a spoke (the audit logs of both control planes).
+    tokio::time::sleep(support::operator::QUIET).await;
+    let hub = support::audit::writes_since(hub_mark, s.ns.name());
+    let finalizer = hub
+        .iter()
+        .find(|w| w.name == "away" && w.verb == "patch" && w.subresource.is_empty())
+        .map(|w| w.received);
+    let spoke = support::audit::writes_in(&spoke_log, spoke_mark, s.ns.name());
+    let made = spoke
+        .iter()
+        .find(|w| w.name == "away-remote" && w.code < 300)
+        .map(|w| w.received);
+    assert!(
+        matches!((finalizer, made), (Some(f), Some(m)) if f < m),
+        "finalizer at {finalizer:?}, spoke child made at {made:?}"
     );
 
     // With trellis stopped, the garbage collector alone deletes the parent
