@@ -320,3 +320,233 @@ async fn a_child_moved_home_by_a_rule_edit_is_taken_out_of_the_spoke() {
     .await;
     operator.stop().await;
 }
+
+/// A home child and a child placed by `spec.region` (home unless it names a
+/// spoke), made once the home child is ready: in a later round of the pass
+/// than the first, which has no child in a spoke yet.
+const PLACED_BY_REGION: &str = r#"
+apiVersion: trellis.dev/v1alpha1
+kind: Rule
+metadata:
+  name: placed
+spec:
+  parent:
+    apiVersion: @API_VERSION@
+    kind: @KIND@
+  children:
+    - id: home
+      apiVersion: v1
+      kind: ConfigMap
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-home" }}
+    - id: remote
+      apiVersion: v1
+      kind: ConfigMap
+      cluster: spec.region | default('local')
+      dependsOn: [home]
+      template: |
+        metadata:
+          name: {{ parent.metadata.name ~ "-remote" }}
+"#;
+
+#[tokio::test]
+async fn only_a_parent_with_a_spoke_child_carries_the_finalizer() {
+    let s = setup("clusters-release-finalizer").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(PLACED_BY_REGION))]);
+    let operator = s.start_reloading(&rules, metrics);
+    let hub_mark = support::audit::offset();
+    let spoke_log = s.spoke.dir.join("logs/audit.log");
+    let spoke_mark = support::audit::mark_in(&spoke_log).expect("the spoke's audit log");
+    for (name, spec) in [("local", json!({})), ("away", json!({"region": SPOKE}))] {
+        let parent = DynamicObject::new(name, &s.kind.resource)
+            .within(s.ns.name())
+            .data(json!({"spec": spec}));
+        s.parents()
+            .create(&PostParams::default(), &parent)
+            .await
+            .expect("create parent");
+    }
+    let finalized = |p: &DynamicObject| {
+        p.finalizers()
+            .iter()
+            .any(|f| f == trellis::operator::FINALIZER)
+    };
+    eventually("both parents' children made", WAIT, || async {
+        let home = s.home_configmaps();
+        let made = [
+            home.get_opt("local-home").await,
+            home.get_opt("local-remote").await,
+            home.get_opt("away-home").await,
+            s.spoke_configmaps().get_opt("away-remote").await,
+        ];
+        made.iter()
+            .all(|m| matches!(m, Ok(Some(_))))
+            .then_some(())
+            .ok_or(format!("{made:?}"))
+    })
+    .await;
+    assert!(
+        finalized(&s.parent("away").await),
+        "a parent with a spoke child carries the finalizer"
+    );
+    assert!(
+        !finalized(&s.parent("local").await),
+        "a parent whose children are all at home carries no finalizer"
+    );
+    // On before the spoke child was made, though the pass's first round
+    // had no child in a spoke (the audit logs of both control planes).
+    tokio::time::sleep(support::operator::QUIET).await;
+    let hub = support::audit::writes_since(hub_mark, s.ns.name());
+    let finalizer = hub
+        .iter()
+        .find(|w| w.name == "away" && w.verb == "patch" && w.subresource.is_empty())
+        .map(|w| w.received);
+    let spoke = support::audit::writes_in(&spoke_log, spoke_mark, s.ns.name());
+    let made = spoke
+        .iter()
+        .find(|w| w.name == "away-remote" && w.code < 300)
+        .map(|w| w.received);
+    assert!(
+        matches!((finalizer, made), (Some(f), Some(m)) if f < m),
+        "finalizer at {finalizer:?}, spoke child made at {made:?}"
+    );
+
+    // With trellis stopped, the garbage collector alone deletes the parent
+    // whose children are all at home, children and all.
+    operator.stop().await;
+    s.parents()
+        .delete("local", &Default::default())
+        .await
+        .expect("delete parent");
+    eventually("the parent and its children gone", WAIT, || async {
+        let parent = s.parents().get_opt("local").await;
+        let home = s.home_configmaps();
+        let left = [
+            home.get_opt("local-home").await.map(|o| o.is_some()),
+            home.get_opt("local-remote").await.map(|o| o.is_some()),
+        ];
+        (matches!(parent, Ok(None)) && left.iter().all(|l| matches!(l, Ok(false))))
+            .then_some(())
+            .ok_or(format!("parent: {parent:?}, children left: {left:?}"))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_removed_rules_spoke_cleanup_survives_a_restart_while_the_spoke_is_down() {
+    let s = setup("clusters-release-restart").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let rule = format!("{RULE}{KEPT}");
+    let mut rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(&rule))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote", "kept"]).await;
+
+    // The spoke down, the rule removed: the cleanup waits for the spoke,
+    // recorded in the operator's namespace.
+    s.spoke_down(metrics).await;
+    rules.update(&[]);
+    s.told_waiting("p", "rule placed removed").await;
+    let records: Api<ConfigMap> = s.home_configmaps();
+    let record = records
+        .get("trellis-spoke-cleanup-hub-a")
+        .await
+        .expect("the cleanup recorded");
+    assert!(
+        record
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key("removed.placed")),
+        "{:?}",
+        record.data
+    );
+
+    // A restart while the spoke is down: the new process knows of no such
+    // rule, only of the record. The spoke back: its children are taken as
+    // `onRuleRemoved: delete` says, the parent's finalizer released, the
+    // record dropped.
+    operator.stop().await;
+    let operator = s.start_reloading(&rules, metrics);
+    s.spoke.restart("kube-apiserver").await;
+    s.taken_away("p", true).await;
+    eventually("the record dropped", WAIT, || async {
+        let record = records
+            .get_opt("trellis-spoke-cleanup-hub-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        let data = record.and_then(|r| r.data).unwrap_or_default();
+        data.is_empty().then_some(()).ok_or(format!("{data:?}"))
+    })
+    .await;
+    // Its delete no longer hangs.
+    s.parents()
+        .delete("p", &Default::default())
+        .await
+        .expect("delete the parent");
+    eventually("the parent gone", WAIT, || async {
+        match s.parents().get_opt("p").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_kind_moved_home_is_taken_out_of_the_spoke_after_a_restart_while_it_is_down() {
+    let s = setup("clusters-release-moved-restart").await;
+    let metrics = free_address();
+    s.register(&s.spoke.kubeconfig).await;
+    let mut rules = ConfigMapDir::new(&[("placed.yaml", &s.kind.rule(RULE))]);
+    let operator = s.start_reloading(&rules, metrics);
+    s.served_parent("p", &["remote"]).await;
+
+    // The spoke down, the only spoke child moved home: recorded, waiting.
+    s.spoke_down(metrics).await;
+    let moved = RULE.replace("      cluster: \"'spoke-1'\"\n", "");
+    rules.update(&[("placed.yaml", &s.kind.rule(&moved))]);
+    let records: Api<ConfigMap> = s.home_configmaps();
+    let recorded = |data: &std::collections::BTreeMap<String, String>| {
+        data.contains_key("dropped.placed.ConfigMap.")
+    };
+    eventually("the cleanup recorded", WAIT, || async {
+        let record = records
+            .get_opt("trellis-spoke-cleanup-hub-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        let data = record.and_then(|r| r.data).unwrap_or_default();
+        recorded(&data).then_some(()).ok_or(format!("{data:?}"))
+    })
+    .await;
+
+    // A restart while it is down: no rule places anything in a spoke now,
+    // no pass can see the object there; the record takes it away once the
+    // spoke answers.
+    operator.stop().await;
+    let operator = s.start_reloading(&rules, metrics);
+    s.spoke.restart("kube-apiserver").await;
+    eventually("gone from the spoke, the record dropped", WAIT, || async {
+        let spoke = s
+            .spoke_configmaps()
+            .get_opt("p-remote")
+            .await
+            .map_err(|e| e.to_string())?;
+        let record = records
+            .get_opt("trellis-spoke-cleanup-hub-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        let data = record.and_then(|r| r.data).unwrap_or_default();
+        (spoke.is_none() && !recorded(&data))
+            .then_some(())
+            .ok_or(format!(
+                "in the spoke: {}, records: {data:?}",
+                spoke.is_some()
+            ))
+    })
+    .await;
+    operator.stop().await;
+}

@@ -6,7 +6,8 @@
 //! the survivors take its buckets over; spoke children carry the parent's
 //! bucket label, and each replica's spoke cache holds only its own
 //! buckets' children (`/status` → `clusters.<name>.objects`), as its child
-//! caches at home do. Deleting the parents deletes each spoke child once.
+//! caches at home do. Deleting the parents deletes each spoke child once
+//! (one DELETE each, no second one answered 404).
 //!
 //! Processes, not in-process operators: SIGKILL needs them. Each replica
 //! writes to the hub as a user of its own (see `tests/shards.rs`); in the
@@ -325,6 +326,18 @@ async fn spoke_children_are_written_once_by_their_buckets_owner_through_a_sigkil
         wrong.is_empty(),
         "spoke children deleted:\n{}",
         wrong.join("\n")
+    );
+    // Once each, not once plus a 404: a finalizer round (or pass) woken by
+    // another child's event while the spoke's watch still showed the child
+    // deleted it again.
+    let again: Vec<String> = deleted
+        .iter()
+        .filter(|w| w.verb == "delete" && w.name.ends_with("-remote") && w.code >= 300)
+        .map(|w| format!("{} {}", w.name, w.code))
+        .collect();
+    assert!(
+        again.is_empty(),
+        "spoke children deleted more than once: {again:?}"
     );
     let status: Value = all[0].status().await.unwrap_or_default();
     assert_eq!(status["clusters"][SPOKE]["objects"], 0, "{status}");

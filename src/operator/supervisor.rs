@@ -31,6 +31,7 @@ use crate::rules::model::OnRuleRemoved;
 use crate::rules::{CompiledRule, RuleSet};
 use spokes::{spoke_kinds_dropped, spokes_then_finalizers};
 
+mod pending;
 mod spokes;
 
 struct Running {
@@ -48,6 +49,8 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn new(shared: Arc<Shared>, shutdown: CancellationToken) -> Self {
+        // Spoke cleanups a previous process (or leader) left unfinished.
+        pending::resume_when_leading(shared.clone(), shutdown.clone());
         Supervisor {
             shared,
             shutdown,
@@ -168,6 +171,7 @@ async fn on_rule_removed(
         delete_children(shared, rule, &kinds.children, &parents, reason).await;
     }
     if rule.children.iter().any(|c| c.cluster.is_some()) {
+        pending::remember(shared, rule, pending::Cleanup::Removed).await;
         let task =
             spokes_then_finalizers(shared.clone(), rule.clone(), kinds.parent, parents, delete);
         let shutdown = shutdown.clone();

@@ -359,7 +359,7 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
             ..base
         };
     }
-    if needs_cleanup(rule) {
+    if needs_cleanup(rule) || in_a_spoke(&observed) || held_in_a_spoke(rule, &plan) {
         plan.needs_finalizer = true;
     }
     if !plan.errors.is_empty() && plan.failure_reason.is_none() {
@@ -393,13 +393,32 @@ pub fn plan(rule: &CompiledRule, input: &Input) -> Plan {
 
 /// Whether every parent of the rule needs the cleanup finalizer, whatever
 /// it renders: ordered deletion, patches and retained children are undone
-/// behind it, and a child in a spoke has no ownerReference (only the
-/// finalizer takes it away, even while its spoke is unreachable).
+/// behind it. A child in a spoke is not a reason for every parent: only a
+/// parent with one (rendered now: not `owned`, see `take_rendered`; or
+/// observed there, or placed in a spoke that cannot be read now) needs it,
+/// since a spoke child has no ownerReference and only the finalizer takes
+/// it away; a parent whose children are all at home is left to the garbage
+/// collector.
 fn needs_cleanup(rule: &CompiledRule) -> bool {
-    rule.rule.spec.deletion.is_some()
-        || !rule.patches.is_empty()
-        || rule.retains_children()
-        || rule.children.iter().any(|c| c.cluster.is_some())
+    rule.rule.spec.deletion.is_some() || !rule.patches.is_empty() || rule.retains_children()
+}
+
+/// Whether the parent has a child in a spoke as last seen: one its
+/// `cluster:` no longer places there is still there until pruned.
+fn in_a_spoke(observed: &BTreeMap<String, Vec<(&ObjectKey, &Value)>>) -> bool {
+    observed
+        .values()
+        .flatten()
+        .any(|(key, _)| key.cluster.is_some())
+}
+
+/// Whether a child is held back by a spoke that cannot be read: what it
+/// holds there is not known (its cache may never have been filled).
+fn held_in_a_spoke(rule: &CompiledRule, plan: &Plan) -> bool {
+    let holds = [crate::clusters::UNREACHABLE, crate::clusters::UNKNOWN];
+    plan.pending
+        .iter()
+        .any(|p| holds.contains(&p.reason.as_str()) && rule.child(&p.id).is_some())
 }
 
 /// The parent's new status, and its failed fields and conditions as errors

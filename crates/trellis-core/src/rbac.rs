@@ -32,7 +32,7 @@
 //! |---|---|---|
 //! | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election and shard membership |
 //! | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps of staged rollouts |
-//! | `secrets` (when a rule has a `cluster:` child) | list, watch | the Secrets registering spokes |
+//! | `secrets`, `configmaps` (when a rule has a `cluster:` child) | list, watch; get, create, patch | the Secrets registering spokes; the record of spoke cleanups under way |
 //!
 //! A rollout in progress may still run an older version of a rule, which
 //! may need kinds the version on disk dropped: the `_of` functions take any

@@ -60,6 +60,9 @@ pub struct Clusters {
     /// True once the Secrets have been listed: before, an unregistered
     /// name may just not be read yet.
     listed: watch::Sender<bool>,
+    /// Set when spokes are needed though no rule places anything there: a
+    /// recorded cleanup of a rule removed before a restart.
+    wanted: watch::Sender<bool>,
     touched: broadcast::Sender<Touched>,
     /// The related watches rules read from spokes: what every spoke keeps.
     related: watch::Sender<BTreeSet<SpokeWatch>>,
@@ -92,6 +95,7 @@ impl Clusters {
             kinds: watch::Sender::new(BTreeSet::new()),
             changed: watch::Sender::new(0),
             listed: watch::Sender::new(false),
+            wanted: watch::Sender::new(false),
             touched: broadcast::Sender::new(4096),
             related: watch::Sender::new(BTreeSet::new()),
             related_touched: broadcast::Sender::new(4096),
@@ -132,9 +136,11 @@ impl Clusters {
         shutdown: CancellationToken,
     ) {
         let clusters = self.clone();
+        let mut wanted = self.wanted.subscribe();
         tokio::spawn(async move {
             let mut secrets = Some((client, namespace));
             loop {
+                let wanted_now = *wanted.borrow_and_update();
                 let (kinds, related) = in_force
                     .borrow_and_update()
                     .as_ref()
@@ -146,7 +152,7 @@ impl Clusters {
                         )
                     })
                     .unwrap_or_default();
-                if (!kinds.is_empty() || !related.is_empty())
+                if (!kinds.is_empty() || !related.is_empty() || wanted_now)
                     && let Some((client, namespace)) = secrets.take()
                 {
                     tokio::spawn(secrets::run(
@@ -169,6 +175,7 @@ impl Clusters {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     changed = in_force.changed() => if changed.is_err() { return },
+                    _ = wanted.changed() => {}
                 }
             }
         });
@@ -274,6 +281,14 @@ impl Clusters {
     }
 
     /// Fires on every change that may let a held-back pass go on.
+    /// Registers the spokes (watches their Secrets) whatever the rules,
+    /// and returns once the Secrets have been listed: every spoke
+    /// registered then is known.
+    pub async fn spokes_listed(&self) {
+        self.wanted.send_replace(true);
+        let _ = self.listed.subscribe().wait_for(|l| *l).await;
+    }
+
     pub fn changed(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }

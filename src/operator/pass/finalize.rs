@@ -184,7 +184,10 @@ pub(in crate::operator) async fn remove_children(
     let clusters = ctx.shared.clusters.view(rule);
     let mut held = Vec::new();
     for obj in wave {
-        if obj.pointer("/metadata/deletionTimestamp").is_some() {
+        // Going already, or deleted by an earlier round (or pass) while
+        // the cache still shows it: not deleted again.
+        let child_uid = obj.pointer("/metadata/uid").and_then(Value::as_str);
+        if obj.pointer("/metadata/deletionTimestamp").is_some() || ctx.own.was_deleted(child_uid) {
             continue;
         }
         let Some(key) = ObjectKey::placed(obj) else {
@@ -221,19 +224,17 @@ pub(in crate::operator) async fn remove_children(
             continue;
         }
         let params = DeleteParams {
-            preconditions: obj
-                .pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .map(|u| Preconditions {
-                    uid: Some(u.to_owned()),
-                    resource_version: None,
-                }),
+            preconditions: child_uid.map(|u| Preconditions {
+                uid: Some(u.to_owned()),
+                resource_version: None,
+            }),
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
         ctx.check_write(uid)?;
         match api.delete(&key.name, &params).await {
             Ok(_) => {
+                ctx.own.deleted(child_uid);
                 info!(rule = %rule.name, parent = %parent_key(parent), object = %key, "deleted ({why})")
             }
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}

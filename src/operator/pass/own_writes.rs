@@ -34,6 +34,9 @@ struct Version {
 /// relist listed a later version instead) is forgotten after this, once
 /// the map looks oversized.
 const VERSION_MEMORY: Duration = Duration::from_secs(60);
+/// How long a deleted child's uid is remembered, once the map looks
+/// oversized: far longer than any watch takes to drop it.
+const DELETED_MEMORY: Duration = Duration::from_secs(600);
 
 #[derive(Default)]
 pub struct OwnWrites {
@@ -45,6 +48,12 @@ pub struct OwnWrites {
     pub created: Mutex<HashMap<ObjectKey, Created>>,
     /// Child uid → the version this process wrote last.
     versions: Mutex<HashMap<String, Version>>,
+    /// Uids of children this process deleted (the API server said yes),
+    /// when: until its watch drops one, the cache still shows it, and a
+    /// pass or finalizer round woken meanwhile (by another child's event)
+    /// would delete it again, for a 404. A uid is deleted once: a namesake
+    /// made later has another.
+    deleted: Mutex<HashMap<String, Instant>>,
 }
 
 impl OwnWrites {
@@ -85,6 +94,25 @@ impl OwnWrites {
         }
     }
 
+    /// Records that the child with `uid` was deleted.
+    pub fn deleted(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            let mut deleted = lock(&self.deleted);
+            if deleted.len() > 1024 {
+                deleted.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            }
+            deleted.insert(uid.to_owned(), Instant::now());
+        }
+    }
+
+    /// Whether this process already deleted the child with `uid`.
+    pub fn was_deleted(&self, uid: Option<&str>) -> bool {
+        uid.is_some_and(|uid| {
+            let deleted = lock(&self.deleted);
+            !deleted.is_empty() && deleted.contains_key(uid)
+        })
+    }
+
     /// Forgets versions whose event never came, when the map looks
     /// oversized.
     pub fn sweep(&self) {
@@ -99,6 +127,16 @@ impl OwnWrites {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_deleted_uid_is_remembered_and_no_other() {
+        let own = OwnWrites::default();
+        assert!(!own.was_deleted(Some("u1")));
+        own.deleted(Some("u1"));
+        own.deleted(None);
+        assert!(own.was_deleted(Some("u1")));
+        assert!(!own.was_deleted(Some("u2")) && !own.was_deleted(None));
+    }
 
     fn key(name: &str) -> ObjectKey {
         ObjectKey {

@@ -283,10 +283,13 @@ impl Pass<'_> {
             pending = plan.pending.len(),
             "planned"
         );
-        if plan.needs_finalizer && !parent.finalizers().iter().any(|f| f == FINALIZER) {
-            let mut finalizers = parent.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_owned());
-            set_finalizers(ctx, parent, finalizers).await?;
+        // The finalizer goes on before anything that needs it is written:
+        // checked again each round, as a child placed in a spoke may be
+        // rendered only once what it depends on is ready.
+        let mut finalized = parent.finalizers().iter().any(|f| f == FINALIZER);
+        if plan.needs_finalizer && !finalized {
+            add_finalizer(ctx, parent).await?;
+            finalized = true;
         }
         // Each round applies what the plan asks, then plans again with the
         // objects the API server answered as observed state.
@@ -314,6 +317,11 @@ impl Pass<'_> {
             plan = self.plan();
             ctx.related
                 .record(self.parent_ref.clone(), &plan.reads, self.since);
+            if plan.needs_finalizer && !finalized {
+                // The parent as read: only this pass writes it before its status.
+                add_finalizer(ctx, parent).await?;
+                finalized = true;
+            }
         }
         if self.rounds.may_prune() {
             self.prune(&plan).await?;
@@ -411,6 +419,10 @@ impl Pass<'_> {
     async fn prune(&mut self, plan: &Plan) -> Result<(), Error> {
         let (ctx, rule, key, uid) = (self.ctx, self.rule, self.key, self.uid);
         for delete in &plan.delete {
+            // Deleted by an earlier pass, still in the cache: once is enough.
+            if ctx.own.was_deleted(delete.uid.as_deref()) {
+                continue;
+            }
             let Ok(api) = ctx.child_api(&delete.key) else {
                 continue;
             };
@@ -425,6 +437,7 @@ impl Pass<'_> {
             ctx.check_write(uid)?;
             match api.delete(&delete.key.name, &params).await {
                 Ok(_) => {
+                    ctx.own.deleted(delete.uid.as_deref());
                     ctx.shared.metrics.child_op(&rule.name, "delete");
                     info!(rule = %rule.name, parent = %key, child = %delete.id, object = %delete.key, "deleted");
                     self.summary.deleted.push(delete.key.to_string());
@@ -554,4 +567,11 @@ async fn undecodable(ctx: &RuleCtx, parent: &DynamicObject, why: &str) -> Result
         write_status(ctx, &rule, parent, &parent_json, status).await?;
     }
     Ok(Action::await_change())
+}
+
+/// Adds the cleanup finalizer to the parent as read, keeping the others.
+async fn add_finalizer(ctx: &RuleCtx, parent: &DynamicObject) -> Result<(), Error> {
+    let mut finalizers = parent.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    set_finalizers(ctx, parent, finalizers).await
 }

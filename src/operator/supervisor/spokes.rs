@@ -1,7 +1,8 @@
 //! A rule's children in spokes after a reload took them from it: a removed
 //! rule's (`onRuleRemoved`), and those of a kind the rule no longer places
 //! in spokes at all. Each runs as a task: a spoke may not answer for long,
-//! and a reload must not wait for it.
+//! and a reload must not wait for it; each is recorded while it runs
+//! ([`pending`]), so that a restart or a new leader resumes it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use kube::api::DynamicObject;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::pending::{self, Cleanup};
 use super::release_finalizer;
 use crate::operator::Shared;
 use crate::operator::watches::discovery::Resolved;
@@ -42,8 +44,29 @@ pub(super) fn spoke_kinds_dropped(
         return;
     }
     info!(rule = %old.name, kinds = ?dropped, "child kinds no longer placed in spokes: their objects there are deleted");
+    take_dropped(shared, old, dropped, shutdown);
+}
+
+/// The task of [`spoke_kinds_dropped`] for the kinds `dropped` of `old`,
+/// recorded while it runs ([`pending`]): also what resumes a recorded one.
+pub(super) fn take_dropped(
+    shared: &Arc<Shared>,
+    old: &Arc<CompiledRule>,
+    dropped: BTreeSet<crate::kinds::Gvk>,
+    shutdown: &CancellationToken,
+) {
+    let placed = |r: &CompiledRule| -> BTreeSet<crate::kinds::Gvk> {
+        r.children
+            .iter()
+            .filter(|c| c.cluster.is_some())
+            .map(|c| c.gvk.clone())
+            .collect()
+    };
     let (shared, old, shutdown) = (shared.clone(), old.clone(), shutdown.clone());
     tokio::spawn(async move {
+        for gvk in &dropped {
+            pending::remember(&shared, &old, Cleanup::Dropped(gvk)).await;
+        }
         let user = old
             .rule
             .spec
@@ -55,20 +78,29 @@ pub(super) fn spoke_kinds_dropped(
                 set.get(&old.name)
                     .is_some_and(|r| !placed(r).is_disjoint(&dropped))
             });
-            if again || !shared.gate.may_write() {
+            if !shared.gate.may_write() {
+                // The record stays: the next leader resumes it.
                 return;
             }
-            let gate = shared.gate.clone();
-            let left = shared
-                .clusters
-                .remove_children_of(&old, &dropped, None, true, user.as_deref(), move || {
-                    gate.check().is_ok()
-                })
-                .await;
-            if left.waiting.is_empty() {
+            let waiting = if again {
+                Vec::new()
+            } else {
+                let gate = shared.gate.clone();
+                shared
+                    .clusters
+                    .remove_children_of(&old, &dropped, None, true, user.as_deref(), move || {
+                        gate.check().is_ok()
+                    })
+                    .await
+                    .waiting
+            };
+            if waiting.is_empty() {
+                for gvk in &dropped {
+                    pending::forget(&shared, &old.name, Cleanup::Dropped(gvk)).await;
+                }
                 return;
             }
-            warn!(rule = %old.name, "waiting to take children of kinds no longer placed in spokes: {}", left.waiting.join("; "));
+            warn!(rule = %old.name, "waiting to take children of kinds no longer placed in spokes: {}", waiting.join("; "));
             tokio::select! {
                 () = tokio::time::sleep(SPOKE_RETRY) => {}
                 () = shutdown.cancelled() => return,
@@ -112,6 +144,9 @@ pub(super) async fn spokes_then_finalizers(
             .is_some_and(|set| set.get(&rule.name).is_some_and(|r| r.parent == rule.parent));
         if back || !shared.gate.may_write() {
             info!(rule = %rule.name, "removed rule's cleanup in other clusters stopped (the rule is back, or this replica no longer leads)");
+            if back {
+                pending::forget(&shared, &rule.name, Cleanup::Removed).await;
+            }
             return;
         }
         let gate = shared.gate.clone();
@@ -153,4 +188,5 @@ pub(super) async fn spokes_then_finalizers(
     for parent in &parents {
         release_finalizer(&shared, &rule, &parent_kind, parent).await;
     }
+    pending::forget(&shared, &rule.name, Cleanup::Removed).await;
 }

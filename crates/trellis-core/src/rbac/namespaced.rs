@@ -14,6 +14,8 @@ use crate::rules::{CompiledRule, RuleSet};
 /// |---|---|---|
 /// | `coordination.k8s.io` leases | get, list, watch, create, update, patch, delete | leader election (taken, renewed and released by patch or update, watched so a release is seen at once) and shard membership (member Leases created, renewed, watched by label, dead ones deleted by the leader) |
 /// | `configmaps` (when a rule has `rollout:`) | list, watch, create, patch, delete | the revision ConfigMaps: listed and watched by label, written by server-side apply (a create when new), old ones pruned |
+/// | `secrets` (when a rule has a `cluster:` child) | list, watch | the Secrets registering spokes |
+/// | `configmaps` (when a rule has a `cluster:` child) | get, create, patch | the record of spoke cleanups under way (`trellis-spoke-cleanup-<--cluster-name>`), so that a restart resumes them |
 /// | `secrets` (when a rule has `versions:`) | get, create, update | the conversion webhook's certificates (`trellis-webhook-tls`): read by every replica, made and renewed by the leader |
 pub fn namespaced_role(set: &RuleSet, name: &str, namespace: &str) -> Value {
     namespaced_role_of(&versions(set), name, namespace)
@@ -36,6 +38,10 @@ pub fn namespaced_role_of(rules: &[&CompiledRule], name: &str, namespace: &str) 
     {
         // The Secrets registering spokes (`trellis.dev/cluster`), watched.
         grants.allow("", "secrets", &[List, Watch]);
+        // The record of spoke cleanups under way
+        // (`trellis-spoke-cleanup-<hub>`): read at start, one key merged
+        // in or out at a time.
+        grants.allow("", "configmaps", &[Get, Create, Patch]);
     }
     if rules.iter().any(|r| !r.versions.is_empty()) {
         // The webhook's Secret: GET and UPDATE could name it, CREATE cannot

@@ -738,6 +738,16 @@ fn a_rule_with_spoke_children_watches_the_cluster_secrets_and_keeps_a_finalizer(
     assert!(verbs(&cluster_role(&placed, "trellis"), "", "secrets").is_empty());
     assert_eq!(
         verbs(
+            &namespaced_role(&placed, "trellis", "ops"),
+            "",
+            "configmaps"
+        ),
+        ["get", "create", "patch"],
+        "the record of spoke cleanups under way, in the operator's namespace only"
+    );
+    assert!(verbs(&namespaced_role(&plain, "trellis", "ops"), "", "configmaps").is_empty());
+    assert_eq!(
+        verbs(
             &cluster_role(&placed, "trellis"),
             "demo.trellis.dev",
             "apps"

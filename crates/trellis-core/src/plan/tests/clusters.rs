@@ -245,3 +245,40 @@ fn related_entry_reads_the_spoke_offline_and_is_held_back_when_unreachable() {
     let p = run_in(&r, &parent(json!({})), vec![], &down);
     assert_eq!(p.pending[0].reason, "ClusterUnreachable");
 }
+
+#[test]
+fn finalizer_only_on_a_parent_with_a_child_in_a_spoke() {
+    let r = two_places();
+    let clusters = hub_named("hub-1", &[("eu-1", Reach::Ready)]);
+    // Every child at home: the garbage collector takes them, no finalizer.
+    let home = run_in(&r, &parent(json!({"region": "local"})), vec![], &clusters);
+    assert!(home.errors.is_empty(), "{:?}", home.errors);
+    assert!(
+        !home.needs_finalizer,
+        "a parent whose children are all at home needs no finalizer"
+    );
+
+    // Moved home from eu-1: the spoke child is still there until pruned,
+    // and only the finalizer would take it away.
+    let moved = run_in(
+        &r,
+        &parent(json!({"region": "local"})),
+        vec![remote_live("eu-1", "1")],
+        &clusters,
+    );
+    assert!(moved.needs_finalizer, "a spoke child is still there");
+    assert_eq!(moved.delete.len(), 1, "{:?}", moved.delete);
+    assert_eq!(moved.delete[0].key.cluster.as_deref(), Some("eu-1"));
+
+    // Placed in a spoke that cannot be read (nothing seen of it): what it
+    // holds there is not known.
+    let down = Reach::Unreachable("connection refused".into());
+    for clusters in [
+        hub_named("hub-1", &[("eu-1", down)]),
+        hub_named("hub-1", &[]),
+    ] {
+        let held = run_in(&r, &parent(json!({"region": "eu-1"})), vec![], &clusters);
+        assert!(!held.pending.is_empty());
+        assert!(held.needs_finalizer, "{:?}", held.pending);
+    }
+}
