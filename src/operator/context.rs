@@ -331,10 +331,7 @@ impl RuleCtx {
     /// from the cache when it queued the pass, maybe long before the pass
     /// got a permit.
     pub(super) fn newest(&self, parent: Arc<ParentObject>) -> Arc<ParentObject> {
-        let at = kube::runtime::reflector::ObjectRef::from_obj_with(
-            parent.as_ref(),
-            self.kinds.parent.resource.clone(),
-        );
+        let at = ObjectRef::from_obj_with(parent.as_ref(), self.kinds.parent.resource.clone());
         match self.parents.get(&at) {
             Some(now) if now.object.metadata.uid == parent.object.metadata.uid => now,
             _ => parent,
@@ -376,29 +373,24 @@ impl RuleCtx {
     /// for. A spoke's caches hold only this rule's objects of this hub:
     /// anyone else's there is found by the create-only apply's refusal.
     pub(super) fn cached_child(&self, key: &ObjectKey) -> Option<Value> {
+        self.cached_compact(key).map(|obj| obj.to_value())
+    }
+
+    /// The object at `key` in this rule's child caches, as they keep it.
+    fn cached_compact(&self, key: &ObjectKey) -> Option<Arc<CompactObject>> {
         if key.cluster.is_some() {
             return None;
         }
-        let cache = self
-            .children
+        self.children
             .iter()
-            .find(|c| c.kind.gvk.group == key.group && c.kind.gvk.kind == key.kind)?;
-        cache
+            .find(|c| c.kind.gvk.group == key.group && c.kind.gvk.kind == key.kind)?
             .get(key.namespace.as_deref(), &key.name)
-            .map(|obj| obj.to_value())
     }
 
     /// The cached child at `key` when the cache holds another version of it
     /// than `taken`, the object a pass took from it moments ago.
     pub(super) fn newer_cached(&self, key: &ObjectKey, taken: &Value) -> Option<Value> {
-        if key.cluster.is_some() {
-            return None;
-        }
-        let cache = self
-            .children
-            .iter()
-            .find(|c| c.kind.gvk.group == key.group && c.kind.gvk.kind == key.kind)?;
-        let now = cache.get(key.namespace.as_deref(), &key.name)?;
+        let now = self.cached_compact(key)?;
         let taken_version = taken["metadata"]["resourceVersion"].as_str();
         (now.metadata.resource_version.as_deref() != taken_version).then(|| now.to_value())
     }

@@ -352,7 +352,9 @@ pub fn reads_spokes(rule: &CompiledRule) -> bool {
 }
 
 /// The child kinds `rules` place in spokes (those with `cluster:`).
-fn placed_kinds<'r>(rules: impl IntoIterator<Item = &'r CompiledRule>) -> BTreeSet<Gvk> {
+pub(in crate::operator) fn placed_kinds<'r>(
+    rules: impl IntoIterator<Item = &'r CompiledRule>,
+) -> BTreeSet<Gvk> {
     rules
         .into_iter()
         .flat_map(|r| r.children.iter())

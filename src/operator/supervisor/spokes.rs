@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::pending::{self, Cleanup};
 use super::release_finalizer;
 use crate::operator::Shared;
+use crate::operator::clusters::placed_kinds;
 use crate::operator::watches::discovery::Resolved;
 use crate::rules::CompiledRule;
 
@@ -30,15 +31,11 @@ pub(super) fn spoke_kinds_dropped(
     new: &CompiledRule,
     shutdown: &CancellationToken,
 ) {
-    let placed = |r: &CompiledRule| -> BTreeSet<crate::kinds::Gvk> {
-        r.children
-            .iter()
-            .filter(|c| c.cluster.is_some())
-            .map(|c| c.gvk.clone())
-            .collect()
-    };
-    let now = placed(new);
-    let dropped: BTreeSet<_> = placed(old).difference(&now).cloned().collect();
+    let now = placed_kinds([new]);
+    let dropped: BTreeSet<_> = placed_kinds([old.as_ref()])
+        .difference(&now)
+        .cloned()
+        .collect();
     if dropped.is_empty() || new.rollout.is_some() {
         // A staged rollout prunes per parent as each moves on.
         return;
@@ -55,13 +52,6 @@ pub(super) fn take_dropped(
     dropped: BTreeSet<crate::kinds::Gvk>,
     shutdown: &CancellationToken,
 ) {
-    let placed = |r: &CompiledRule| -> BTreeSet<crate::kinds::Gvk> {
-        r.children
-            .iter()
-            .filter(|c| c.cluster.is_some())
-            .map(|c| c.gvk.clone())
-            .collect()
-    };
     let (shared, old, shutdown) = (shared.clone(), old.clone(), shutdown.clone());
     tokio::spawn(async move {
         for gvk in &dropped {
@@ -76,7 +66,7 @@ pub(super) fn take_dropped(
         loop {
             let again = shared.in_force.borrow().as_ref().is_some_and(|set| {
                 set.get(&old.name)
-                    .is_some_and(|r| !placed(r).is_disjoint(&dropped))
+                    .is_some_and(|r| !placed_kinds([r.as_ref()]).is_disjoint(&dropped))
             });
             if !shared.gate.may_write() {
                 // The record stays: the next leader resumes it.
