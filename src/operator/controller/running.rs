@@ -180,7 +180,7 @@ pub(super) async fn run_controller(
     let account = rule.rule.spec.service_account_name.as_deref();
     let ctx = Arc::new(RuleCtx {
         writer: shared.identities.client(account),
-        account: account.map(|a| shared.identities.username(a)),
+        account: shared.identities.user_of(&rule),
         related: related.caches,
         caches_ready,
         stop: stop.clone(),

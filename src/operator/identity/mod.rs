@@ -74,6 +74,12 @@ impl Identities {
         username(&self.namespace, account)
     }
 
+    /// The user `rule`'s writes are sent as: its account's, if it has one.
+    pub fn user_of(&self, rule: &crate::rules::CompiledRule) -> Option<String> {
+        let account = rule.rule.spec.service_account_name.as_deref();
+        account.map(|a| self.username(a))
+    }
+
     /// The client a rule's child writes go through: the operator's own
     /// without an account, else the account's, made once.
     pub fn client(&self, account: Option<&str>) -> Client {

@@ -88,8 +88,12 @@ pub(in crate::operator) async fn apply_child(
     // the cache holds a later version now: the pass took its children
     // before this process's last write of the child came back through the
     // watch, whose event also ended what `created` kept of that write —
-    // decided on the version taken, the child was written twice.
+    // decided on the version taken, the child was written twice. Looked
+    // for only when the version taken is not this rendering's: a pass that
+    // finds its children as rendered (the steady state) pays nothing.
+    let stale = |taken: &Value| live_render_hash(taken) != Some(apply.hash.as_str());
     let arrived = match live {
+        Some(taken) if !stale(taken) => None,
         Some(taken) => match ctx.newer_cached(&apply.key, taken) {
             Some(object) => {
                 if let Some(owner) = foreign_owner(&object, &apply.object, adopt) {

@@ -57,12 +57,7 @@ pub(super) fn take_dropped(
         for gvk in &dropped {
             pending::remember(&shared, &old, Cleanup::Dropped(gvk)).await;
         }
-        let user = old
-            .rule
-            .spec
-            .service_account_name
-            .as_deref()
-            .map(|a| shared.identities.username(a));
+        let user = shared.identities.user_of(&old);
         loop {
             let again = shared.in_force.borrow().as_ref().is_some_and(|set| {
                 set.get(&old.name)
@@ -119,12 +114,7 @@ pub(super) async fn spokes_then_finalizers(
     delete: bool,
 ) {
     let uids: BTreeSet<String> = parents.iter().filter_map(|p| p.uid()).collect();
-    let user = rule
-        .rule
-        .spec
-        .service_account_name
-        .as_deref()
-        .map(|a| shared.identities.username(a));
+    let user = shared.identities.user_of(&rule);
     let mut told = false;
     loop {
         let back = shared
